@@ -1,0 +1,123 @@
+"""The sweep: one clean pass per batch feeds every family; interventions restart from its cache.
+
+Per batch of sequences the engine runs the model once, keeping the residual stream at every
+point, each block's attention and MLP writes and (if a family needs them) attention patterns, and
+the clean next-token distribution P at the evaluated positions. Families then intervene by
+restarting from the cached residual, and reduce logits to running sums on the device. Nothing
+per-token outlives its batch, so peak memory depends on the batch size, not the token count.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from jaxtyping import Int
+from torch import Tensor
+
+from compute.errors import TokenSpecError
+from compute.metrics import families_named
+from compute.metrics.base import BatchContext, EngineOptions, FamilyOutput, NeuronTokens
+from compute.models import LoadedModel
+from compute.records import Record
+from compute.reduce import MeanAccumulator, reference_from_logits
+
+
+@dataclass(frozen=True)
+class Progress:
+    """One progress report: units of work done of total, and throughput so far."""
+
+    done: int
+    total: int
+    tokens_done: int
+    tokens_per_s: float
+    elapsed_s: float
+
+
+ProgressFn = Callable[[Progress], None]
+
+
+@dataclass
+class SweepResult:
+    records: list[Record]
+    neuron_tokens: list[NeuronTokens] = field(default_factory=list)
+    tokens_evaluated: int = 0
+    wall_s: float = 0.0
+
+
+def auto_batch_size(lm: LoadedModel, seq_len: int, opts: EngineOptions) -> int:
+    """Sequences per batch such that the clean [tokens, vocab] distribution fits the budget."""
+    if opts.batch_size is not None:
+        return opts.batch_size
+    per_sequence = seq_len * lm.d_vocab * 4
+    return max(1, opts.logits_budget_mb * 2**20 // per_sequence)
+
+
+def sweep(
+    lm: LoadedModel,
+    tokens: Int[Tensor, "n_sequences seq_len"],
+    family_names: list[str] | tuple[str, ...],
+    opts: EngineOptions | None = None,
+    progress: ProgressFn | None = None,
+) -> SweepResult:
+    """Compute the named families on `tokens` and return their records."""
+    opts = opts or EngineOptions()
+    families = families_named(family_names)
+    n_seq, seq_len = tokens.shape
+    if seq_len < 3:
+        raise TokenSpecError(f"seq_len {seq_len} leaves no evaluated positions; use >= 3")
+    if seq_len > lm.n_ctx:
+        raise TokenSpecError(f"seq_len {seq_len} exceeds the model's context n_ctx={lm.n_ctx}")
+    batch = min(auto_batch_size(lm, seq_len, opts), n_seq)
+    n_batches = -(-n_seq // batch)
+    total = sum(f.units_per_batch(lm) for f in families) * n_batches + \
+        sum(f.units_at_finish(lm, opts) for f in families)
+    max_rows = max(1, opts.logits_budget_mb * 2**20 // (lm.d_vocab * 4 * 4))
+    needs_patterns = any(f.needs_patterns for f in families)
+    accs = {f.name: MeanAccumulator(lm.device) for f in families}
+    state = {"done": 0, "tokens": 0}
+    start = time.perf_counter()
+
+    def tick(units: int) -> None:
+        state["done"] += units
+        if progress is not None:
+            elapsed = time.perf_counter() - start
+            progress(Progress(state["done"], total, state["tokens"],
+                              state["tokens"] / elapsed if elapsed > 0 else 0.0, elapsed))
+
+    with torch.inference_mode():
+        for first in range(0, n_seq, batch):
+            chunk = tokens[first : first + batch].to(lm.device)
+            ctx = clean_pass(lm, chunk, needs_patterns, max_rows, tick)
+            state["tokens"] += chunk.shape[0] * (seq_len - 2)
+            for family in families:
+                family.on_batch(ctx, accs[family.name], opts)  # type: ignore[arg-type]
+            tick(0)
+            del ctx
+        outputs: list[FamilyOutput] = [f.finish(lm, accs[f.name], opts, tick) for f in families]
+    records = [r for o in outputs for r in o.records]
+    neuron_tokens = [t for o in outputs for t in o.neuron_tokens]
+    return SweepResult(records, neuron_tokens, state["tokens"], time.perf_counter() - start)
+
+
+def clean_pass(lm: LoadedModel, tokens: Int[Tensor, "batch pos"], capture_patterns: bool,
+               max_rows: int, tick: Callable[[int], None]) -> BatchContext:
+    """Run the unmodified model once, caching what every family needs."""
+    resid = [lm.embed(tokens)]
+    attn_out, mlp_out, patterns = [], [], []
+    for layer in range(lm.n_layers):
+        run = lm.run_block(layer, resid[-1], capture_pattern=capture_patterns)
+        resid.append(run.resid)
+        attn_out.append(run.attn_out)
+        mlp_out.append(run.mlp_out)
+        if run.pattern is not None:
+            patterns.append(run.pattern)
+    final = resid[-1][:, 1:-1].reshape(-1, lm.d_model)
+    targets = tokens[:, 2:].reshape(-1)
+    logits = torch.cat([lm.logits(final[i : i + max_rows]) for i in range(0, len(final), max_rows)])
+    ref = reference_from_logits(logits, targets)
+    del logits
+    return BatchContext(lm, tokens, resid, attn_out, mlp_out,
+                        patterns if capture_patterns else None, ref, max_rows, tick)

@@ -1,0 +1,43 @@
+"""The exception tree of `compute`.
+
+Every error that a user can cause is raised as one of these, with a message that says what to
+fix. The CLI maps them to exit codes, the service to HTTP statuses; nothing else catches them.
+
+    StrataError
+    ├── SpecError                 a model, token or run specification is invalid
+    │   ├── UnknownModelError     no source recognises the model reference
+    │   ├── UnknownMetricError    a metric family that is not registered
+    │   └── TokenSpecError        unreadable tokens, ids out of range, seq_len > n_ctx, ...
+    ├── ModelLoadError            the source was recognised but loading failed
+    └── ComputeError              the computation itself failed (NaN/inf, shape mismatch)
+"""
+
+from __future__ import annotations
+
+
+class StrataError(Exception):
+    """Root of every error Strata raises on purpose."""
+
+
+class SpecError(StrataError, ValueError):
+    """A specification (model, tokens, run options) is invalid."""
+
+
+class UnknownModelError(SpecError):
+    """No model source recognises the reference."""
+
+
+class UnknownMetricError(SpecError):
+    """A metric family that is not in the registry."""
+
+
+class TokenSpecError(SpecError):
+    """Tokens cannot be produced or do not fit the model."""
+
+
+class ModelLoadError(StrataError):
+    """A recognised model could not be loaded."""
+
+
+class ComputeError(StrataError):
+    """The computation produced an invalid result (NaN, inf, shape mismatch)."""

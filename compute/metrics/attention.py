@@ -1,0 +1,86 @@
+"""attention.* — locality (`prev_<k>`), sink (`bos`) and row entropy, per layer and per head.
+
+Query positions are the evaluated positions 1..T-2. For `prev_<k>` only queries q > k count (so
+that all k previous keys exist); the value at a query is the total weight on keys q-1..q-k.
+Per-layer rows average over heads at each query first, so their n is the number of queries and
+their stderr is over queries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from compute.metrics.base import BatchContext, EngineOptions, FamilyOutput
+from compute.models import LoadedModel
+from compute.records import Record
+from compute.reduce import LN2, MeanAccumulator
+
+
+def previous_token_mass(
+    pattern: Float[Tensor, "batch head q k"], k_max: int
+) -> Float[Tensor, "batch head q k_max"]:
+    """out[..., q, j-1] = total attention of query q on keys q-1..q-j (0 where q < j)."""
+    b, h, t, _ = pattern.shape
+    diagonals = torch.zeros(b, h, t, k_max, dtype=torch.float32, device=pattern.device)
+    for j in range(1, min(k_max, t - 1) + 1):
+        diagonals[:, :, j:, j - 1] = pattern.diagonal(offset=-j, dim1=-2, dim2=-1).float()
+    return diagonals.cumsum(dim=-1)
+
+
+def row_entropy_bits(pattern: Float[Tensor, "... k"]) -> Float[Tensor, "..."]:
+    p = pattern.float()
+    return -(torch.where(p > 0, p * p.log(), torch.zeros_like(p))).sum(-1) / LN2
+
+
+class AttentionFamily:
+    name = "attention"
+    needs_patterns = True
+
+    def units_per_batch(self, lm: LoadedModel) -> int:
+        return 0
+
+    def units_at_finish(self, lm: LoadedModel, opts: EngineOptions) -> int:
+        return 0
+
+    def on_batch(self, ctx: BatchContext, acc: MeanAccumulator, opts: EngineOptions) -> None:
+        assert ctx.patterns is not None  # the engine captures patterns when a family needs them
+        t = ctx.tokens.shape[1]
+        queries = torch.arange(t, device=ctx.tokens.device)
+        evaluated = (queries >= 1) & (queries <= t - 2)
+        ks = [k for k in opts.prev_ks if k < t]
+        for layer, pattern in enumerate(ctx.patterns):
+            heads = pattern.shape[1]
+            per_query: dict[str, Tensor] = {  # [batch, head, q]
+                "bos": pattern[..., 0].float(),
+                "entropy": row_entropy_bits(pattern),
+            }
+            if ks:
+                mass = previous_token_mass(pattern, max(ks))
+                for k in ks:
+                    per_query[f"prev_{k}"] = mass[..., k - 1]
+            for metric, values in per_query.items():
+                k = int(metric.split("_")[1]) if metric.startswith("prev_") else 0
+                keep = evaluated & (queries > k)
+                v = values[..., keep]  # [batch, head, q']
+                per_head = v.transpose(0, 1).reshape(heads, -1)
+                acc.add_many([(metric, layer, h) for h in range(heads)], per_head)
+                acc.add((metric, layer, None), v.mean(dim=1).reshape(-1))
+
+    def finish(self, lm: LoadedModel, acc: MeanAccumulator, opts: EngineOptions,
+               tick: Callable[[int], None]) -> FamilyOutput:
+        records = []
+        for key in acc.keys():
+            metric, layer, head = key  # type: ignore[misc]
+            stat = acc.result(key)
+            records.append(Record.of(f"attention.{metric}", stat.value, stat.n, layer=layer,
+                                     head=head, stderr=stat.stderr))
+            if metric.startswith("prev_"):
+                k = int(metric.split("_")[1])
+                records.append(Record.of(f"attention.{metric}_mean", stat.value / k, stat.n,
+                                         layer=layer, head=head,
+                                         stderr=None if stat.stderr is None else stat.stderr / k))
+        return FamilyOutput(records)

@@ -1,0 +1,114 @@
+"""What a metric family is, and the per-batch context the engine hands it.
+
+A family is registered once (`compute.metrics.FAMILIES`) and looked up by name by the CLI, the
+workers and the API. Token families consume a `BatchContext` — the clean pass of one batch,
+computed once and shared by every family — and weight-only or self-driven families do their work
+in `finish`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+from jaxtyping import Float, Int
+from pydantic import BaseModel, ConfigDict, Field
+from torch import Tensor
+
+from compute.models import LoadedModel
+from compute.records import Record
+from compute.reduce import MeanAccumulator, Reference, TokenStats, compare_distributions
+
+
+class EngineOptions(BaseModel):
+    """Knobs of the sweep. Those that change numbers are part of the run configuration."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    batch_size: int | None = Field(None, ge=1, description="sequences per batch; None = auto")
+    logits_budget_mb: int = Field(256, ge=8, description="bound on [tokens, vocab] intermediates")
+    prev_ks: tuple[int, ...] = (1, 2, 4, 5, 8, 16)
+    induction_n: int = Field(64, ge=2)
+    induction_sequences: int = Field(32, ge=1)
+    induction_seed: int = 0
+    top_neurons: int = Field(20, ge=0, description="top neurons per class per layer with tokens")
+    top_tokens: int = Field(10, ge=1)
+
+
+@dataclass
+class NeuronTokens:
+    """Top promoted / suppressed tokens of one neuron (a side table of the neurons family)."""
+
+    layer: int
+    neuron: int
+    neuron_class: str
+    direction: str
+    rank: int
+    token_id: int
+    token: str
+    cosine: float
+
+
+@dataclass
+class FamilyOutput:
+    records: list[Record]
+    neuron_tokens: list[NeuronTokens] = field(default_factory=list)
+
+
+@dataclass
+class BatchContext:
+    """The clean pass of one batch, shared by every family."""
+
+    lm: LoadedModel
+    tokens: Int[Tensor, "batch pos"]
+    resid: list[Float[Tensor, "batch pos d_model"]]  # points 0..L (0 = embeddings)
+    attn_out: list[Float[Tensor, "batch pos d_model"]]
+    mlp_out: list[Float[Tensor, "batch pos d_model"] | None]
+    patterns: list[Float[Tensor, "batch head q k"]] | None
+    ref: Reference
+    max_rows: int
+    tick: Callable[[int], None]
+
+    @property
+    def n_layers(self) -> int:
+        return self.lm.n_layers
+
+    def at_eval(self, x: Float[Tensor, "batch pos ..."]) -> Float[Tensor, "n ..."]:
+        """Flatten [batch, pos, ...] to the evaluated positions 1..T-2, batch-major."""
+        return x[:, 1:-1].reshape(-1, *x.shape[2:])
+
+    def run_from(self, start: int, resid: Float[Tensor, "b pos d_model"]) -> Tensor:
+        """Run blocks start..L-1 unmodified on a residual (a restart from the cache)."""
+        for layer in range(start, self.n_layers):
+            resid = self.lm.run_block(layer, resid).resid
+        return resid
+
+    def compare(self, final_resid: Float[Tensor, "gb pos d_model"], what: str) -> TokenStats:
+        """Compare the model output from a final residual with the clean reference.
+
+        The residual may stack g variants of the batch along dim 0 ([g*batch, pos, d]); the
+        result then has one row per variant.
+        """
+        b = self.tokens.shape[0]
+        g = final_resid.shape[0] // b
+        x = final_resid[:, 1:-1].reshape(g, -1, final_resid.shape[-1])
+        return compare_distributions(self.lm.logits, x, self.ref, max_rows=self.max_rows, what=what)
+
+
+def cosine_per_token(a: Tensor, b: Tensor) -> Tensor:
+    """Cosine over d_model of two [..., d_model] tensors, in float32."""
+    return torch.nn.functional.cosine_similarity(a.float(), b.float(), dim=-1, eps=1e-12)
+
+
+class Family(Protocol):
+    """A metric family: `units_per_batch` for progress, `on_batch`, then `finish`."""
+
+    name: str
+    needs_patterns: bool
+
+    def units_per_batch(self, lm: LoadedModel) -> int: ...
+    def units_at_finish(self, lm: LoadedModel, opts: EngineOptions) -> int: ...
+    def on_batch(self, ctx: BatchContext, acc: MeanAccumulator, opts: EngineOptions) -> None: ...
+    def finish(self, lm: LoadedModel, acc: MeanAccumulator, opts: EngineOptions,
+               tick: Callable[[int], None]) -> FamilyOutput: ...

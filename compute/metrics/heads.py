@@ -1,0 +1,85 @@
+"""heads.* — per-head ablation (`ablation_kl`, `ablation_loss_delta`) and `induction`.
+
+Ablation zeroes one head's z at layer l and restarts from the cached residual before block l.
+All heads of a layer run as one batch: the batch is repeated n_heads times and variant h has head
+h zeroed, so a layer's heads cost one wide pass instead of n_heads narrow ones.
+
+Induction runs the model on seeded random sequences BOS, r_1..r_n, r_1..r_n and scores each head
+by its mean attention from position n+i (the second r_i) to position i+1, over i = 1..n-1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from compute.metrics.base import BatchContext, EngineOptions, FamilyOutput
+from compute.models import LoadedModel
+from compute.records import Record
+from compute.reduce import MeanAccumulator
+from compute.tokens import random_repeated_tokens
+
+
+def induction_scores(lm: LoadedModel, opts: EngineOptions) -> torch.Tensor:
+    """Per (layer, head, item) induction attention: [L, H, sequences * (n-1)]."""
+    n = min(opts.induction_n, (lm.n_ctx - 1) // 2)
+    tokens = random_repeated_tokens(opts.induction_sequences, n, lm.d_vocab_real,
+                                    lm.bos_token_id, opts.induction_seed).to(lm.device)
+    i = torch.arange(1, n, device=lm.device)
+    scores = []
+    with torch.inference_mode():
+        resid = lm.embed(tokens)
+        for layer in range(lm.n_layers):
+            run = lm.run_block(layer, resid, capture_pattern=True)
+            resid = run.resid
+            assert run.pattern is not None
+            # pattern[b, h, n+i, i+1] for i = 1..n-1
+            picked = run.pattern[:, :, n + i, i + 1].float()  # [b, h, n-1]
+            scores.append(picked.transpose(0, 1).reshape(lm.n_heads, -1))
+    return torch.stack(scores)
+
+
+class HeadsFamily:
+    name = "heads"
+    needs_patterns = False
+
+    def units_per_batch(self, lm: LoadedModel) -> int:
+        return lm.n_layers
+
+    def units_at_finish(self, lm: LoadedModel, opts: EngineOptions) -> int:
+        return 1
+
+    def on_batch(self, ctx: BatchContext, acc: MeanAccumulator, opts: EngineOptions) -> None:
+        lm = ctx.lm
+        b, heads = ctx.tokens.shape[0], lm.n_heads
+        # How many head variants fit the activation budget at once.
+        per_variant = b * ctx.tokens.shape[1] * lm.d_model * 4 * 8
+        chunk = max(1, min(heads, opts.logits_budget_mb * 2**20 // max(per_variant, 1)))
+        for layer in range(ctx.n_layers):
+            for first in range(0, heads, chunk):
+                group = list(range(first, min(heads, first + chunk)))
+                mask = torch.ones(len(group), heads, device=ctx.tokens.device)
+                mask[torch.arange(len(group)), group] = 0.0
+                mask = mask.repeat_interleave(b, dim=0)  # variant-major, like the residual
+                pre = ctx.resid[layer].repeat(len(group), 1, 1)
+                final = ctx.run_from(layer + 1, lm.run_block(layer, pre, head_mask=mask).resid)
+                q = ctx.compare(final, f"head ablation at layer {layer}")
+                acc.add_many([("ablation_kl", layer, h) for h in group], q.kl)
+                acc.add_many([("ablation_loss_delta", layer, h) for h in group],
+                             q.loss - ctx.ref.loss[None, :])
+            ctx.tick(1)
+
+    def finish(self, lm: LoadedModel, acc: MeanAccumulator, opts: EngineOptions,
+               tick: Callable[[int], None]) -> FamilyOutput:
+        scores = induction_scores(lm, opts)
+        for layer in range(lm.n_layers):
+            acc.add_many([("induction", layer, h) for h in range(lm.n_heads)], scores[layer])
+        tick(1)
+        records = []
+        for key in acc.keys():
+            metric, layer, head = key  # type: ignore[misc]
+            stat = acc.result(key)
+            records.append(Record.of(f"heads.{metric}", stat.value, stat.n, layer=layer,
+                                     head=head, stderr=stat.stderr))
+        return FamilyOutput(records)

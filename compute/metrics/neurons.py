@@ -1,0 +1,127 @@
+"""neurons.* — prediction / suppression / partition neurons from output weights (METRICS.md).
+
+For each MLP neuron, the cosine between its output weight row (centered over d_model) and the
+unembedding column of every real vocabulary token (W_U with the final-norm gain folded in,
+centered over d_model and over the vocabulary; padding columns beyond the tokenizer excluded).
+Moments over the vocabulary are population moments; kurtosis is non-excess (Gaussian = 3).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from compute.metrics.base import EngineOptions, FamilyOutput, NeuronTokens
+from compute.models import LoadedModel
+from compute.records import Record
+from compute.reduce import MeanAccumulator
+
+KURTOSIS_THRESHOLD = 10.0
+PARTITION_VARIANCE = 0.005
+MOMENTS = ("vocab_mean", "vocab_var", "vocab_skew", "vocab_kurt")
+
+
+def unembedding_directions(lm: LoadedModel) -> Float[Tensor, "d_model vocab"]:
+    """Unit-norm, doubly centered unembedding columns of the real vocabulary (float32)."""
+    w_u = lm.w_u()[:, : lm.d_vocab_real].float()
+    w_u = w_u - w_u.mean(dim=0, keepdim=True)
+    w_u = w_u - w_u.mean(dim=1, keepdim=True)
+    return w_u / w_u.norm(dim=0, keepdim=True).clamp_min(1e-12)
+
+
+def neuron_cosines(w_out: Float[Tensor, "n d_model"], u: Float[Tensor, "d_model vocab"]) -> Tensor:
+    """Cosine of each (centered) output weight row with each unembedding direction."""
+    w = w_out.float()
+    w = w - w.mean(dim=-1, keepdim=True)
+    w = w / w.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+    return w @ u
+
+
+def vocab_moments(cos: Float[Tensor, "n vocab"]) -> Float[Tensor, "4 n"]:
+    """Mean, variance, skew and non-excess kurtosis over the vocabulary (float64)."""
+    c = cos.double()
+    mean = c.mean(dim=-1)
+    dev = c - mean[:, None]
+    var = (dev**2).mean(dim=-1)
+    safe = var.clamp_min(1e-30)
+    skew = (dev**3).mean(dim=-1) / safe**1.5
+    kurt = (dev**4).mean(dim=-1) / safe**2
+    return torch.stack([mean, var, skew, kurt])
+
+
+def classify(moments: Float[Tensor, "4 n"]) -> dict[str, Tensor]:
+    """Boolean masks of the three classes (partition is a flag that may coexist)."""
+    _, var, skew, kurt = moments
+    heavy = kurt > KURTOSIS_THRESHOLD
+    return {"prediction": heavy & (skew > 0), "suppression": heavy & (skew < 0),
+            "partition": var > PARTITION_VARIANCE}
+
+
+class NeuronsFamily:
+    name = "neurons"
+    needs_patterns = False
+
+    def units_per_batch(self, lm: LoadedModel) -> int:
+        return 0
+
+    def units_at_finish(self, lm: LoadedModel, opts: EngineOptions) -> int:
+        return lm.n_layers if lm.has_mlp else 0
+
+    def on_batch(self, ctx: object, acc: MeanAccumulator, opts: EngineOptions) -> None:
+        return None
+
+    def finish(self, lm: LoadedModel, acc: MeanAccumulator, opts: EngineOptions,
+               tick: Callable[[int], None]) -> FamilyOutput:
+        if not lm.has_mlp:
+            return FamilyOutput([])
+        out = FamilyOutput([])
+        vocab = lm.d_vocab_real
+        with torch.inference_mode():
+            u = unembedding_directions(lm)
+            rows = max(1, opts.logits_budget_mb * 2**20 // (vocab * 8 * 3))
+            for layer in range(lm.n_layers):
+                w_out = lm.w_out(layer)
+                moments = torch.cat([vocab_moments(neuron_cosines(w_out[i : i + rows], u))
+                                     for i in range(0, w_out.shape[0], rows)], dim=1).cpu()
+                self._layer_records(out, layer, moments, vocab, lm.d_mlp)
+                self._top_tokens(out, lm, layer, moments, w_out, u, opts)
+                tick(1)
+        return out
+
+    @staticmethod
+    def _layer_records(out: FamilyOutput, layer: int, moments: Tensor, vocab: int,
+                       d_mlp: int) -> None:
+        values = moments.tolist()
+        for name, column in zip(MOMENTS, values, strict=True):
+            out.records.extend(Record.of(f"neurons.{name}", v, vocab, layer=layer, neuron=i)
+                               for i, v in enumerate(column))
+        for cls, mask in classify(moments).items():
+            count = int(mask.sum())
+            out.records.append(Record.of(f"neurons.n_{cls}", count, d_mlp, layer=layer))
+            out.records.append(Record.of(f"neurons.frac_{cls}", count / d_mlp, d_mlp, layer=layer))
+
+    @staticmethod
+    def _top_tokens(out: FamilyOutput, lm: LoadedModel, layer: int, moments: Tensor,
+                    w_out: Tensor, u: Tensor, opts: EngineOptions) -> None:
+        if opts.top_neurons == 0:
+            return
+        kurt = moments[3]
+        for cls, mask in classify(moments).items():
+            candidates = mask.nonzero().squeeze(-1)
+            if candidates.numel() == 0:
+                continue
+            order = kurt[candidates] if cls != "partition" else moments[1][candidates]
+            chosen = candidates[order.argsort(descending=True)[: opts.top_neurons]].tolist()
+            cos = neuron_cosines(w_out[chosen], u)
+            k = min(opts.top_tokens, cos.shape[1])
+            for direction, largest in (("promoted", True), ("suppressed", False)):
+                vals, ids = cos.topk(k, dim=-1, largest=largest)
+                for row, neuron in enumerate(chosen):
+                    strings = lm.token_strings(ids[row].tolist())
+                    out.neuron_tokens.extend(
+                        NeuronTokens(layer, neuron, cls, direction, rank, int(tid), s, float(v))
+                        for rank, (tid, s, v) in enumerate(
+                            zip(ids[row].tolist(), strings, vals[row].tolist(), strict=True)))

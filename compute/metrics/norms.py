@@ -1,0 +1,51 @@
+"""norms.* — L2 norms of component writes and of the residual, per layer (METRICS.md).
+
+Norms are of the processed model, so with centered writing weights the writes are centered over
+d_model. `attn_mlp_ratio` is a ratio of means (mean ||attn_out|| / mean ||mlp_out||); it has no
+per-token standard error and is stored with stderr null.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from compute.metrics.base import BatchContext, EngineOptions, FamilyOutput
+from compute.models import LoadedModel
+from compute.records import Record
+from compute.reduce import MeanAccumulator
+
+
+class NormsFamily:
+    name = "norms"
+    needs_patterns = False
+
+    def units_per_batch(self, lm: LoadedModel) -> int:
+        return 0
+
+    def units_at_finish(self, lm: LoadedModel, opts: EngineOptions) -> int:
+        return 0
+
+    def on_batch(self, ctx: BatchContext, acc: MeanAccumulator, opts: EngineOptions) -> None:
+        for layer in range(ctx.n_layers):
+            acc.add(("attn_out", "attn", layer), ctx.at_eval(ctx.attn_out[layer]).float().norm(dim=-1))
+            mlp = ctx.mlp_out[layer]
+            if mlp is not None:
+                acc.add(("mlp_out", "mlp", layer), ctx.at_eval(mlp).float().norm(dim=-1))
+            acc.add(("resid", None, layer), ctx.at_eval(ctx.resid[layer + 1]).float().norm(dim=-1))
+
+    def finish(self, lm: LoadedModel, acc: MeanAccumulator, opts: EngineOptions,
+               tick: Callable[[int], None]) -> FamilyOutput:
+        records = []
+        for key in acc.keys():
+            metric, component, layer = key  # type: ignore[misc]
+            stat = acc.result(key)
+            records.append(Record.of(f"norms.{metric}", stat.value, stat.n, layer=layer,
+                                     component=component, stderr=stat.stderr))
+        if lm.has_mlp:
+            for layer in range(lm.n_layers):
+                attn = acc.result(("attn_out", "attn", layer))
+                mlp = acc.result(("mlp_out", "mlp", layer))
+                if mlp.value > 0:
+                    records.append(Record.of("norms.attn_mlp_ratio", attn.value / mlp.value,
+                                             attn.n, layer=layer))
+        return FamilyOutput(records)

@@ -1,0 +1,548 @@
+"""Model specs, the registry of model sources, and the model layer.
+
+This is the only module that boots TransformerLens. Everything else talks to a `LoadedModel`,
+which exposes exactly the operations the metrics need: embed, run one block (optionally with a
+component or heads zeroed, optionally capturing the attention pattern), unembed through the final
+norm, and the processed weights.
+
+Sources (looked up in `SOURCES`, in order):
+  zoo               a tiny model that ships with Strata (`compute/zoo/checkpoints/<name>`)
+  hf_dir            a local Hugging Face checkpoint directory (GPT-2 and GPT-NeoX verified)
+  transformer_lens  a TransformerLens official name (`gpt2`, `pythia-410m-deduped`, ...): needs
+                    network or a warm Hugging Face cache
+  random            randomly initialised weights with a given architecture (tests, null baselines)
+
+>>> spec = resolve_model_spec("zoo:tiny-4l-s0")   # doctest: +SKIP
+>>> lm = load_model(spec)                           # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import torch
+from jaxtyping import Float, Int
+from pydantic import BaseModel, ConfigDict
+from torch import Tensor
+
+from compute.errors import ModelLoadError, UnknownModelError
+
+DType = Literal["float32", "bfloat16", "float16"]
+TORCH_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+ZOO_DIR = Path(__file__).parent / "zoo" / "checkpoints"
+
+log = logging.getLogger(__name__)
+
+
+class Processing(BaseModel):
+    """TransformerLens weight processing requested for a run (METRICS.md: shared conventions)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    fold_ln: bool = True
+    center_writing_weights: bool = True
+    center_unembed: bool = True
+    fold_value_biases: bool = True
+
+
+class ModelSpec(BaseModel):
+    """Everything that identifies the weights a run analyses. Stored with every run."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    source: Literal["zoo", "hf_dir", "transformer_lens", "random"]
+    name: str
+    revision: str | None = None
+    dtype: DType = "float32"
+    processing: Processing = Processing()
+    # Only for source="random": HookedTransformerConfig fields and the init seed.
+    architecture: dict[str, Any] | None = None
+    seed: int | None = None
+
+
+class ModelSource(Protocol):
+    name: str
+
+    def recognises(self, ref: str) -> bool: ...
+    def canonical_name(self, ref: str) -> str: ...
+    def load(self, spec: ModelSpec, device: str) -> tuple[Any, Any]: ...
+
+
+@dataclass(frozen=True)
+class AppliedProcessing:
+    """What processing was actually applied, and why anything requested was not."""
+
+    fold_ln: bool
+    center_writing_weights: bool
+    center_unembed: bool
+    fold_value_biases: bool
+    notes: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "fold_ln": self.fold_ln,
+            "center_writing_weights": self.center_writing_weights,
+            "center_unembed": self.center_unembed,
+            "fold_value_biases": self.fold_value_biases,
+            "notes": list(self.notes),
+        }
+
+
+def effective_processing(requested: Processing, normalization_type: str | None) -> AppliedProcessing:
+    """Processing that can honestly be applied given the model's normalisation."""
+    notes: list[str] = []
+    center = requested.center_writing_weights
+    fold = requested.fold_ln
+    if normalization_type is not None and normalization_type.startswith("RMS") and center:
+        center = False
+        notes.append("RMSNorm does not remove the mean: writing weights were not centered")
+    if normalization_type is None and fold:
+        fold = False
+        notes.append("model has no normalisation: nothing to fold")
+    return AppliedProcessing(fold, center, requested.center_unembed, requested.fold_value_biases,
+                             tuple(notes))
+
+
+# --------------------------------------------------------------------------- sources
+
+
+def _hooked_transformer() -> Any:
+    from transformer_lens import HookedTransformer
+
+    return HookedTransformer
+
+
+def _load_state_dict_into(model: Any, state_dict: dict[str, Tensor], applied: AppliedProcessing) -> None:
+    model.load_and_process_state_dict(
+        state_dict,
+        fold_ln=applied.fold_ln,
+        center_writing_weights=applied.center_writing_weights,
+        center_unembed=applied.center_unembed,
+        fold_value_biases=applied.fold_value_biases,
+        refactor_factored_attn_matrices=False,
+    )
+
+
+class HFDirSource:
+    """A local Hugging Face checkpoint: config.json, safetensors weights and tokenizer files.
+
+    `HookedTransformer.from_pretrained(dir)` refuses local directories in TransformerLens 3.9, so
+    the config is converted and the weights translated with TransformerLens's own converters.
+    """
+
+    name = "hf_dir"
+
+    def recognises(self, ref: str) -> bool:
+        return (Path(ref) / "config.json").is_file()
+
+    def canonical_name(self, ref: str) -> str:
+        return str(Path(ref).resolve())
+
+    def load(self, spec: ModelSpec, device: str) -> tuple[Any, Any]:
+        import transformer_lens.loading_from_pretrained as loading
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        path = spec.name
+        with _readable_config(Path(path)) as config_dir:
+            try:
+                cfg_dict = loading.convert_hf_model_config(config_dir)
+            except Exception as exc:
+                raise ModelLoadError(
+                    f"{path}: TransformerLens cannot read this checkpoint's config.json ({exc}). "
+                    "Supported: the architectures TransformerLens converts (GPT-2, GPT-NeoX, ...)."
+                ) from exc
+            applied = effective_processing(spec.processing, cfg_dict.get("normalization_type"))
+            cfg = loading.get_pretrained_model_config(config_dir, fold_ln=applied.fold_ln,
+                                                      device=device, dtype=torch.float32)
+        cfg.model_name = Path(path).name
+        hf_model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        state_dict = loading.get_pretrained_state_dict(path, cfg, hf_model, dtype=torch.float32)
+        del hf_model
+        # A checkpoint without tokenizer files is usable with pre-tokenized (.npy) input only.
+        tokenizer = AutoTokenizer.from_pretrained(path) if _has_tokenizer(Path(path)) else None
+        model = _hooked_transformer()(cfg, tokenizer, move_to_device=False)
+        _load_state_dict_into(model, state_dict, applied)
+        # Process in float32, then cast: folding in low precision loses accuracy for nothing.
+        model.to(TORCH_DTYPES[spec.dtype])
+        model.move_model_modules_to_device()
+        model.to(device)
+        return model, tokenizer
+
+
+def _has_tokenizer(path: Path) -> bool:
+    return any((path / f).is_file() for f in
+               ("tokenizer.json", "vocab.json", "tokenizer.model", "tokenizer_config.json"))
+
+
+@contextlib.contextmanager
+def _readable_config(path: Path) -> Iterator[str]:
+    """A directory whose config.json TransformerLens 3.9 can convert.
+
+    GPT-2 configs saved by transformers 5 lack `n_ctx`, which TransformerLens reads (and config
+    overrides passed as keyword arguments are dropped). For GPT-2 n_ctx means n_positions, so a
+    patched copy of config.json alone is written to a temporary directory; weights are still read
+    from the original directory.
+    """
+    try:
+        raw = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"{path}/config.json is unreadable: {exc}") from exc
+    if raw.get("model_type") == "gpt2" and "n_ctx" not in raw and "n_positions" in raw:
+        with tempfile.TemporaryDirectory(prefix="strata-config-") as tmp:
+            (Path(tmp) / "config.json").write_text(json.dumps({**raw, "n_ctx": raw["n_positions"]}))
+            yield tmp
+    else:
+        yield str(path)
+
+
+class ZooSource(HFDirSource):
+    """The tiny models that ship with Strata: `zoo:<name>` or a bare zoo name."""
+
+    name = "zoo"
+
+    def recognises(self, ref: str) -> bool:
+        if ref.startswith("zoo:"):
+            return True
+        return "/" not in ref and (ZOO_DIR / ref / "config.json").is_file()
+
+    def canonical_name(self, ref: str) -> str:
+        return ref.removeprefix("zoo:")
+
+    def load(self, spec: ModelSpec, device: str) -> tuple[Any, Any]:
+        path = zoo_path(spec.name)
+        if not (path / "config.json").is_file():
+            available = ", ".join(zoo_names()) or "none built yet (run `strata zoo train`)"
+            raise UnknownModelError(f"no zoo model named {spec.name!r}; available: {available}")
+        return super().load(spec.model_copy(update={"name": str(path)}), device)
+
+
+class TransformerLensSource:
+    """A TransformerLens official model name. Downloads from the Hugging Face hub."""
+
+    name = "transformer_lens"
+
+    def recognises(self, ref: str) -> bool:
+        import transformer_lens.loading_from_pretrained as loading
+
+        try:
+            loading.get_official_model_name(ref)
+        except ValueError:
+            return False
+        return True
+
+    def canonical_name(self, ref: str) -> str:
+        import transformer_lens.loading_from_pretrained as loading
+
+        return str(loading.get_official_model_name(ref))
+
+    def load(self, spec: ModelSpec, device: str) -> tuple[Any, Any]:
+        import transformer_lens.loading_from_pretrained as loading
+
+        cfg = loading.get_pretrained_model_config(spec.name, revision=spec.revision) \
+            if spec.revision else None
+        norm = cfg.normalization_type if cfg is not None else _official_normalization(spec.name)
+        applied = effective_processing(spec.processing, norm)
+        kwargs = {"revision": spec.revision} if spec.revision else {}
+        try:
+            model = _hooked_transformer().from_pretrained(
+                spec.name, fold_ln=applied.fold_ln,
+                center_writing_weights=applied.center_writing_weights,
+                center_unembed=applied.center_unembed, fold_value_biases=applied.fold_value_biases,
+                device=device, dtype=TORCH_DTYPES[spec.dtype], **kwargs)
+        except OSError as exc:
+            raise ModelLoadError(
+                f"could not fetch {spec.name!r} from the Hugging Face hub ({exc}). Without network, "
+                "use a local checkpoint directory or a zoo model."
+            ) from exc
+        return model, model.tokenizer
+
+
+def _official_normalization(name: str) -> str | None:
+    import transformer_lens.loading_from_pretrained as loading
+
+    try:
+        return loading.get_pretrained_model_config(name).normalization_type  # type: ignore[no-any-return]
+    except Exception:  # config unavailable offline; TransformerLens decides itself then
+        return "LN"
+
+
+class RandomSource:
+    """Randomly initialised weights: `ModelSpec(source="random", architecture={...}, seed=s)`."""
+
+    name = "random"
+
+    def recognises(self, ref: str) -> bool:
+        return False  # never chosen from a string reference; built explicitly
+
+    def canonical_name(self, ref: str) -> str:
+        return ref
+
+    def load(self, spec: ModelSpec, device: str) -> tuple[Any, Any]:
+        from transformer_lens import HookedTransformerConfig
+
+        if spec.architecture is None or spec.seed is None:
+            raise ModelLoadError("a random model needs `architecture` and `seed`")
+        arch = dict(spec.architecture)
+        applied = effective_processing(spec.processing, arch.get("normalization_type", "LN"))
+        cfg = HookedTransformerConfig(**{**arch, "seed": spec.seed, "device": device,
+                                         "init_weights": True})
+        model = _hooked_transformer()(cfg, move_to_device=True)
+        state = {k: v.clone() for k, v in model.state_dict().items()}
+        if applied.fold_ln:
+            model.cfg.normalization_type = {"LN": "LNPre", "RMS": "RMSPre"}.get(
+                model.cfg.normalization_type, model.cfg.normalization_type)
+            model = _hooked_transformer()(model.cfg, move_to_device=True)
+        _load_state_dict_into(model, state, applied)
+        model.to(TORCH_DTYPES[spec.dtype])
+        return model, None
+
+
+SOURCES: dict[str, ModelSource] = {
+    s.name: s for s in (ZooSource(), HFDirSource(), TransformerLensSource(), RandomSource())
+}
+
+
+def zoo_path(name: str) -> Path:
+    return ZOO_DIR / name
+
+
+def zoo_names() -> list[str]:
+    if not ZOO_DIR.is_dir():
+        return []
+    return sorted(p.name for p in ZOO_DIR.iterdir() if (p / "config.json").is_file())
+
+
+def resolve_model_spec(
+    ref: str,
+    *,
+    dtype: DType = "float32",
+    processing: Processing | None = None,
+    revision: str | None = None,
+) -> ModelSpec:
+    """Turn a user's model reference into a spec, choosing the source from the registry."""
+    for source in SOURCES.values():
+        if source.recognises(ref):
+            return ModelSpec(source=source.name, name=source.canonical_name(ref),  # type: ignore[arg-type]
+                             revision=revision or _checksum(source.name, ref), dtype=dtype,
+                             processing=processing or Processing())
+    hint = ", ".join(zoo_names()[:8])
+    raise UnknownModelError(
+        f"unknown model {ref!r}: not a zoo model ({hint}), not a directory with config.json, "
+        "and not a TransformerLens official name (e.g. gpt2, pythia-410m-deduped)"
+    )
+
+
+def _checksum(source: str, ref: str) -> str | None:
+    """A content checksum for local weights, so a run can tell when a checkpoint changed."""
+    if source == "zoo":
+        ref = str(zoo_path(ref.removeprefix("zoo:")))
+    elif source != "hf_dir":
+        return None
+    digest = hashlib.sha256()
+    for weights in sorted(Path(ref).glob("*.safetensors")) + sorted(Path(ref).glob("*.bin")):
+        with weights.open("rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 22), b""):
+                digest.update(chunk)
+    return "sha256:" + digest.hexdigest()[:16]
+
+
+# --------------------------------------------------------------------------- the model layer
+
+
+@dataclass
+class BlockRun:
+    """The result of running one block: its output residual and what it wrote."""
+
+    resid: Float[Tensor, "batch pos d_model"]
+    attn_out: Float[Tensor, "batch pos d_model"]
+    mlp_out: Float[Tensor, "batch pos d_model"] | None
+    pattern: Float[Tensor, "batch head q k"] | None = None
+
+
+@dataclass
+class LoadedModel:
+    """A processed TransformerLens model plus the few operations the metrics are built from."""
+
+    spec: ModelSpec
+    model: Any
+    tokenizer: Any
+    applied: AppliedProcessing
+    device: str
+    _ctx: dict[str, Any] = field(default_factory=dict)
+
+    # ---- architecture numbers
+    @property
+    def cfg(self) -> Any:
+        return self.model.cfg
+
+    @property
+    def n_layers(self) -> int:
+        return int(self.cfg.n_layers)
+
+    @property
+    def n_heads(self) -> int:
+        return int(self.cfg.n_heads)
+
+    @property
+    def d_model(self) -> int:
+        return int(self.cfg.d_model)
+
+    @property
+    def d_mlp(self) -> int:
+        return 0 if self.cfg.attn_only else int(self.cfg.d_mlp)
+
+    @property
+    def d_vocab(self) -> int:
+        return int(self.cfg.d_vocab_out)
+
+    @property
+    def n_ctx(self) -> int:
+        return int(self.cfg.n_ctx)
+
+    @property
+    def has_mlp(self) -> bool:
+        return not self.cfg.attn_only
+
+    @property
+    def d_vocab_real(self) -> int:
+        """Vocabulary size without padding columns of W_U beyond the tokenizer's vocabulary."""
+        if self.tokenizer is None:
+            return self.d_vocab
+        return min(self.d_vocab, len(self.tokenizer))
+
+    @property
+    def bos_token_id(self) -> int:
+        tok = self.tokenizer
+        for attr in ("bos_token_id", "eos_token_id"):
+            value = getattr(tok, attr, None) if tok is not None else None
+            if value is not None:
+                return int(value)
+        return 0
+
+    @property
+    def n_params(self) -> int:
+        return int(sum(p.numel() for p in self.model.parameters()))
+
+    def describe(self) -> dict[str, Any]:
+        """Architecture numbers and processing, as stored with a registered model."""
+        return {
+            "architecture": str(self.cfg.original_architecture or "HookedTransformer"),
+            "n_layers": self.n_layers, "d_model": self.d_model, "n_heads": self.n_heads,
+            "d_mlp": self.d_mlp, "d_vocab": self.d_vocab, "d_vocab_real": self.d_vocab_real,
+            "n_ctx": self.n_ctx, "n_params": self.n_params,
+            "normalization_type": self.cfg.normalization_type,
+            "parallel_attn_mlp": bool(self.cfg.parallel_attn_mlp),
+            "processing": self.applied.as_dict(),
+        }
+
+    # ---- forward pieces
+    def embed(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos d_model"]:
+        """Residual stream before block 0 (token + positional embedding as the model does it)."""
+        resid, _, shortformer, _ = self.model.input_to_embed(tokens)
+        self._ctx["shortformer"] = shortformer
+        return resid  # type: ignore[no-any-return]
+
+    def run_block(
+        self,
+        layer: int,
+        resid: Float[Tensor, "batch pos d_model"],
+        *,
+        zero_attn: bool = False,
+        zero_mlp: bool = False,
+        head_mask: Float[Tensor, "batch head"] | None = None,
+        capture_pattern: bool = False,
+    ) -> BlockRun:
+        """Run block `layer` on `resid`.
+
+        `zero_attn` / `zero_mlp` zero that component's residual write (biases included);
+        `head_mask` multiplies each head's z (1 keeps, 0 ablates), row by row of the batch.
+        """
+        block = self.model.blocks[layer]
+        captured: dict[str, Tensor] = {}
+
+        def attn_hook(_m: Any, _i: Any, out: Tensor) -> Tensor:
+            captured["attn"] = torch.zeros_like(out) if zero_attn else out
+            return captured["attn"]
+
+        def mlp_hook(_m: Any, _i: Any, out: Tensor) -> Tensor:
+            captured["mlp"] = torch.zeros_like(out) if zero_mlp else out
+            return captured["mlp"]
+
+        def pattern_hook(_m: Any, _i: Any, out: Tensor) -> None:
+            captured["pattern"] = out
+
+        def z_hook(_m: Any, _i: Any, z: Tensor) -> Tensor:
+            assert head_mask is not None
+            return z * head_mask[:, None, :, None].to(z.dtype)
+
+        hooks: list[tuple[Any, Callable[..., Any]]] = [(block.hook_attn_out, attn_hook)]
+        if self.has_mlp:
+            hooks.append((block.hook_mlp_out, mlp_hook))
+        if capture_pattern:
+            hooks.append((block.attn.hook_pattern, pattern_hook))
+        if head_mask is not None:
+            hooks.append((block.attn.hook_z, z_hook))
+        with _forward_hooks(hooks):
+            out = block(resid, shortformer_pos_embed=self._ctx.get("shortformer"))
+        return BlockRun(out, captured["attn"], captured.get("mlp"), captured.get("pattern"))
+
+    def logits(self, resid: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_vocab"]:
+        """Final norm (recomputed on this residual), W_U, b_U and any logit soft-cap."""
+        from transformer_lens.utilities import apply_softcap  # type: ignore[attr-defined]
+
+        x = resid
+        if self.cfg.normalization_type is not None:
+            x = self.model.ln_final(x)
+        return apply_softcap(self.model.unembed(x), self.cfg.output_logits_soft_cap)  # type: ignore[no-any-return]
+
+    # ---- processed weights
+    def w_out(self, layer: int) -> Float[Tensor, "d_mlp d_model"]:
+        return self.model.blocks[layer].mlp.W_out.detach()  # type: ignore[no-any-return]
+
+    def w_u(self) -> Float[Tensor, "d_model d_vocab"]:
+        return self.model.unembed.W_U.detach()  # type: ignore[no-any-return]
+
+    def token_strings(self, ids: list[int]) -> list[str]:
+        if self.tokenizer is None:
+            return [f"<{i}>" for i in ids]
+        return [self.tokenizer.decode([i]) for i in ids]
+
+
+@contextlib.contextmanager
+def _forward_hooks(hooks: list[tuple[Any, Callable[..., Any]]]) -> Iterator[None]:
+    handles = [module.register_forward_hook(fn) for module, fn in hooks]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def load_model(spec: ModelSpec, device: str = "cpu") -> LoadedModel:
+    """Load and process the weights a spec names. The one entry point to TransformerLens."""
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ModelLoadError(f"device {device!r} requested but CUDA is not available here")
+    source = SOURCES[spec.source]
+    model, tokenizer = source.load(spec, device)
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    norm = model.cfg.normalization_type
+    # fold_ln rewrites LN -> LNPre in the config; report what was requested and applied.
+    applied = effective_processing(spec.processing, None if norm is None else norm.replace("Pre", ""))
+    return LoadedModel(spec=spec, model=model, tokenizer=tokenizer, applied=applied, device=device)
+
+
+def spec_json(spec: ModelSpec) -> str:
+    """Canonical JSON of a spec (sorted keys), for hashing run configurations."""
+    return json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
