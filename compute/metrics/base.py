@@ -28,6 +28,7 @@ class EngineOptions(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     batch_size: int | None = Field(None, ge=1, description="sequences per batch; None = auto")
     logits_budget_mb: int = Field(256, ge=8, description="bound on [tokens, vocab] intermediates")
+    chunk_mb: int | None = Field(None, ge=1, description="rows of logits reduced at once; auto")
     prev_ks: tuple[int, ...] = (1, 2, 4, 5, 8, 16)
     induction_n: int = Field(64, ge=2)
     induction_sequences: int = Field(32, ge=1)

@@ -1,0 +1,118 @@
+"""A run: its configuration (and identity), and computing it end to end.
+
+A run is defined by its configuration — model spec, token spec, metric families, engine options
+and `METRIC_VERSION`. `config_hash` is the SHA-256 of its canonical JSON: same hash, same run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import torch
+from pydantic import BaseModel, ConfigDict
+
+from compute.engine import ProgressFn, sweep
+from compute.metrics import DEFAULT_FAMILIES, families_named
+from compute.metrics.base import EngineOptions, NeuronTokens
+from compute.models import LoadedModel, ModelSpec, load_model
+from compute.records import records_to_table, validate_records
+from compute.tokens import TokenSpec, load_tokens, resolve_token_spec
+
+# Bumped whenever a definition in METRICS.md changes meaning.
+METRIC_VERSION = "1"
+CODE_VERSION = "0.1.0"
+
+NEURON_TOKENS_SCHEMA = pa.schema([
+    ("layer", pa.int32()), ("neuron", pa.int32()), ("neuron_class", pa.string()),
+    ("direction", pa.string()), ("rank", pa.int32()), ("token_id", pa.int64()),
+    ("token", pa.string()), ("cosine", pa.float64()),
+])
+
+
+class RunConfig(BaseModel):
+    """Everything that determines a run's numbers."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    model: ModelSpec
+    tokens: TokenSpec
+    families: tuple[str, ...] = DEFAULT_FAMILIES
+    options: EngineOptions = EngineOptions()
+    metric_version: str = METRIC_VERSION
+
+    def canonical_json(self) -> str:
+        # batch_size changes throughput, not numbers (beyond float rounding): not identity.
+        data = self.model_dump(mode="json")
+        data["options"].pop("batch_size", None)
+        data["options"].pop("logits_budget_mb", None)
+        data["options"].pop("chunk_mb", None)
+        data["families"] = sorted(data["families"])
+        return json.dumps(data, sort_keys=True, separators=(",", ":"))
+
+    def config_hash(self) -> str:
+        return hashlib.sha256(self.canonical_json().encode()).hexdigest()
+
+
+@dataclass
+class RunResult:
+    config: RunConfig
+    config_hash: str
+    records: pa.Table
+    neuron_tokens: pa.Table
+    model_info: dict[str, Any]
+    tokens_evaluated: int
+    device: str
+    wall_s: float
+    environment: dict[str, str] = field(default_factory=dict)
+
+
+def neuron_tokens_table(rows: list[NeuronTokens]) -> pa.Table:
+    columns = {name: [getattr(r, name) for r in rows] for name in NEURON_TOKENS_SCHEMA.names}
+    return pa.table(columns, schema=NEURON_TOKENS_SCHEMA)
+
+
+def compute_run(
+    config: RunConfig,
+    *,
+    device: str = "cpu",
+    progress: ProgressFn | None = None,
+    lm: LoadedModel | None = None,
+) -> RunResult:
+    """Load the model and tokens a configuration names, sweep, validate and return the records.
+
+    Validation happens before any output exists: on error nothing is returned at all.
+    """
+    families_named(list(config.families))  # fail on unknown families before loading anything
+    start = time.perf_counter()
+    lm = lm or load_model(config.model, device)
+    token_spec = resolve_token_spec(config.tokens)
+    tokens = load_tokens(token_spec, lm.tokenizer, bos_token_id=lm.bos_token_id,
+                         d_vocab=lm.d_vocab, n_ctx=lm.n_ctx)
+    config = config.model_copy(update={"tokens": token_spec})
+    result = sweep(lm, tokens, list(config.families), config.options, progress)
+    table = validate_records(records_to_table(result.records), n_layers=lm.n_layers)
+    return RunResult(
+        config=config, config_hash=config.config_hash(), records=table,
+        neuron_tokens=neuron_tokens_table(result.neuron_tokens), model_info=lm.describe(),
+        tokens_evaluated=result.tokens_evaluated, device=device,
+        wall_s=time.perf_counter() - start,
+        environment={"torch": torch.__version__, "python": platform.python_version(),
+                     "strata": CODE_VERSION},
+    )
+
+
+def result_metadata(result: RunResult) -> dict[str, Any]:
+    """Run and model identity, which travel beside the rows (METRICS.md: record format)."""
+    return {
+        "config": json.loads(result.config.canonical_json()),
+        "config_hash": result.config_hash, "model": result.model_info,
+        "tokens_evaluated": result.tokens_evaluated, "device": result.device,
+        "wall_s": round(result.wall_s, 3), "environment": result.environment,
+        "metric_version": result.config.metric_version,
+    }
+

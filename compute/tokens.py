@@ -1,0 +1,316 @@
+"""Token specifications and the deterministic token batches a run evaluates.
+
+Sources (`TokenSpec.source`):
+  builtin  the built-in corpus (`compute.corpus`, "python-stdlib-docs")
+  corpus   a user text file or folder of .txt/.md files (`path`)
+  npy      a `.npy` array [n_sequences, seq_len] of token ids, used exactly as given (`path`)
+  pile     the Pile (uncopyrighted) streamed with `datasets`: needs network and `pip install
+           strata[pile]`
+
+For text sources every document is tokenized with the model's tokenizer, documents are joined
+with the BOS/EOS id between them, the stream is cut into non-overlapping windows of seq_len-1
+tokens, `n_sequences` windows are chosen with `numpy.random.default_rng(seed)` (a permutation,
+no replacement), and BOS is prepended: `seq_len` counts the BOS. Evaluated positions are
+1..seq_len-2 (METRICS.md), so seq_len must be at least 3.
+
+>>> spec = TokenSpec(source="builtin", n_sequences=8, seq_len=128)
+>>> spec = resolve_token_spec(spec)        # fills in the corpus fingerprint
+>>> tokens = load_tokens(spec, tokenizer, bos_token_id=0, d_vocab=4096, n_ctx=128)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from jaxtyping import Int
+from pydantic import BaseModel, ConfigDict, Field
+from torch import Tensor
+
+from compute.corpus import (
+    builtin_corpus_documents,
+    documents_fingerprint,
+    read_corpus,
+)
+from compute.errors import TokenSpecError
+
+TokenSource = Literal["builtin", "corpus", "npy", "pile"]
+MIN_SEQ_LEN = 3  # BOS, one evaluated position, one target
+PILE_DATASET = "monology/pile-uncopyrighted"
+PILE_MAX_DOCUMENTS = 20_000
+TOKENIZE_BATCH = 256
+
+
+class TokenSpec(BaseModel):
+    """Which tokens a run evaluates. Stored with the run; `fingerprint` pins the content."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    source: TokenSource
+    path: str | None = None
+    n_sequences: int = Field(ge=0)  # 0 (npy only): take it from the file
+    seq_len: int = Field(ge=0)  # total length, BOS included; 0 (npy only): from the file
+    seed: int = 0
+    fingerprint: str | None = None
+
+
+def _check_spec(spec: TokenSpec) -> None:
+    if spec.source in ("corpus", "npy") and not spec.path:
+        raise TokenSpecError(f"token source {spec.source!r} needs a path")
+    if spec.source != "npy":
+        if spec.n_sequences < 1:
+            raise TokenSpecError(f"n_sequences must be at least 1, got {spec.n_sequences}")
+        if spec.seq_len < MIN_SEQ_LEN:
+            raise TokenSpecError(
+                f"seq_len={spec.seq_len} leaves no evaluated positions (positions 1..seq_len-2); "
+                f"use seq_len >= {MIN_SEQ_LEN}"
+            )
+
+
+def _file_fingerprint(path: Path) -> str:
+    digest = hashlib.sha256()
+    try:
+        with path.open("rb") as handle:
+            for chunk in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(chunk)
+    except OSError as exc:
+        raise TokenSpecError(f"cannot read token file {path}: {exc}") from exc
+    return digest.hexdigest()[:16]
+
+
+def _load_npy(path: Path, *, mmap: bool = False) -> np.ndarray:
+    if not path.is_file():
+        raise TokenSpecError(f"token file {path} does not exist")
+    try:
+        array = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as exc:
+        raise TokenSpecError(
+            f"cannot read {path} as a .npy array ({exc}); save tokens with numpy.save"
+        ) from exc
+    if not isinstance(array, np.ndarray):
+        raise TokenSpecError(f"{path} holds no single .npy array (an .npz archive?)")
+    return array
+
+
+def resolve_token_spec(spec: TokenSpec) -> TokenSpec:
+    """Fill in the content fingerprint (and, for npy, a 0 n_sequences/seq_len from the file).
+
+    Two runs with the same resolved spec evaluate the same tokens. The Pile has no fingerprint
+    (the stream is not pinned locally); it is identified by its dataset name.
+    """
+    _check_spec(spec)
+    update: dict[str, Any] = {}
+    if spec.source == "builtin":
+        update["fingerprint"] = documents_fingerprint(builtin_corpus_documents())
+    elif spec.source == "corpus":
+        update["fingerprint"] = documents_fingerprint(read_corpus(str(spec.path)))
+    elif spec.source == "npy":
+        path = Path(str(spec.path))
+        array = _load_npy(path, mmap=True)
+        if array.ndim == 2:
+            if spec.n_sequences == 0:
+                update["n_sequences"] = int(array.shape[0])
+            if spec.seq_len == 0:
+                update["seq_len"] = int(array.shape[1])
+        update["fingerprint"] = _file_fingerprint(path)
+    found = update.get("fingerprint")
+    if spec.fingerprint is not None and found is not None and found != spec.fingerprint:
+        raise TokenSpecError(
+            f"the {spec.source} tokens changed: fingerprint {found} does not match the spec's "
+            f"{spec.fingerprint} (a different file, or another Python version for the built-in "
+            "corpus)"
+        )
+    return spec.model_copy(update=update)
+
+
+def validate_tokens(
+    tokens: Int[Tensor, "batch pos"], *, d_vocab: int, n_ctx: int, what: str = "tokens"
+) -> None:
+    """Checks shared by every source: shape, seq_len within the context, ids within the vocab."""
+    if tokens.ndim != 2:
+        raise TokenSpecError(f"{what} must be 2-D [n_sequences, seq_len], got {tokens.ndim}-D")
+    n_sequences, seq_len = tokens.shape
+    if n_sequences < 1:
+        raise TokenSpecError(f"{what} hold no sequences")
+    if seq_len < MIN_SEQ_LEN:
+        raise TokenSpecError(
+            f"{what} have seq_len={seq_len}: no evaluated positions (positions 1..seq_len-2); "
+            f"use seq_len >= {MIN_SEQ_LEN}"
+        )
+    if seq_len > n_ctx:
+        raise TokenSpecError(
+            f"{what} have seq_len={seq_len} but the model's context is n_ctx={n_ctx}; "
+            f"use seq_len <= {n_ctx}"
+        )
+    low, high = int(tokens.min()), int(tokens.max())
+    if low < 0:
+        raise TokenSpecError(f"{what} contain a negative id ({low}); ids must be >= 0")
+    if high >= d_vocab:
+        raise TokenSpecError(
+            f"{what} contain id {high} but the model's vocabulary has d_vocab={d_vocab} "
+            f"(ids 0..{d_vocab - 1}); were they made with another tokenizer?"
+        )
+
+
+def _tokenize_stream(tokenizer: Any, documents: Sequence[str], separator_id: int) -> np.ndarray:
+    """Tokenize documents in batches and join them with `separator_id` between them."""
+    pieces: list[np.ndarray] = []
+    separator = np.array([separator_id], dtype=np.int64)
+    for start in range(0, len(documents), TOKENIZE_BATCH):
+        batch = list(documents[start : start + TOKENIZE_BATCH])
+        for ids in tokenizer(batch, add_special_tokens=False)["input_ids"]:
+            if pieces:
+                pieces.append(separator)
+            pieces.append(np.asarray(ids, dtype=np.int64))
+    if not pieces:
+        return np.zeros(0, dtype=np.int64)
+    return np.concatenate(pieces)
+
+
+def pack_windows(
+    stream: np.ndarray, *, n_sequences: int, seq_len: int, seed: int, bos_token_id: int
+) -> Int[Tensor, "n_sequences seq_len"]:
+    """Choose `n_sequences` non-overlapping windows of seq_len-1 tokens, each prefixed by BOS.
+
+    Windows are chosen with `numpy.random.default_rng(seed).permutation` (no replacement).
+    """
+    body = seq_len - 1
+    available = len(stream) // body
+    if available < n_sequences:
+        raise TokenSpecError(
+            f"the text yields only {available} sequences of seq_len={seq_len} "
+            f"({len(stream)} tokens) but {n_sequences} were requested; ask for at most "
+            f"{available}, shorten seq_len, or give more text"
+        )
+    chosen = np.random.default_rng(seed).permutation(available)[:n_sequences]
+    windows = stream[: available * body].reshape(available, body)[chosen]
+    bos = np.full((n_sequences, 1), bos_token_id, dtype=np.int64)
+    return torch.from_numpy(np.concatenate([bos, windows], axis=1))
+
+
+def _pile_documents(n_tokens_hint: int) -> list[str]:
+    """The first documents of the Pile (uncopyrighted), streamed. Needs network."""
+    try:
+        import datasets
+    except ImportError as exc:
+        raise TokenSpecError(
+            "token source 'pile' needs the `datasets` package: pip install 'strata[pile]'"
+        ) from exc
+    try:
+        stream = datasets.load_dataset(PILE_DATASET, split="train", streaming=True)
+        documents: list[str] = []
+        n_chars = 0
+        # ~4 characters per token is generous for English; stop once there is enough text.
+        for row in stream:
+            documents.append(str(row["text"]))
+            n_chars += len(documents[-1])
+            if n_chars > 6 * n_tokens_hint or len(documents) >= PILE_MAX_DOCUMENTS:
+                break
+    except Exception as exc:
+        raise TokenSpecError(
+            f"could not stream {PILE_DATASET} ({type(exc).__name__}: {exc}); the Pile needs "
+            "network access to the Hugging Face hub; use source 'builtin', 'corpus' or 'npy'"
+        ) from exc
+    return documents
+
+
+def _load_npy_tokens(spec: TokenSpec) -> Int[Tensor, "n_sequences seq_len"]:
+    path = Path(str(spec.path))
+    array = _load_npy(path)
+    if array.ndim != 2:
+        raise TokenSpecError(
+            f"{path} has shape {array.shape}; token arrays must be 2-D [n_sequences, seq_len]"
+        )
+    if not np.issubdtype(array.dtype, np.integer):
+        raise TokenSpecError(
+            f"{path} has dtype {array.dtype}; token ids must be integers (e.g. int64)"
+        )
+    n_sequences, seq_len = (int(d) for d in array.shape)
+    for field, expected, actual in (
+        ("n_sequences", spec.n_sequences, n_sequences),
+        ("seq_len", spec.seq_len, seq_len),
+    ):
+        if expected not in (0, actual):
+            raise TokenSpecError(
+                f"the spec says {field}={expected} but {path} has {field}={actual} "
+                f"(shape {array.shape}); fix the spec or leave {field}=0 to take it from the file"
+            )
+    if np.issubdtype(array.dtype, np.unsignedinteger) and array.size and array.max() > 2**62:
+        raise TokenSpecError(f"{path} contains ids too large for int64")
+    return torch.from_numpy(array.astype(np.int64, copy=True))
+
+
+def load_tokens(
+    spec: TokenSpec,
+    tokenizer: Any,
+    *,
+    bos_token_id: int,
+    d_vocab: int,
+    n_ctx: int,
+) -> Int[Tensor, "n_sequences seq_len"]:
+    """The token batch a spec describes, validated against the model: int64 [n, seq_len].
+
+    `tokenizer` is the model's Hugging Face tokenizer (unused for npy). If the spec carries a
+    fingerprint, the content must still match it. Raises `TokenSpecError` with what to fix.
+    """
+    _check_spec(spec)
+    if spec.source == "npy":
+        tokens = _load_npy_tokens(spec)
+        fingerprint = _file_fingerprint(Path(str(spec.path)))
+        what = f"tokens in {spec.path}"
+    else:
+        if spec.seq_len > n_ctx:
+            raise TokenSpecError(
+                f"seq_len={spec.seq_len} exceeds the model's context n_ctx={n_ctx}; "
+                f"use seq_len <= {n_ctx}"
+            )
+        if spec.source == "builtin":
+            documents = builtin_corpus_documents()
+        elif spec.source == "corpus":
+            documents = read_corpus(str(spec.path))
+        else:
+            documents = _pile_documents(spec.n_sequences * spec.seq_len)
+        fingerprint = documents_fingerprint(documents) if spec.source != "pile" else None
+        stream = _tokenize_stream(tokenizer, documents, bos_token_id)
+        tokens = pack_windows(
+            stream,
+            n_sequences=spec.n_sequences,
+            seq_len=spec.seq_len,
+            seed=spec.seed,
+            bos_token_id=bos_token_id,
+        )
+        what = f"{spec.source} tokens"
+    if spec.fingerprint is not None and fingerprint is not None and fingerprint != spec.fingerprint:
+        raise TokenSpecError(
+            f"the {spec.source} tokens changed: fingerprint {fingerprint} does not match the "
+            f"spec's {spec.fingerprint}"
+        )
+    validate_tokens(tokens, d_vocab=d_vocab, n_ctx=n_ctx, what=what)
+    return tokens
+
+
+def random_repeated_tokens(
+    n_sequences: int, n: int, d_vocab: int, bos_token_id: int, seed: int
+) -> Int[Tensor, "n_sequences seq"]:
+    """BOS, r_1..r_n, r_1..r_n per row: the induction-head probe, [n_sequences, 1 + 2n].
+
+    r is drawn uniformly from ids [0, d_vocab) excluding `bos_token_id`, with a
+    `torch.Generator` seeded with `seed` (the global RNG is untouched).
+
+    >>> t = random_repeated_tokens(2, 4, 50, 0, seed=0)
+    >>> t.shape, bool((t[:, 1:5] == t[:, 5:]).all()), bool((t[:, 0] == 0).all())
+    (torch.Size([2, 9]), True, True)
+    """
+    if n_sequences < 1 or n < 1:
+        raise TokenSpecError(f"need n_sequences >= 1 and n >= 1, got {n_sequences} and {n}")
+    if d_vocab < 2:
+        raise TokenSpecError(f"d_vocab={d_vocab} leaves no ids besides BOS")
+    generator = torch.Generator().manual_seed(seed)
+    draws = torch.randint(0, d_vocab - 1, (n_sequences, n), generator=generator)
+    if 0 <= bos_token_id < d_vocab:
+        draws = draws + (draws >= bos_token_id).long()  # skip over the BOS id
+    bos = torch.full((n_sequences, 1), bos_token_id, dtype=torch.long)
+    return torch.cat([bos, draws, draws], dim=1)

@@ -1,0 +1,385 @@
+"""Train the tiny zoo models: GPT-2-style transformers on the built-in corpus, on a CPU.
+
+A zoo checkpoint directory is self-contained and loads offline with `AutoModelForCausalLM`,
+`AutoTokenizer` and TransformerLens (see `compute.models`):
+
+    config.json  model.safetensors  tokenizer.json  tokenizer_config.json  strata_zoo.json
+
+`strata_zoo.json` holds the training configuration, the final train and validation losses
+(nats/token), the wall time, the corpus fingerprint and the training-loss curve.
+
+Training is deterministic given the seed: the seed drives the initialisation (inside a forked
+global RNG, so the caller's RNG state is left untouched) and a private generator that samples the
+training windows. Every training sequence is BOS followed by seq_len-1 tokens from a random
+offset of the token stream, matching how Strata evaluates (BOS at position 0, mid-text windows).
+
+Quick entry point:
+
+    python -m compute.zoo.train --name tiny-4l-s0 --n-layers 4 --seed 0 --optimizer adamw \\
+        --steps 500 --out compute/zoo/checkpoints/tiny-4l-s0
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+import transformers
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+
+from compute.corpus import (
+    BUILTIN_CORPUS_NAME,
+    builtin_corpus_documents,
+    documents_fingerprint,
+)
+from compute.errors import SpecError
+from compute.zoo.tokenizer import (
+    DEFAULT_VOCAB_SIZE,
+    SPECIAL_TOKEN_ID,
+    load_zoo_tokenizer,
+    train_bpe_tokenizer,
+)
+
+ZOO_METADATA_FILE = "strata_zoo.json"
+VALIDATION_FRACTION = 0.05
+LOSS_CURVE_EVERY = 10
+
+# (step, total steps, latest train loss) -> None
+ProgressFn = Callable[[int, int, float], None]
+
+
+class ZooModelConfig(BaseModel):
+    """Architecture and optimisation of one zoo model."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    name: str
+    n_layers: int = Field(ge=1, le=6)
+    d_model: int = Field(default=128, ge=8)
+    n_heads: int = Field(default=4, ge=1)
+    d_mlp: int | None = None  # None: 4 * d_model
+    n_ctx: int = Field(default=128, ge=4)
+    vocab_size: int = Field(default=DEFAULT_VOCAB_SIZE, ge=260)
+    seed: int = 0
+    optimizer: Literal["adamw", "adam"] = "adamw"
+    lr: float = Field(default=1e-3, gt=0)
+    warmup_steps: int | None = None  # None: 5% of steps (at least 1)
+    min_lr_fraction: float = Field(default=0.1, ge=0, le=1)
+    weight_decay: float | None = None  # None: 0.1 for adamw, 0 for adam
+    steps: int = Field(default=500, ge=1)
+    batch_size: int = Field(default=32, ge=1)
+    seq_len: int | None = None  # None: n_ctx (BOS included)
+    save_dtype: Literal["float16", "float32"] = "float16"
+
+    @model_validator(mode="after")
+    def _check_shapes(self) -> ZooModelConfig:
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+        if self.seq_len is not None and not 2 <= self.seq_len <= self.n_ctx:
+            raise ValueError(f"seq_len={self.seq_len} must be in [2, n_ctx={self.n_ctx}]")
+        return self
+
+    @property
+    def resolved_d_mlp(self) -> int:
+        return self.d_mlp if self.d_mlp is not None else 4 * self.d_model
+
+    @property
+    def resolved_weight_decay(self) -> float:
+        if self.weight_decay is not None:
+            return self.weight_decay
+        return 0.1 if self.optimizer == "adamw" else 0.0
+
+    @property
+    def resolved_seq_len(self) -> int:
+        return self.seq_len if self.seq_len is not None else self.n_ctx
+
+    @property
+    def resolved_warmup_steps(self) -> int:
+        if self.warmup_steps is not None:
+            return self.warmup_steps
+        return max(1, self.steps // 20)
+
+
+def gpt2_config(cfg: ZooModelConfig) -> GPT2Config:
+    """The Hugging Face configuration of a zoo model (no dropout, tied embeddings)."""
+    return GPT2Config(
+        vocab_size=cfg.vocab_size,
+        n_positions=cfg.n_ctx,
+        # Transformers 5 no longer defines n_ctx, but TransformerLens's GPT-2 converter reads it.
+        n_ctx=cfg.n_ctx,
+        n_embd=cfg.d_model,
+        n_layer=cfg.n_layers,
+        n_head=cfg.n_heads,
+        n_inner=cfg.resolved_d_mlp,
+        activation_function="gelu_new",
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        bos_token_id=SPECIAL_TOKEN_ID,
+        eos_token_id=SPECIAL_TOKEN_ID,
+        pad_token_id=SPECIAL_TOKEN_ID,
+        tie_word_embeddings=True,
+    )
+
+
+def token_stream(tokenizer: PreTrainedTokenizerFast, documents: Sequence[str]) -> np.ndarray:
+    """All documents tokenized and joined with `<|endoftext|>` between them (int64)."""
+    encoded = tokenizer(list(documents), add_special_tokens=False)["input_ids"]
+    pieces: list[list[int]] = []
+    for i, ids in enumerate(encoded):
+        if i:
+            pieces.append([SPECIAL_TOKEN_ID])
+        pieces.append(ids)
+    return np.fromiter((t for p in pieces for t in p), dtype=np.int64)
+
+
+def _lr_factor(step: int, cfg: ZooModelConfig) -> float:
+    """Linear warmup to 1, then cosine decay to `min_lr_fraction`."""
+    warmup = cfg.resolved_warmup_steps
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, cfg.steps - warmup)
+    cosine = 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+    return cfg.min_lr_fraction + (1.0 - cfg.min_lr_fraction) * cosine
+
+
+def _make_optimizer(model: GPT2LMHeadModel, cfg: ZooModelConfig) -> torch.optim.Optimizer:
+    """Weight decay on matrices only (not on biases, LayerNorm gains or position embeddings)."""
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():
+        (decay if param.ndim >= 2 and "wpe" not in name else no_decay).append(param)
+    groups = [
+        {"params": decay, "weight_decay": cfg.resolved_weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    if cfg.optimizer == "adamw":
+        return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95))
+    # Plain Adam: any weight decay is L2 added to the gradient (usually 0).
+    return torch.optim.Adam(groups, lr=cfg.lr, betas=(0.9, 0.95))
+
+
+def _windows_with_bos(stream: torch.Tensor, starts: torch.Tensor, length: int) -> torch.Tensor:
+    """BOS followed by `length - 1` stream tokens from each start: [len(starts), length]."""
+    offsets = torch.arange(length - 1)
+    body = stream[starts[:, None] + offsets[None, :]]
+    bos = torch.full((len(starts), 1), SPECIAL_TOKEN_ID, dtype=torch.long)
+    return torch.cat([bos, body], dim=1)
+
+
+def validation_loss(
+    model: GPT2LMHeadModel, stream: torch.Tensor, seq_len: int, batch_size: int = 64
+) -> float:
+    """Mean next-token loss (nats/token) over non-overlapping BOS-prefixed windows of `stream`.
+
+    The prediction made at BOS is included (it predicts the window's first text token), so each
+    token of every window's body is predicted exactly once.
+    """
+    body = seq_len - 1
+    n_windows = (len(stream) - 1) // body
+    if n_windows < 1:
+        raise SpecError(f"validation stream of {len(stream)} tokens is shorter than seq_len")
+    starts = torch.arange(n_windows) * body
+    total, count = 0.0, 0
+    with torch.inference_mode():
+        for i in range(0, n_windows, batch_size):
+            batch = _windows_with_bos(stream, starts[i : i + batch_size], seq_len)
+            logits = model(batch).logits[:, :-1].float()
+            targets = batch[:, 1:]
+            loss = torch.nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="sum"
+            )
+            total += float(loss)
+            count += targets.numel()
+    return total / count
+
+
+def _round_trip_dtype(model: GPT2LMHeadModel, dtype: str) -> None:
+    """Round the weights to the save dtype in place, so reported losses are those shipped."""
+    if dtype == "float32":
+        return
+    with torch.no_grad():
+        for param in model.parameters():
+            param.copy_(param.to(getattr(torch, dtype)).to(param.dtype))
+
+
+def train_zoo_model(
+    cfg: ZooModelConfig,
+    out_dir: str | Path,
+    *,
+    tokenizer_dir: str | Path | None = None,
+    progress: ProgressFn | None = None,
+    documents: Sequence[str] | None = None,
+) -> Path:
+    """Train one zoo model and write a self-contained checkpoint directory; return its path.
+
+    `tokenizer_dir` reuses a saved zoo tokenizer (every zoo model should share one); without it
+    a tokenizer is trained on the corpus. `documents` replaces the built-in corpus (tests).
+    The last 5% of the token stream is held out for the validation loss.
+    """
+    out = Path(out_dir)
+    docs = list(builtin_corpus_documents() if documents is None else documents)
+    if tokenizer_dir is not None:
+        tokenizer = load_zoo_tokenizer(tokenizer_dir)
+    else:
+        tokenizer = train_bpe_tokenizer(docs, vocab_size=cfg.vocab_size)
+    tokenizer.model_max_length = cfg.n_ctx
+    if len(tokenizer) > cfg.vocab_size:
+        raise SpecError(
+            f"tokenizer has {len(tokenizer)} tokens but vocab_size={cfg.vocab_size}; raise it"
+        )
+    seq_len = cfg.resolved_seq_len
+    stream = torch.from_numpy(token_stream(tokenizer, docs))
+    n_val = max(seq_len, int(len(stream) * VALIDATION_FRACTION))
+    train_stream, val_stream = stream[:-n_val], stream[-n_val:]
+    if len(train_stream) < 2 * seq_len:
+        raise SpecError(f"corpus too small: {len(train_stream)} training tokens")
+
+    started = time.perf_counter()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        model = GPT2LMHeadModel(gpt2_config(cfg))
+    model.train()
+    optimizer = _make_optimizer(model, cfg)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _lr_factor(s, cfg))
+    sampler = torch.Generator().manual_seed(cfg.seed)
+    max_start = len(train_stream) - (seq_len - 1)
+    curve: list[tuple[int, float]] = []
+    recent: list[float] = []
+    for step in range(cfg.steps):
+        starts = torch.randint(0, max_start, (cfg.batch_size,), generator=sampler)
+        batch = _windows_with_bos(train_stream, starts, seq_len)
+        # Labels = inputs: HF shifts them, so position p predicts token p+1 (BOS predicts text).
+        loss = model(batch, labels=batch).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        value = float(loss.detach())
+        if not math.isfinite(value):
+            raise SpecError(f"training diverged at step {step} (loss {value}); lower lr")
+        recent = ([*recent, value])[-LOSS_CURVE_EVERY:]
+        if step % LOSS_CURVE_EVERY == 0 or step == cfg.steps - 1:
+            curve.append((step, round(value, 4)))
+        if progress is not None:
+            progress(step + 1, cfg.steps, value)
+    wall_time = time.perf_counter() - started
+
+    model.eval()
+    _round_trip_dtype(model, cfg.save_dtype)
+    val_loss = validation_loss(model, val_stream, seq_len)
+
+    out.mkdir(parents=True, exist_ok=True)
+    save_model = model.to(getattr(torch, cfg.save_dtype))
+    save_model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    metadata: dict[str, Any] = {
+        "format": 1,
+        "config": cfg.model_dump(),
+        "final_train_loss": round(sum(recent) / len(recent), 4),
+        "val_loss": round(val_loss, 4),
+        "loss_unit": "nats/token",
+        "steps": cfg.steps,
+        "train_tokens_seen": cfg.steps * cfg.batch_size * seq_len,
+        "wall_time_s": round(wall_time, 1),
+        "corpus": BUILTIN_CORPUS_NAME if documents is None else "custom",
+        "corpus_fingerprint": documents_fingerprint(docs),
+        "corpus_tokens": len(stream),
+        "validation_tokens": len(val_stream),
+        "loss_curve": [list(point) for point in curve],
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+        },
+    }
+    (out / ZOO_METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n")
+    return out
+
+
+def train_family(
+    base_cfg: ZooModelConfig,
+    seeds: Sequence[int],
+    optimizer: Literal["adamw", "adam"],
+    out_root: str | Path,
+    *,
+    tokenizer_dir: str | Path | None = None,
+    progress: ProgressFn | None = None,
+) -> list[Path]:
+    """Train refits of one architecture that differ only in seed: `<name>-<optimizer>-s<seed>`.
+
+    The first refit's tokenizer is reused by the others unless `tokenizer_dir` is given.
+    """
+    root = Path(out_root)
+    paths: list[Path] = []
+    for seed in seeds:
+        name = f"{base_cfg.name}-{optimizer}-s{seed}"
+        cfg = base_cfg.model_copy(
+            update={"name": name, "seed": seed, "optimizer": optimizer, "weight_decay": None}
+        )
+        path = train_zoo_model(cfg, root / name, tokenizer_dir=tokenizer_dir, progress=progress)
+        tokenizer_dir = tokenizer_dir or path
+        paths.append(path)
+    return paths
+
+
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--n-layers", type=int, required=True)
+    parser.add_argument("--d-model", type=int, default=128)
+    parser.add_argument("--n-heads", type=int, default=4)
+    parser.add_argument("--n-ctx", type=int, default=128)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--optimizer", choices=["adamw", "adam"], default="adamw")
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--steps", type=int, default=500)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--seq-len", type=int, default=None)
+    parser.add_argument("--save-dtype", choices=["float16", "float32"], default="float16")
+    parser.add_argument("--tokenizer-dir", default=None, help="reuse a saved zoo tokenizer")
+    parser.add_argument("--out", required=True)
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Command-line entry point (`python -m compute.zoo.train --help`)."""
+    args = _parse_args(argv)
+    cfg = ZooModelConfig(
+        name=args.name,
+        n_layers=args.n_layers,
+        d_model=args.d_model,
+        n_heads=args.n_heads,
+        n_ctx=args.n_ctx,
+        seed=args.seed,
+        optimizer=args.optimizer,
+        lr=args.lr,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        seq_len=args.seq_len,
+        save_dtype=args.save_dtype,
+    )
+
+    def report(step: int, total: int, loss: float) -> None:
+        if step % 25 == 0 or step == total:
+            print(f"step {step}/{total} loss {loss:.4f}", flush=True)
+
+    path = train_zoo_model(cfg, args.out, tokenizer_dir=args.tokenizer_dir, progress=report)
+    meta = json.loads((path / ZOO_METADATA_FILE).read_text())
+    print(
+        f"wrote {path}: val_loss {meta['val_loss']} nats/token, "
+        f"train {meta['final_train_loss']}, {meta['wall_time_s']} s",
+        flush=True,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,214 @@
+"""`strata`: the command line. Thin: parse, build a spec, call compute or the store, report.
+
+Exit codes: 0 ok; 2 bad input (unknown model, unreadable tokens, bad options, ...); 3 the model
+could not be loaded; 4 the computation failed (NaN/inf, shape mismatch); 5 the database is held.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from compute.errors import ComputeError, ModelLoadError, SpecError, StrataError
+
+EXIT_BAD_INPUT, EXIT_LOAD, EXIT_COMPUTE, EXIT_HELD = 2, 3, 4, 5
+
+
+def fail(message: str, code: int) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+def exit_code_of(exc: StrataError) -> int:
+    if isinstance(exc, SpecError):
+        return EXIT_BAD_INPUT
+    if isinstance(exc, ModelLoadError):
+        return EXIT_LOAD
+    if isinstance(exc, ComputeError):
+        return EXIT_COMPUTE
+    return 1
+
+
+@click.group()
+def main() -> None:
+    """Strata: layer-level interpretability results for transformer language models."""
+
+
+@main.command()
+@click.option("--model", "model_ref", required=True,
+              help="zoo name, local Hugging Face checkpoint dir, or TransformerLens name")
+@click.option("--tokens", "tokens_path", type=click.Path(dir_okay=False),
+              help="pre-tokenized .npy [n_sequences, seq_len], used exactly as given")
+@click.option("--corpus", "corpus_path", type=click.Path(),
+              help="text file or folder (default: built-in offline corpus)")
+@click.option("--pile", is_flag=True, help="tokens from the Pile via `datasets` (needs network)")
+@click.option("--n-sequences", type=int, default=32, show_default=True)
+@click.option("--seq-len", type=int, default=128, show_default=True,
+              help="tokens per sequence including the BOS at position 0")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--metrics", "metrics", default=",".join(
+    ["intervention", "logit_lens", "neurons", "similarity", "attention", "norms", "heads"]),
+    show_default=True, help="comma-separated metric families")
+@click.option("--device", default="cpu", show_default=True)
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]),
+              default="float32", show_default=True)
+@click.option("--batch-size", type=int, default=None, help="sequences per batch (default: auto)")
+@click.option("--no-processing", is_flag=True,
+              help="skip LayerNorm folding and weight centering (results of drop/swap/lens agree)")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False),
+              help="output file: .parquet, .json, .csv or .arrow")
+@click.option("--quiet", is_flag=True, help="no progress bar")
+def compute(model_ref: str, tokens_path: str | None, corpus_path: str | None, pile: bool,
+            n_sequences: int, seq_len: int, seed: int, metrics: str, device: str, dtype: str,
+            batch_size: int | None, no_processing: bool, out_path: str | None,
+            quiet: bool) -> None:
+    """Compute per-layer metrics of a model and write them in the METRICS.md record format."""
+    from service.exports import format_for_path
+
+    if out_path is None:
+        fail("give --out FILE (.parquet, .json, .csv, .arrow)", EXIT_BAD_INPUT)
+        return
+    out = Path(out_path)
+    if format_for_path(out) is None:
+        fail(f"--out {out}: unknown format; use .parquet, .json, .csv or .arrow", EXIT_BAD_INPUT)
+    if sum(bool(x) for x in (tokens_path, corpus_path, pile)) > 1:
+        fail("give at most one of --tokens, --corpus, --pile", EXIT_BAD_INPUT)
+    try:
+        config = _run_config(model_ref, tokens_path, corpus_path, pile, n_sequences, seq_len,
+                             seed, metrics, dtype, batch_size, no_processing)
+        result = _compute_with_progress(config, device, quiet)
+    except StrataError as exc:
+        fail(str(exc), exit_code_of(exc))
+        return
+    _write_outputs(result, out)
+    click.echo(f"wrote {result.records.num_rows} records to {out}", err=True)
+
+
+def _run_config(model_ref: str, tokens_path: str | None, corpus_path: str | None, pile: bool,
+                n_sequences: int, seq_len: int, seed: int, metrics: str, dtype: str,
+                batch_size: int | None, no_processing: bool) -> Any:
+    from compute.metrics import families_named
+    from compute.metrics.base import EngineOptions
+    from compute.models import Processing, resolve_model_spec
+    from compute.run import RunConfig
+    from compute.tokens import TokenSpec
+
+    families = [m.strip() for m in metrics.split(",") if m.strip()]
+    families_named(families)
+    processing = Processing(fold_ln=False, center_writing_weights=False, center_unembed=False,
+                            fold_value_biases=False) if no_processing else Processing()
+    if tokens_path is not None:
+        token_spec = TokenSpec(source="npy", path=tokens_path, n_sequences=0, seq_len=0, seed=seed)
+    elif corpus_path is not None:
+        token_spec = TokenSpec(source="corpus", path=corpus_path, n_sequences=n_sequences,
+                               seq_len=seq_len, seed=seed)
+    else:
+        token_spec = TokenSpec(source="pile" if pile else "builtin", n_sequences=n_sequences,
+                               seq_len=seq_len, seed=seed)
+    if n_sequences < 1 or seq_len < 3:
+        raise SpecError("--n-sequences must be >= 1 and --seq-len >= 3")
+    from pydantic import ValidationError
+
+    try:
+        options = EngineOptions(batch_size=batch_size)
+    except ValidationError as exc:
+        raise SpecError(f"bad engine option: {exc.errors()[0]['msg']}") from exc
+    return RunConfig(model=resolve_model_spec(model_ref, dtype=dtype, processing=processing),  # type: ignore[arg-type]
+                     tokens=token_spec, families=tuple(families), options=options)
+
+
+def _compute_with_progress(config: Any, device: str, quiet: bool) -> Any:
+    from tqdm import tqdm
+
+    from compute.engine import Progress
+    from compute.run import compute_run
+
+    bar = None if quiet else tqdm(total=0, unit="step", desc="sweep", dynamic_ncols=True,
+                                  file=sys.stderr)
+
+    def report(p: Progress) -> None:
+        if bar is None:
+            return
+        if bar.total != p.total:
+            bar.total = p.total
+        bar.set_postfix_str(f"{p.tokens_per_s:,.0f} tok/s", refresh=False)
+        bar.update(p.done - bar.n)
+
+    try:
+        return compute_run(config, device=device, progress=report)
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def _write_outputs(result: Any, out: Path) -> None:
+    from compute.run import result_metadata
+    from service.exports import format_for_path, write_atomic
+
+    fmt = format_for_path(out)
+    assert fmt is not None  # checked before computing
+    meta = result_metadata(result)
+    # Encode everything first, then write: an encoding error leaves no file behind.
+    payloads = [(out, fmt.encode(result.records, meta))]
+    if result.neuron_tokens.num_rows:
+        side = out.with_name(f"{out.stem}.neuron_tokens{out.suffix}")
+        payloads.append((side, fmt.encode(result.neuron_tokens, None)))
+    for path, data in payloads:
+        write_atomic(path, data)
+
+
+@main.group()
+def zoo() -> None:
+    """The tiny model zoo: list the shipped checkpoints, train new ones."""
+
+
+@zoo.command("list")
+def zoo_list() -> None:
+    """Shipped and locally trained zoo models with their validation loss."""
+    from compute.models import zoo_names, zoo_path
+
+    for name in zoo_names():
+        meta_file = zoo_path(name) / "strata_zoo.json"
+        meta = json.loads(meta_file.read_text()) if meta_file.is_file() else {}
+        loss = meta.get("val_loss")
+        click.echo(f"{name}\tval_loss={loss if loss is None else round(loss, 4)}")
+
+
+@zoo.command("train")
+@click.option("--name", help="checkpoint name (default: derived from the options)")
+@click.option("--n-layers", type=click.IntRange(1, 12), default=4, show_default=True)
+@click.option("--d-model", type=int, default=128, show_default=True)
+@click.option("--n-heads", type=int, default=4, show_default=True)
+@click.option("--seeds", default="0", show_default=True, help="comma-separated seeds (a family)")
+@click.option("--optimizer", type=click.Choice(["adamw", "adam"]), default="adamw",
+              show_default=True)
+@click.option("--steps", type=click.IntRange(1), default=600, show_default=True)
+@click.option("--out-dir", type=click.Path(file_okay=False), default=None,
+              help="where checkpoints go (default: the zoo's checkpoints folder)")
+def zoo_train(name: str | None, n_layers: int, d_model: int, n_heads: int, seeds: str,
+              optimizer: str, steps: int, out_dir: str | None) -> None:
+    """Train tiny GPT-2-style models on the built-in corpus (one per seed)."""
+    from compute.models import ZOO_DIR
+    from compute.zoo.train import ZooModelConfig, train_zoo_model
+
+    try:
+        seed_list = [int(s) for s in seeds.split(",") if s.strip()]
+    except ValueError:
+        fail(f"--seeds {seeds!r}: give comma-separated integers", EXIT_BAD_INPUT)
+        return
+    root = Path(out_dir) if out_dir else ZOO_DIR
+    for seed in seed_list:
+        model_name = f"{name or f'tiny-{n_layers}l-{optimizer}'}-s{seed}"
+        cfg = ZooModelConfig(name=model_name, n_layers=n_layers, d_model=d_model,
+                             n_heads=n_heads, seed=seed, optimizer=optimizer, steps=steps)
+        path = train_zoo_model(cfg, root / model_name)
+        meta = json.loads((path / "strata_zoo.json").read_text())
+        click.echo(f"{model_name}: val_loss={meta.get('val_loss')} -> {path}")
+
+
+if __name__ == "__main__":
+    main()
