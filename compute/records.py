@@ -50,13 +50,14 @@ CATALOG: dict[str, str] = {
         ("resid", "norm")]},
     **{f"heads.{m}": u for m, u in [
         ("ablation_kl", "nats"), ("ablation_loss_delta", "nats"), ("induction", "fraction"),
-        ("stability", "cosine"), ("stability_null", "cosine")]},
+        ("stability", "cosine"), ("stability_null", "cosine"), ("stability_std", "cosine"),
+        ("stability_null_std", "cosine")]},
 }
 PATTERNS: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"attention\.prev_[1-9]\d*"), "fraction"),
     (re.compile(r"attention\.prev_[1-9]\d*_mean"), "fraction"),
     (re.compile(r"heads\.residual_cka\.(linear|rbf)"), "cka"),
-    (re.compile(r"stages\.[a-z_]+"), "layer"),
+    (re.compile(r"stages\.boundary_[123]"), "relative_depth"),
 ]
 COMPONENTS = frozenset({"drop", "swap", "drop_attn", "drop_mlp", "none", "attn", "mlp"})
 

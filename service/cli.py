@@ -161,6 +161,117 @@ def _write_outputs(result: Any, out: Path) -> None:
         write_atomic(path, data)
 
 
+@main.command()
+@click.option("--family", "members", multiple=True, required=True,
+              help="refit models (zoo names, checkpoint dirs, TransformerLens names), or one "
+                   "folder holding refit checkpoint folders; repeat the option")
+@click.option("--anchor", default=None, help="the refit compared against (default: the first)")
+@click.option("--n-prompts", type=int, default=32, show_default=True)
+@click.option("--prompt-len", type=int, default=64, show_default=True)
+@click.option("--n-null", type=int, default=3, show_default=True,
+              help="randomly initialised models for the null baseline")
+@click.option("--device", default="cpu", show_default=True)
+@click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False))
+def stability(members: tuple[str, ...], anchor: str | None, n_prompts: int, prompt_len: int,
+              n_null: int, device: str, out_path: str) -> None:
+    """Attention-head stability and residual CKA across refits of one architecture."""
+    from service.exports import format_for_path, write_atomic
+
+    out = Path(out_path)
+    fmt = format_for_path(out)
+    if fmt is None:
+        fail(f"--out {out}: unknown format; use .parquet, .json, .csv or .arrow", EXIT_BAD_INPUT)
+        return
+    try:
+        table, meta = _stability(list(members), anchor, n_prompts, prompt_len, n_null, device)
+    except StrataError as exc:
+        fail(str(exc), exit_code_of(exc))
+        return
+    write_atomic(out, fmt.encode(table, meta))
+    click.echo(f"wrote {table.num_rows} records to {out}", err=True)
+
+
+def _expand_family(members: list[str]) -> list[str]:
+    expanded: list[str] = []
+    for ref in members:
+        path = Path(ref)
+        if path.is_dir() and not (path / "config.json").is_file():
+            expanded += sorted(str(p) for p in path.iterdir() if (p / "config.json").is_file())
+        else:
+            expanded.append(ref)
+    return expanded
+
+
+def _stability(members: list[str], anchor: str | None, n_prompts: int, prompt_len: int,
+               n_null: int, device: str) -> tuple[Any, dict[str, Any]]:
+    from compute.models import load_model, resolve_model_spec
+    from compute.records import records_to_table, validate_records
+    from compute.stability import StabilityOptions, stability_records
+    from compute.tokens import TokenSpec, load_tokens, resolve_token_spec
+
+    refs = _expand_family(members)
+    if anchor is not None and anchor not in refs:
+        # allow the anchor to be named by its short name
+        matches = [r for r in refs if Path(r).name == anchor or r.removeprefix("zoo:") == anchor]
+        if len(matches) != 1:
+            raise SpecError(f"--anchor {anchor!r} is not one of the family: {', '.join(refs)}")
+        anchor = matches[0]
+    anchor_ref = anchor or refs[0]
+    if len(refs) < 2:
+        raise SpecError("a family needs at least two models (the anchor and one refit)")
+    opts = StabilityOptions(n_prompts=n_prompts, prompt_len=prompt_len, n_null=n_null)
+    specs = {ref: resolve_model_spec(ref) for ref in refs}
+    anchor_lm = load_model(specs[anchor_ref], device)
+    token_spec = resolve_token_spec(TokenSpec(source="builtin", n_sequences=n_prompts,
+                                              seq_len=prompt_len, seed=opts.seed))
+    prompts = load_tokens(token_spec, anchor_lm.tokenizer, bos_token_id=anchor_lm.bos_token_id,
+                          d_vocab=anchor_lm.d_vocab, n_ctx=anchor_lm.n_ctx)
+    refits = [load_model(specs[r], device) for r in refs if r != anchor_ref]
+    records = stability_records(anchor_lm, refits, prompts, opts,
+                                lambda spec: load_model(spec, device))
+    table = validate_records(records_to_table(records), n_layers=anchor_lm.n_layers)
+    meta = {"family": [specs[r].model_dump(mode="json") for r in refs],
+            "anchor": specs[anchor_ref].model_dump(mode="json"),
+            "options": opts.model_dump(mode="json"), "prompts": token_spec.model_dump(mode="json")}
+    return table, meta
+
+
+@main.command()
+@click.option("--results", "results_path", required=True, type=click.Path(dir_okay=False),
+              help="output of `strata compute` (.parquet, .json, .csv or .arrow)")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False),
+              help="write boundary records here (default: print boundaries as JSON)")
+def stages(results_path: str, out_path: str | None) -> None:
+    """Place the three stage boundaries of a model from its computed metrics, with evidence."""
+    from compute.records import records_to_table, validate_records
+    from compute.stages import infer_stages, n_layers_of, stage_records
+    from service.exports import format_for_path, read_records, write_atomic
+
+    try:
+        frame = read_records(Path(results_path))
+        n_layers = n_layers_of(frame)
+        boundaries = infer_stages(frame, n_layers)
+    except StrataError as exc:
+        fail(str(exc), exit_code_of(exc))
+        return
+    evidence = [{"boundary": b.index, "ends_stage": b.index, "layer": b.layer,
+                 "relative_depth": b.relative_depth, "clear": b.clear, "rule": b.rule,
+                 "evidence": b.evidence} for b in boundaries]
+    if out_path is None:
+        click.echo(json.dumps({"n_layers": n_layers, "boundaries": evidence}, indent=2))
+        return
+    out = Path(out_path)
+    fmt = format_for_path(out)
+    if fmt is None:
+        fail(f"--out {out}: unknown format; use .parquet, .json, .csv or .arrow", EXIT_BAD_INPUT)
+        return
+    table = validate_records(records_to_table(stage_records(boundaries, n_layers)))
+    write_atomic(out, fmt.encode(table, {"n_layers": n_layers, "boundaries": evidence}))
+    for b in evidence:
+        where = f"layer {b['layer']}" if b["clear"] else "no clear boundary"
+        click.echo(f"boundary {b['boundary']}: {where}", err=True)
+
+
 @main.group()
 def zoo() -> None:
     """The tiny model zoo: list the shipped checkpoints, train new ones."""
@@ -179,19 +290,25 @@ def zoo_list() -> None:
 
 
 @zoo.command("train")
-@click.option("--name", help="checkpoint name (default: derived from the options)")
-@click.option("--n-layers", type=click.IntRange(1, 12), default=4, show_default=True)
-@click.option("--d-model", type=int, default=128, show_default=True)
-@click.option("--n-heads", type=int, default=4, show_default=True)
-@click.option("--seeds", default="0", show_default=True, help="comma-separated seeds (a family)")
+@click.option("--name", help="name prefix (default: tiny-<L>l-<optimizer>); -s<seed> is appended")
+@click.option("--n-layers", type=click.IntRange(1, 6), default=4, show_default=True)
+@click.option("--d-model", type=click.IntRange(8), default=128, show_default=True)
+@click.option("--n-heads", type=click.IntRange(1), default=4, show_default=True)
+@click.option("--n-ctx", type=click.IntRange(4), default=128, show_default=True)
+@click.option("--seeds", default="0", show_default=True, help="comma-separated seeds (refits)")
 @click.option("--optimizer", type=click.Choice(["adamw", "adam"]), default="adamw",
-              show_default=True)
-@click.option("--steps", type=click.IntRange(1), default=600, show_default=True)
+              show_default=True, help="adamw uses weight decay 0.1, adam none")
+@click.option("--lr", type=float, default=2e-3, show_default=True)
+@click.option("--steps", type=click.IntRange(1), default=500, show_default=True)
+@click.option("--batch-size", type=click.IntRange(1), default=32, show_default=True)
 @click.option("--out-dir", type=click.Path(file_okay=False), default=None,
               help="where checkpoints go (default: the zoo's checkpoints folder)")
-def zoo_train(name: str | None, n_layers: int, d_model: int, n_heads: int, seeds: str,
-              optimizer: str, steps: int, out_dir: str | None) -> None:
-    """Train tiny GPT-2-style models on the built-in corpus (one per seed)."""
+def zoo_train(name: str | None, n_layers: int, d_model: int, n_heads: int, n_ctx: int,
+              seeds: str, optimizer: str, lr: float, steps: int, batch_size: int,
+              out_dir: str | None) -> None:
+    """Train tiny GPT-2-style models on the built-in corpus, one per seed (a refit family)."""
+    from pydantic import ValidationError
+
     from compute.models import ZOO_DIR
     from compute.zoo.train import ZooModelConfig, train_zoo_model
 
@@ -201,13 +318,20 @@ def zoo_train(name: str | None, n_layers: int, d_model: int, n_heads: int, seeds
         fail(f"--seeds {seeds!r}: give comma-separated integers", EXIT_BAD_INPUT)
         return
     root = Path(out_dir) if out_dir else ZOO_DIR
+    tokenizer_dir = None
     for seed in seed_list:
         model_name = f"{name or f'tiny-{n_layers}l-{optimizer}'}-s{seed}"
-        cfg = ZooModelConfig(name=model_name, n_layers=n_layers, d_model=d_model,
-                             n_heads=n_heads, seed=seed, optimizer=optimizer, steps=steps)
-        path = train_zoo_model(cfg, root / model_name)
+        try:
+            cfg = ZooModelConfig(name=model_name, n_layers=n_layers, d_model=d_model,
+                                 n_heads=n_heads, n_ctx=n_ctx, seed=seed, optimizer=optimizer,
+                                 lr=lr, steps=steps, batch_size=batch_size)
+        except ValidationError as exc:
+            fail(f"bad zoo configuration: {exc.errors()[0]['msg']}", EXIT_BAD_INPUT)
+            return
+        path = train_zoo_model(cfg, root / model_name, tokenizer_dir=tokenizer_dir)
+        tokenizer_dir = path  # refits share one tokenizer
         meta = json.loads((path / "strata_zoo.json").read_text())
-        click.echo(f"{model_name}: val_loss={meta.get('val_loss')} -> {path}")
+        click.echo(f"{model_name}: val_loss={meta.get('val_loss')} nats/token -> {path}")
 
 
 if __name__ == "__main__":

@@ -85,3 +85,24 @@ def write_atomic(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def read_records(path: Path) -> Any:
+    """Read a record file written by `strata compute` into a Polars frame."""
+    import polars as pl
+
+    from compute.errors import SpecError
+
+    fmt = format_for_path(path)
+    if fmt is None:
+        raise SpecError(f"{path}: unknown format; use .parquet, .json, .csv or .arrow")
+    try:
+        if fmt.name == "parquet":
+            return pl.read_parquet(path)
+        if fmt.name == "csv":
+            return pl.read_csv(path)
+        if fmt.name == "arrow":
+            return pl.read_ipc_stream(path)
+        return pl.DataFrame(json.loads(path.read_text())["records"])
+    except (OSError, ValueError, KeyError, pl.exceptions.PolarsError) as exc:
+        raise SpecError(f"cannot read records from {path}: {exc}") from exc
