@@ -107,9 +107,8 @@ def reference_from_logits(
 ) -> Reference:
     """Build the reference P from clean logits (cast to float32 first)."""
     z = logits.float()
-    lse = torch.logsumexp(z, dim=-1)
+    lse, probs = _logsumexp_softmax(z)
     _check_finite(lse, "clean model logits")
-    probs = torch.exp(z - lse[:, None])
     entropy = lse - torch.linalg.vecdot(probs, z)
     loss = lse - z.gather(-1, targets[:, None]).squeeze(-1)
     return Reference(probs, z.argmax(-1), entropy, loss, targets)
@@ -136,8 +135,7 @@ def compare_distributions(
         for start in range(0, n, max_rows):
             stop = min(n, start + max_rows)
             z = to_logits(resid[gi, start:stop]).float()
-            lse = torch.logsumexp(z, dim=-1)
-            q = torch.softmax(z, dim=-1)
+            lse, q = _logsumexp_softmax(z)
             out[0, gi, start:stop] = (lse - torch.linalg.vecdot(ref.probs[start:stop], z)
                                       - ref.entropy_nats[start:stop]).clamp_min_(0.0)
             out[1, gi, start:stop] = (lse - torch.linalg.vecdot(q, z)) / LN2
@@ -148,6 +146,14 @@ def compare_distributions(
             out[4, gi, start:stop] = (top == tgt).float()
     _check_finite(out, what)
     return TokenStats(out[0], out[1], out[2], out[3], out[4])
+
+
+def _logsumexp_softmax(z: Float[Tensor, "n vocab"]) -> tuple[Tensor, Tensor]:
+    """logsumexp and softmax of each row from one pass of exp (exp dominates the cost)."""
+    top = z.amax(dim=-1, keepdim=True)
+    e = torch.exp(z - top)
+    total = e.sum(dim=-1, keepdim=True)
+    return (top + total.log()).squeeze(-1), e.div_(total)
 
 
 def _check_finite(x: Tensor, what: str) -> None:

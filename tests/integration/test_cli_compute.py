@@ -1,0 +1,119 @@
+"""`strata compute` end to end: outputs in every format, and bad input refused cleanly."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+from click.testing import CliRunner
+
+from compute.models import zoo_names
+from compute.records import RECORD_COLUMNS
+from service.cli import main
+
+MODEL = "zoo:tiny-2l-s0"
+pytestmark = pytest.mark.skipif("tiny-2l-s0" not in zoo_names(), reason="zoo model not built")
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "-m", "service.cli", *args], capture_output=True,
+                          text=True, env=env, timeout=600)
+
+
+def test_compute_writes_every_format_with_the_same_rows(tmp_path: Path) -> None:
+    out = tmp_path / "r.parquet"
+    proc = run_cli("compute", "--model", MODEL, "--n-sequences", "3", "--seq-len", "24",
+                   "--metrics", "intervention,logit_lens,norms,neurons", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "tok/s" in proc.stderr  # the progress bar reports throughput
+    frame = pl.read_parquet(out)
+    assert tuple(frame.columns) == RECORD_COLUMNS
+    kl = frame.filter((pl.col("metric") == "intervention.kl") & (pl.col("component") == "drop"))
+    assert kl["layer"].to_list() == [0, 1]
+    assert (kl["value"] > 0).all()
+    assert (frame.filter(pl.col("metric") == "intervention.kl")["n"] == 3 * 22).all()
+    side = tmp_path / "r.neuron_tokens.parquet"
+    assert side.exists() and pl.read_parquet(side).height > 0
+
+    runner = CliRunner()
+    for suffix in (".json", ".csv"):
+        other = tmp_path / f"r{suffix}"
+        result = runner.invoke(main, ["compute", "--model", MODEL, "--n-sequences", "3",
+                                      "--seq-len", "24", "--metrics",
+                                      "intervention,logit_lens,norms,neurons", "--quiet",
+                                      "--out", str(other)])
+        assert result.exit_code == 0, result.output
+        if suffix == ".json":
+            body = json.loads(other.read_text())
+            assert body["run"]["config"]["model"]["name"] == "tiny-2l-s0"
+            got = pl.DataFrame(body["records"])
+        else:
+            got = pl.read_csv(other)
+        assert got.height == frame.height
+        joined = frame.join(got, on=["metric", "layer", "component", "head", "neuron"],
+                            nulls_equal=True, suffix="_o")
+        assert joined.height == frame.height
+        assert ((joined["value"] - joined["value_o"]).abs() < 1e-9).all()
+
+
+def _npy(tmp_path: Path, array: np.ndarray) -> str:
+    path = tmp_path / "t.npy"
+    np.save(path, array)
+    return str(path)
+
+
+@pytest.mark.parametrize(("case", "expected"), [
+    ("unknown_model", "unknown model"),
+    ("missing_tokens", "t-missing.npy"),
+    ("garbage_tokens", "cannot"),
+    ("ids_too_large", "vocab"),
+    ("seq_len_too_long", "n_ctx"),
+    ("unknown_metric", "unknown metric famil"),
+    ("bad_out_suffix", "unknown format"),
+])
+def test_bad_input_exits_nonzero_with_a_message_and_no_output(
+        tmp_path: Path, case: str, expected: str) -> None:
+    out = tmp_path / "out.parquet"
+    args = ["compute", "--model", MODEL, "--n-sequences", "2", "--seq-len", "16", "--quiet"]
+    if case == "unknown_model":
+        args[2] = "no-such-model-anywhere"
+    elif case == "missing_tokens":
+        args += ["--tokens", str(tmp_path / "t-missing.npy")]
+    elif case == "garbage_tokens":
+        bad = tmp_path / "bad.npy"
+        bad.write_bytes(b"not a numpy file")
+        args += ["--tokens", str(bad)]
+    elif case == "ids_too_large":
+        args += ["--tokens", _npy(tmp_path, np.full((2, 16), 10**6, dtype=np.int64))]
+    elif case == "seq_len_too_long":
+        args[args.index("--seq-len") + 1] = "100000"
+    elif case == "unknown_metric":
+        args += ["--metrics", "intervention,telepathy"]
+    elif case == "bad_out_suffix":
+        out = tmp_path / "out.xlsx"
+    result = CliRunner().invoke(main, [*args, "--out", str(out)])
+    assert result.exit_code == 2, result.output
+    assert expected in result.output.lower() or expected in str(result.stderr_bytes or b"")
+    assert list(tmp_path.glob("out*")) == []
+
+
+def test_npy_tokens_are_used_exactly_as_given(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(1, 4000, (2, 12))
+    tokens[:, 0] = 0
+    out = tmp_path / "r.json"
+    result = CliRunner().invoke(main, ["compute", "--model", MODEL, "--tokens",
+                                       _npy(tmp_path, tokens), "--metrics", "logit_lens",
+                                       "--quiet", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    body = json.loads(out.read_text())
+    assert body["run"]["tokens_evaluated"] == 2 * 10
+    assert body["run"]["config"]["tokens"]["n_sequences"] == 2
+    assert body["run"]["config"]["tokens"]["seq_len"] == 12
