@@ -76,6 +76,7 @@ def sweep(
     """Compute the named families on `tokens` and return their records."""
     opts = opts or EngineOptions()
     families = families_named(family_names)
+    lm.forget_derived_weights()  # weights may have been edited in place since the last sweep
     n_seq, seq_len = tokens.shape
     if seq_len < 3:
         raise TokenSpecError(f"seq_len {seq_len} leaves no evaluated positions; use >= 3")

@@ -170,6 +170,8 @@ class HFDirSource:
         del hf_model
         # A checkpoint without tokenizer files is usable with pre-tokenized (.npy) input only.
         tokenizer = AutoTokenizer.from_pretrained(path) if _has_tokenizer(Path(path)) else None
+        if tokenizer is None:
+            cfg.tokenizer_name = None  # else TransformerLens fetches one by the config's name
         model = _hooked_transformer()(cfg, tokenizer, move_to_device=False)
         _load_state_dict_into(model, state_dict, applied)
         # Process in float32, then cast: folding in low precision loses accuracy for nothing.
@@ -514,6 +516,11 @@ class LoadedModel:
             self._ctx["w_u_t_key"] = key
         logits = torch.nn.functional.linear(x, self._ctx["w_u_t"], unembed.b_U)
         return apply_softcap(logits, self.cfg.output_logits_soft_cap)  # type: ignore[no-any-return]
+
+    def forget_derived_weights(self) -> None:
+        """Drop copies derived from the weights (W_U^T), e.g. after editing weights in place."""
+        self._ctx.pop("w_u_t", None)
+        self._ctx.pop("w_u_t_key", None)
 
     # ---- processed weights
     def w_out(self, layer: int) -> Float[Tensor, "d_mlp d_model"]:

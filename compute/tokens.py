@@ -257,6 +257,7 @@ def load_tokens(
     fingerprint, the content must still match it. Raises `TokenSpecError` with what to fix.
     """
     _check_spec(spec)
+    fingerprint: str | None
     if spec.source == "npy":
         tokens = _load_npy_tokens(spec)
         fingerprint = _file_fingerprint(Path(str(spec.path)))

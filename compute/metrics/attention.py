@@ -51,7 +51,8 @@ class AttentionFamily:
         t = ctx.tokens.shape[1]
         queries = torch.arange(t, device=ctx.tokens.device)
         evaluated = (queries >= 1) & (queries <= t - 2)
-        ks = [k for k in opts.prev_ks if k < t]
+        # a query q > k among the evaluated 1..t-2 exists only for k <= t-3
+        ks = [k for k in opts.prev_ks if k <= t - 3]
         for layer, pattern in enumerate(ctx.patterns):
             heads = pattern.shape[1]
             per_query: dict[str, Tensor] = {  # [batch, head, q]

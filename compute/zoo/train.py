@@ -6,7 +6,10 @@ A zoo checkpoint directory is self-contained and loads offline with `AutoModelFo
     config.json  model.safetensors  tokenizer.json  tokenizer_config.json  strata_zoo.json
 
 `strata_zoo.json` holds the training configuration, the final train and validation losses
-(nats/token), the wall time, the corpus fingerprint and the training-loss curve.
+(nats/token), the wall time, the corpus fingerprint and the training-loss curve. Validation is
+the last 5% of the token stream, i.e. the docstrings of the last modules in sorted order: text
+the model never saw, from a slightly different distribution than most of the training text, so
+the validation loss sits above the training loss.
 
 Training is deterministic given the seed: the seed drives the initialisation (inside a forked
 global RNG, so the caller's RNG state is left untouched) and a private generator that samples the
@@ -114,7 +117,7 @@ def gpt2_config(cfg: ZooModelConfig) -> GPT2Config:
         vocab_size=cfg.vocab_size,
         n_positions=cfg.n_ctx,
         # Transformers 5 no longer defines n_ctx, but TransformerLens's GPT-2 converter reads it.
-        n_ctx=cfg.n_ctx,
+        n_ctx=cfg.n_ctx,  # type: ignore[call-arg]
         n_embd=cfg.d_model,
         n_layer=cfg.n_layers,
         n_head=cfg.n_heads,
@@ -153,7 +156,8 @@ def _lr_factor(step: int, cfg: ZooModelConfig) -> float:
 
 def _make_optimizer(model: GPT2LMHeadModel, cfg: ZooModelConfig) -> torch.optim.Optimizer:
     """Weight decay on matrices only (not on biases, LayerNorm gains or position embeddings)."""
-    decay, no_decay = [], []
+    decay: list[torch.nn.Parameter] = []
+    no_decay: list[torch.nn.Parameter] = []
     for name, param in model.named_parameters():
         (decay if param.ndim >= 2 and "wpe" not in name else no_decay).append(param)
     groups = [

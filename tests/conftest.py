@@ -1,0 +1,135 @@
+"""Test-wide setup: nothing may reach the Hugging Face hub."""
+
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# --------------------------------------------------------------------------- tiny models
+# Shared by the engine-vs-reference tests and the invariant tests. Everything is built here,
+# deterministically, on the CPU: random TransformerLens models and Hugging Face checkpoints
+# saved into a session temporary directory (nothing is downloaded).
+
+TINY_ARCH: dict[str, Any] = dict(n_layers=3, d_model=32, n_heads=4, d_head=8, d_mlp=64,
+                                 d_vocab=100, n_ctx=64, act_fn="gelu_new",
+                                 normalization_type="LN")
+
+
+def _word_level_tokenizer(n_tokens: int) -> Any:
+    """A tiny offline tokenizer: id 0 is <|endoftext|> (BOS/EOS/PAD), then w1..w{n-1}."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    special = "<|endoftext|>"
+    vocab = {special: 0, **{f"w{i}": i for i in range(1, n_tokens)}}
+    raw = Tokenizer(models.WordLevel(vocab, unk_token=special))
+    raw.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=raw, bos_token=special, eos_token=special,
+                                   unk_token=special, pad_token=special)
+
+
+def _randomise_norms_and_biases(model: Any, seed: int) -> None:
+    """Non-trivial LayerNorm gains/biases and biases, so weight processing has work to do."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen)
+            if "ln" in name or "layernorm" in name or "layer_norm" in name:
+                p.copy_(1.0 + 0.5 * noise if name.endswith("weight") else 0.3 * noise)
+            elif name.endswith("bias"):
+                p.copy_(0.1 * noise)
+
+
+def build_hf_checkpoint(path: Path, kind: str, *, vocab: int = 100, tokenizer_vocab: int = 100,
+                        n_layers: int = 3, seed: int = 0) -> Path:
+    """Save a tiny GPT-2 or GPT-NeoX (rotary, parallel) checkpoint with a tokenizer to `path`."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel, GPTNeoXConfig, GPTNeoXForCausalLM
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        if kind == "gpt2":
+            config = GPT2Config(vocab_size=vocab, n_positions=64, n_embd=32, n_layer=n_layers,
+                                n_head=4, bos_token_id=0, eos_token_id=0, initializer_range=0.2)
+            model = GPT2LMHeadModel(config)
+        elif kind == "neox":
+            config = GPTNeoXConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=n_layers,
+                                   num_attention_heads=4, intermediate_size=64,
+                                   max_position_embeddings=64, rotary_pct=0.5,
+                                   use_parallel_residual=True, bos_token_id=0, eos_token_id=0,
+                                   initializer_range=0.2, tie_word_embeddings=False)
+            model = GPTNeoXForCausalLM(config)
+        else:
+            raise ValueError(kind)
+    model.eval()
+    _randomise_norms_and_biases(model, seed + 1)
+    model.save_pretrained(path)
+    # A checkpoint without tokenizer files does not load (see the test report); ship one.
+    _word_level_tokenizer(tokenizer_vocab).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def hf_gpt2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """GPT-2 (LayerNorm, sequential), 3 layers; the tokenizer knows 90 of W_U's 100 columns."""
+    return build_hf_checkpoint(tmp_path_factory.mktemp("hf") / "gpt2", "gpt2",
+                               tokenizer_vocab=90)
+
+
+@pytest.fixture(scope="session")
+def hf_neox_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """GPT-NeoX (rotary on half of each head, parallel attention and MLP), 3 layers."""
+    return build_hf_checkpoint(tmp_path_factory.mktemp("hf") / "neox", "neox")
+
+
+def load_random_model(seed: int = 1, processing: dict[str, bool] | None = None,
+                      **arch: Any) -> Any:
+    """A randomly initialised TransformerLens model (TINY_ARCH with overrides)."""
+    from compute.models import ModelSpec, Processing, load_model
+
+    spec = ModelSpec(source="random", name="tiny-random", architecture={**TINY_ARCH, **arch},
+                     seed=seed, processing=Processing(**(processing or {})))
+    return load_model(spec)
+
+
+def load_checkpoint(ref: str | Path, processing: dict[str, bool] | None = None) -> Any:
+    """A zoo name (`zoo:...`) or checkpoint directory, loaded with the given processing."""
+    from compute.models import Processing, load_model, resolve_model_spec
+
+    return load_model(resolve_model_spec(str(ref), processing=Processing(**(processing or {}))))
+
+
+def random_tokens(n_sequences: int, seq_len: int, d_vocab: int, bos_token_id: int,
+                  seed: int = 0) -> Any:
+    """Seeded uniform token ids with BOS at position 0: [n_sequences, seq_len]."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, d_vocab, (n_sequences, seq_len), generator=gen)
+    tokens[:, 0] = bos_token_id
+    return tokens
+
+
+@pytest.fixture(scope="session")
+def tiny_factories() -> dict[str, Callable[..., Any]]:
+    """The builders above, for test modules (conftest is not importable as a module)."""
+    return {"random": load_random_model, "checkpoint": load_checkpoint, "tokens": random_tokens}
+
+
+@pytest.fixture(scope="module")
+def single_torch_thread() -> Iterator[None]:
+    """Tiny models run fastest on one thread, and two busy cores make more threads thrash."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

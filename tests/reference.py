@@ -1,0 +1,604 @@
+"""A slow, obvious reference implementation of the sweep's metric families (METRICS.md).
+
+It exists to check `compute.engine.sweep` (tests/unit/test_reference_*.py) and to stand in for
+the original study's code in `benchmarks/sweep.py`. It is written independently of the engine: it
+imports nothing from `compute.metrics`, `compute.reduce` or `compute.engine` and never calls the
+engine's model layer (`LoadedModel.embed / run_block / logits`); it talks to the TransformerLens
+`HookedTransformer` in `lm.model` directly, the way research code does:
+
+- one sequence at a time (batch size 1), explicit Python loops over layers, heads, positions
+  and attention queries (next-token log-probabilities are computed per sequence, then read out
+  position by position);
+- every intervention is a full `model.run_with_hooks(...)` forward, and the baseline P is
+  recomputed with its own full forward for every intervention;
+- `drop` / `drop_attn` / `drop_mlp` are hooks on `blocks.{l}.hook_attn_out` / `hook_mlp_out`
+  returning zeros; a head ablation zeroes that head in `blocks.{l}.attn.hook_z`;
+- a swap exchanges the weights of blocks l and l+1 in a deep copy of the model (state-dict
+  entries `blocks.l.*` <-> `blocks.{l+1}.*`) and runs a full forward of the copy;
+- the logit lens takes `run_with_cache` residuals through `model.ln_final` and `model.unembed`;
+- per-token values are collected in Python lists, then reduced with numpy: mean and sample std
+  (ddof=1) / sqrt(n); stderr is None for n < 2;
+- neuron moments come from `scipy.stats` (population moments; kurtosis non-excess).
+
+Distributions are compared in float64 (from the model's float32 logits).
+
+Record conventions shared with the engine (where METRICS.md leaves a choice):
+- `intervention.*`: one row per (kind, layer); the `none` row has layer None.
+- `logit_lens.*`: `layer` is the residual point 0..L.
+- `neurons.vocab_*`: n = number of real vocabulary tokens, stderr None; `n_<class>` /
+  `frac_<class>` per layer with n = d_mlp. A neuron with constant cosines (zero variance) gets
+  skew 0 and kurtosis 0 (scipy would say NaN, which cannot be stored).
+- `attention.*`: per (layer, head) and per layer (head None); the per-layer value at a query is
+  the mean over heads, so its n counts queries. `prev_<k>` only for k <= seq_len-3 (an evaluated
+  query q > k must exist); `prev_<k>_mean` = prev_<k> / k, stderr / k.
+- `norms.*`: attn_out (component attn), mlp_out (component mlp), resid and attn_mlp_ratio
+  (component None); the ratio has stderr None and n = tokens.
+- `heads.*`: ablation over the evaluated tokens; induction over sequences * (n-1) items, with
+  n = min(induction_n, (n_ctx-1)//2).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import numpy as np
+import polars as pl
+import scipy.stats
+import torch
+
+LN2 = math.log(2.0)
+FAMILIES = ("intervention", "logit_lens", "neurons", "similarity", "attention", "norms", "heads")
+COLUMNS = ("metric", "layer", "component", "head", "neuron", "value", "stderr", "n", "unit")
+SCHEMA = {"metric": pl.String, "layer": pl.Int64, "component": pl.String, "head": pl.Int64,
+          "neuron": pl.Int64, "value": pl.Float64, "stderr": pl.Float64, "n": pl.Int64,
+          "unit": pl.String}
+
+# Units, written out from METRICS.md (and, where it is silent, the catalog's choice).
+UNITS = {
+    "intervention.kl": "nats", "intervention.top1_agreement": "fraction",
+    "intervention.entropy": "bits", "intervention.entropy_delta": "bits",
+    "intervention.loss": "nats", "intervention.loss_delta": "nats",
+    "intervention.accuracy": "fraction",
+    "logit_lens.kl_to_final": "nats", "logit_lens.entropy": "bits",
+    "logit_lens.top1_agreement": "fraction", "logit_lens.loss": "nats",
+    "neurons.vocab_mean": "cosine", "neurons.vocab_var": "cosine^2",
+    "neurons.vocab_skew": "ratio", "neurons.vocab_kurt": "ratio",
+    "neurons.n_prediction": "count", "neurons.n_suppression": "count",
+    "neurons.n_partition": "count", "neurons.frac_prediction": "fraction",
+    "neurons.frac_suppression": "fraction", "neurons.frac_partition": "fraction",
+    "similarity.self": "cosine", "similarity.index": "cosine", "similarity.adjacent": "cosine",
+    "attention.bos": "fraction", "attention.entropy": "bits",
+    "norms.attn_out": "norm", "norms.mlp_out": "norm", "norms.attn_mlp_ratio": "ratio",
+    "norms.resid": "norm",
+    "heads.ablation_kl": "nats", "heads.ablation_loss_delta": "nats",
+    "heads.induction": "fraction",
+}
+
+
+@dataclass(frozen=True)
+class ReferenceOptions:
+    """The knobs the reference reads; `compute.metrics.base.EngineOptions` works as well."""
+
+    prev_ks: tuple[int, ...] = (1, 2, 4, 5, 8, 16)
+    induction_n: int = 64
+    induction_sequences: int = 32
+    induction_seed: int = 0
+    top_neurons: int = 20
+    top_tokens: int = 10
+
+
+# --------------------------------------------------------------------------- small helpers
+
+
+def _unit(metric: str) -> str:
+    if metric.startswith("attention.prev_"):
+        return "fraction"
+    return UNITS[metric]
+
+
+def _row(metric: str, value: float, n: int, *, layer: int | None = None,
+         component: str | None = None, head: int | None = None, neuron: int | None = None,
+         stderr: float | None = None) -> dict[str, Any]:
+    return {"metric": metric, "layer": layer, "component": component, "head": head,
+            "neuron": neuron, "value": float(value),
+            "stderr": None if stderr is None else float(stderr), "n": int(n),
+            "unit": _unit(metric)}
+
+
+def mean_row(metric: str, values: list[float], **key: Any) -> dict[str, Any]:
+    """Mean of a per-token list, with sample std / sqrt(n) as its standard error."""
+    arr = np.asarray(values, dtype=np.float64)
+    n = len(arr)
+    stderr = float(np.std(arr, ddof=1) / np.sqrt(n)) if n >= 2 else None
+    return _row(metric, float(np.mean(arr)), n, stderr=stderr, **key)
+
+
+def to_frame(rows: Iterable[dict[str, Any]]) -> pl.DataFrame:
+    return pl.DataFrame(list(rows), schema=SCHEMA)
+
+
+def _model(lm: Any) -> Any:
+    return lm.model
+
+
+def real_vocab(lm: Any) -> int:
+    """Vocabulary size without W_U's padding columns beyond the tokenizer's vocabulary."""
+    model = _model(lm)
+    n = int(model.cfg.d_vocab_out)
+    if getattr(lm, "tokenizer", None) is not None:
+        n = min(n, len(lm.tokenizer))
+    return n
+
+
+def bos_id(lm: Any) -> int:
+    tok = getattr(lm, "tokenizer", None)
+    for attr in ("bos_token_id", "eos_token_id"):
+        value = getattr(tok, attr, None) if tok is not None else None
+        if value is not None:
+            return int(value)
+    return 0
+
+
+def _has_mlp(model: Any) -> bool:
+    return not model.cfg.attn_only
+
+
+def _forward(model: Any, seq: torch.Tensor,
+             hooks: list[tuple[str, Callable[..., Any]]] | None = None) -> torch.Tensor:
+    """A full forward of one sequence [T] -> logits [T, vocab] (float32)."""
+    if hooks:
+        logits = model.run_with_hooks(seq[None], return_type="logits", fwd_hooks=hooks)
+    else:
+        logits = model(seq[None], return_type="logits")
+    return logits[0].float()
+
+
+def _zero_hook(tensor: torch.Tensor, hook: Any) -> torch.Tensor:
+    return torch.zeros_like(tensor)
+
+
+def _zero_head_hook(head: int) -> Callable[..., torch.Tensor]:
+    def hook_fn(z: torch.Tensor, hook: Any) -> torch.Tensor:
+        z = z.clone()
+        z[:, :, head, :] = 0.0
+        return z
+    return hook_fn
+
+
+def swapped_model(model: Any, layer: int) -> Any:
+    """A deep copy of the model with the weights of blocks `layer` and `layer+1` exchanged."""
+    other = copy.deepcopy(model)
+    state = other.state_dict()
+    a, b = f"blocks.{layer}.", f"blocks.{layer + 1}."
+    exchanged = {}
+    for name, tensor in state.items():
+        if name.startswith(a):
+            exchanged[name] = state[b + name[len(a):]].clone()
+        elif name.startswith(b):
+            exchanged[name] = state[a + name[len(b):]].clone()
+        else:
+            exchanged[name] = tensor
+    other.load_state_dict(exchanged)
+    other.eval()
+    return other
+
+
+def _logits_from_resid(model: Any, resid: torch.Tensor) -> torch.Tensor:
+    """The final norm recomputed on this residual, then the unembedding (and any soft-cap)."""
+    x = resid
+    if model.cfg.normalization_type is not None:
+        x = model.ln_final(x)
+    logits = model.unembed(x)
+    cap = getattr(model.cfg, "output_logits_soft_cap", -1.0) or -1.0
+    if cap > 0:
+        logits = cap * torch.tanh(logits / cap)
+    return logits.float()
+
+
+def compare_sequence(p_logits: torch.Tensor, q_logits: torch.Tensor,
+                     seq: torch.Tensor) -> list[dict[str, float]]:
+    """Per evaluated position p = 1..T-2 of one sequence: KL(P||Q) (nats), entropy of Q and of P
+    (bits), top-1 agreement, loss of Q and of P against seq[p+1] (nats), accuracy of Q.
+
+    Log-probabilities are computed for the whole sequence at once in float64 (as the original
+    study's code did per sequence); everything after that is per position, in Python.
+    """
+    logp = torch.log_softmax(p_logits.double(), dim=-1)
+    logq = torch.log_softmax(q_logits.double(), dim=-1)
+    kl = (logp.exp() * (logp - logq)).sum(-1).tolist()
+    entropy_q = (-(logq.exp() * logq).sum(-1) / LN2).tolist()
+    entropy_p = (-(logp.exp() * logp).sum(-1) / LN2).tolist()
+    top_q = q_logits.argmax(-1).tolist()
+    top_p = p_logits.argmax(-1).tolist()
+    out = []
+    for pos in range(1, len(seq) - 1):
+        target = int(seq[pos + 1])
+        out.append({
+            "kl": kl[pos], "entropy_q": entropy_q[pos], "entropy_p": entropy_p[pos],
+            "agree": float(top_q[pos] == top_p[pos]),
+            "loss_q": float(-logq[pos, target]), "loss_p": float(-logp[pos, target]),
+            "correct": float(top_q[pos] == target),
+        })
+    return out
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
+    if na == 0.0 or nb == 0.0:
+        return 0.0
+    return float(np.dot(a, b) / (na * nb))
+
+
+def _sequences(tokens: torch.Tensor) -> list[torch.Tensor]:
+    return [tokens[i].cpu() for i in range(tokens.shape[0])]
+
+
+# --------------------------------------------------------------------------- intervention.*
+
+INTERVENTION_METRICS = ("kl", "top1_agreement", "entropy", "entropy_delta", "loss",
+                        "loss_delta", "accuracy")
+
+
+Run = Callable[[torch.Tensor], torch.Tensor]
+
+
+def _intervention_runs(model: Any) -> list[tuple[str, int | None, Run]]:
+    """(kind, layer, seq -> logits of Q) for every intervention, `none` first."""
+    n_layers = model.cfg.n_layers
+    runs: list[tuple[str, int | None, Run]] = [("none", None, partial(_forward, model))]
+    for layer in range(n_layers):
+        attn = (f"blocks.{layer}.hook_attn_out", _zero_hook)
+        mlp = (f"blocks.{layer}.hook_mlp_out", _zero_hook)
+        both = [attn, mlp] if _has_mlp(model) else [attn]
+        runs.append(("drop", layer, partial(_forward, model, hooks=both)))
+        runs.append(("drop_attn", layer, partial(_forward, model, hooks=[attn])))
+        if _has_mlp(model):
+            runs.append(("drop_mlp", layer, partial(_forward, model, hooks=[mlp])))
+        if layer < n_layers - 1:
+            runs.append(("swap", layer, partial(_forward, swapped_model(model, layer))))
+    return runs
+
+
+def intervention_rows(lm: Any, tokens: torch.Tensor, opts: Any = None) -> list[dict[str, Any]]:
+    model = _model(lm)
+    per_token: dict[tuple[str, str, int | None], list[float]] = {}
+    runs = _intervention_runs(model)
+    for seq in _sequences(tokens):
+        for kind, layer, run in runs:
+            clean = _forward(model, seq)  # the baseline, recomputed for every intervention
+            intervened = run(seq)
+            for s in compare_sequence(clean, intervened, seq):
+                values = {"kl": s["kl"], "top1_agreement": s["agree"],
+                          "entropy": s["entropy_q"],
+                          "entropy_delta": s["entropy_q"] - s["entropy_p"],
+                          "loss": s["loss_q"], "loss_delta": s["loss_q"] - s["loss_p"],
+                          "accuracy": s["correct"]}
+                for metric in INTERVENTION_METRICS:
+                    per_token.setdefault((metric, kind, layer), []).append(values[metric])
+    return [mean_row(f"intervention.{metric}", values, layer=layer, component=kind)
+            for (metric, kind, layer), values in per_token.items()]
+
+
+# --------------------------------------------------------------------------- logit_lens.*
+
+
+def logit_lens_rows(lm: Any, tokens: torch.Tensor, opts: Any = None) -> list[dict[str, Any]]:
+    model = _model(lm)
+    n_layers = model.cfg.n_layers
+    per_token: dict[tuple[str, int], list[float]] = {}
+    for seq in _sequences(tokens):
+        final = _forward(model, seq)
+        _, cache = model.run_with_cache(seq[None])
+        for point in range(n_layers + 1):
+            name = (f"blocks.{point}.hook_resid_pre" if point < n_layers
+                    else f"blocks.{n_layers - 1}.hook_resid_post")
+            lens = _logits_from_resid(model, cache[name][0])
+            for s in compare_sequence(final, lens, seq):
+                for metric, value in (("kl_to_final", s["kl"]), ("entropy", s["entropy_q"]),
+                                      ("top1_agreement", s["agree"]), ("loss", s["loss_q"])):
+                    per_token.setdefault((metric, point), []).append(value)
+    return [mean_row(f"logit_lens.{metric}", values, layer=point)
+            for (metric, point), values in per_token.items()]
+
+
+# --------------------------------------------------------------------------- neurons.*
+
+KURTOSIS_THRESHOLD = 10.0
+PARTITION_VARIANCE = 0.005
+
+
+def unembedding_directions(lm: Any) -> np.ndarray:
+    """[d_model, vocab] float64: real-vocabulary W_U columns, doubly centered, unit norm."""
+    w_u = _model(lm).unembed.W_U.detach().double().cpu().numpy()[:, : real_vocab(lm)]
+    w_u = w_u - w_u.mean(axis=0, keepdims=True)  # over d_model, per token
+    w_u = w_u - w_u.mean(axis=1, keepdims=True)  # over the vocabulary, per dimension
+    norms = np.linalg.norm(w_u, axis=0, keepdims=True)
+    return w_u / np.where(norms == 0, 1.0, norms)
+
+
+def neuron_cosines(lm: Any, layer: int, u: np.ndarray) -> np.ndarray:
+    """[d_mlp, vocab] float64: cosine of each centered output weight row with each direction."""
+    w = _model(lm).blocks[layer].mlp.W_out.detach().double().cpu().numpy()
+    w = w - w.mean(axis=1, keepdims=True)
+    norms = np.linalg.norm(w, axis=1, keepdims=True)
+    return (w / np.where(norms == 0, 1.0, norms)) @ u
+
+
+def neuron_moments(cos: np.ndarray) -> list[tuple[float, float, float, float]]:
+    """Per row of [neurons, vocab]: population mean, variance, skew, non-excess kurtosis."""
+    mean, var = np.mean(cos, axis=1), np.var(cos, axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        skew = scipy.stats.skew(cos, axis=1, bias=True)
+        kurt = scipy.stats.kurtosis(cos, axis=1, fisher=False, bias=True)
+    return [(float(m), float(v), 0.0 if v == 0 else float(s), 0.0 if v == 0 else float(k))
+            for m, v, s, k in zip(mean, var, skew, kurt, strict=True)]
+
+
+def neuron_classes(moments: tuple[float, float, float, float]) -> dict[str, bool]:
+    _, var, skew, kurt = moments
+    return {"prediction": kurt > KURTOSIS_THRESHOLD and skew > 0,
+            "suppression": kurt > KURTOSIS_THRESHOLD and skew < 0,
+            "partition": var > PARTITION_VARIANCE}
+
+
+def _all_neuron_moments(lm: Any) -> dict[int, list[tuple[float, float, float, float]]]:
+    u = unembedding_directions(lm)
+    return {layer: neuron_moments(neuron_cosines(lm, layer, u))
+            for layer in range(_model(lm).cfg.n_layers)}
+
+
+def neurons_rows(lm: Any, tokens: torch.Tensor | None = None,
+                 opts: Any = None) -> list[dict[str, Any]]:
+    model = _model(lm)
+    if not _has_mlp(model):
+        return []
+    vocab, d_mlp = real_vocab(lm), int(model.cfg.d_mlp)
+    rows = []
+    for layer, per_neuron in _all_neuron_moments(lm).items():
+        counts = {"prediction": 0, "suppression": 0, "partition": 0}
+        for neuron, moments in enumerate(per_neuron):
+            for name, value in zip(("vocab_mean", "vocab_var", "vocab_skew", "vocab_kurt"),
+                                   moments, strict=True):
+                rows.append(_row(f"neurons.{name}", value, vocab, layer=layer, neuron=neuron))
+            for cls, member in neuron_classes(moments).items():
+                counts[cls] += int(member)
+        for cls, count in counts.items():
+            rows.append(_row(f"neurons.n_{cls}", count, d_mlp, layer=layer))
+            rows.append(_row(f"neurons.frac_{cls}", count / d_mlp, d_mlp, layer=layer))
+    return rows
+
+
+def _descending(moments: list[tuple[float, float, float, float]], which: int,
+                neuron: int) -> float:
+    return -moments[neuron][which]
+
+
+def neuron_token_rows(lm: Any, opts: Any = None) -> list[dict[str, Any]]:
+    """The top neurons of each class per layer and their top promoted / suppressed tokens.
+
+    Neurons are ranked by kurtosis (prediction, suppression) or variance (partition), largest
+    first; tokens by cosine. Returns dicts with the fields of `NeuronTokens` (no token strings).
+    """
+    opts = opts or ReferenceOptions()
+    model = _model(lm)
+    if not _has_mlp(model) or opts.top_neurons == 0:
+        return []
+    u = unembedding_directions(lm)
+    out = []
+    for layer, per_neuron in _all_neuron_moments(lm).items():
+        layer_cos = neuron_cosines(lm, layer, u)
+        for cls in ("prediction", "suppression", "partition"):
+            members = [i for i, m in enumerate(per_neuron) if neuron_classes(m)[cls]]
+            rank_by = 3 if cls != "partition" else 1  # kurtosis, or variance for partition
+            members.sort(key=partial(_descending, per_neuron, rank_by))
+            for neuron in members[: opts.top_neurons]:
+                cos = layer_cos[neuron]
+                k = min(opts.top_tokens, len(cos))
+                for direction, order in (("promoted", np.argsort(-cos, kind="stable")),
+                                         ("suppressed", np.argsort(cos, kind="stable"))):
+                    for rank, token_id in enumerate(order[:k]):
+                        out.append({"layer": layer, "neuron": neuron, "neuron_class": cls,
+                                    "direction": direction, "rank": rank,
+                                    "token_id": int(token_id), "cosine": float(cos[token_id])})
+    return out
+
+
+# --------------------------------------------------------------------------- similarity.*
+
+
+def _component_names(model: Any) -> list[tuple[str, str]]:
+    names = [("attn", "hook_attn_out")]
+    if _has_mlp(model):
+        names.append(("mlp", "hook_mlp_out"))
+    return names
+
+
+def similarity_rows(lm: Any, tokens: torch.Tensor, opts: Any = None) -> list[dict[str, Any]]:
+    model = _model(lm)
+    n_layers = model.cfg.n_layers
+    swapped = {layer: swapped_model(model, layer) for layer in range(n_layers - 1)}
+    per_token: dict[tuple[str, str, int], list[float]] = {}
+    for seq in _sequences(tokens):
+        _, clean = model.run_with_cache(seq[None])
+        for layer in range(n_layers - 1):
+            _, moved = swapped[layer].run_with_cache(seq[None])
+            for component, hook in _component_names(model):
+                # In the swapped model, position `layer` holds block layer+1's weights.
+                at_l = moved[f"blocks.{layer}.{hook}"][0].double().numpy()
+                own_l = clean[f"blocks.{layer}.{hook}"][0].double().numpy()
+                own_next = clean[f"blocks.{layer + 1}.{hook}"][0].double().numpy()
+                for pos in range(1, len(seq) - 1):
+                    for metric, a, b in (("self", at_l, own_next), ("index", at_l, own_l),
+                                         ("adjacent", own_l, own_next)):
+                        per_token.setdefault((metric, component, layer), []).append(
+                            _cosine(a[pos], b[pos]))
+    return [mean_row(f"similarity.{metric}", values, layer=layer, component=component)
+            for (metric, component, layer), values in per_token.items()]
+
+
+# --------------------------------------------------------------------------- attention.*
+
+
+def _is_pattern(name: str) -> bool:
+    return name.endswith("attn.hook_pattern")
+
+
+def _row_entropy_bits(row: np.ndarray) -> float:
+    return float(-sum(p * math.log(p) for p in row if p > 0) / LN2)
+
+
+def attention_rows(lm: Any, tokens: torch.Tensor, opts: Any = None) -> list[dict[str, Any]]:
+    opts = opts or ReferenceOptions()
+    model = _model(lm)
+    n_heads = model.cfg.n_heads
+    seq_len = tokens.shape[1]
+    ks = [k for k in opts.prev_ks if k <= seq_len - 3]
+    per_head: dict[tuple[str, int, int | None], list[float]] = {}
+    for seq in _sequences(tokens):
+        _, cache = model.run_with_cache(seq[None], names_filter=_is_pattern)
+        for layer in range(model.cfg.n_layers):
+            pattern = cache[f"blocks.{layer}.attn.hook_pattern"][0].double().numpy()
+            for q in range(1, seq_len - 1):
+                metrics: dict[str, list[float]] = {"bos": [], "entropy": []}
+                for k in ks:
+                    metrics[f"prev_{k}"] = []
+                for h in range(n_heads):
+                    row = pattern[h, q]
+                    metrics["bos"].append(float(row[0]))
+                    metrics["entropy"].append(_row_entropy_bits(row[: q + 1]))
+                    for k in ks:
+                        metrics[f"prev_{k}"].append(float(sum(row[q - j] for j in range(1, k + 1))))
+                for metric, by_head in metrics.items():
+                    if metric.startswith("prev_") and q <= int(metric.split("_")[1]):
+                        continue
+                    for h, value in enumerate(by_head):
+                        per_head.setdefault((metric, layer, h), []).append(value)
+                    per_head.setdefault((metric, layer, None), []).append(float(np.mean(by_head)))
+    rows = []
+    for (metric, layer, head), values in per_head.items():
+        rows.append(mean_row(f"attention.{metric}", values, layer=layer, head=head))
+        if metric.startswith("prev_"):
+            k = int(metric.split("_")[1])
+            rows.append(mean_row(f"attention.{metric}_mean", [v / k for v in values],
+                                 layer=layer, head=head))
+    return rows
+
+
+# --------------------------------------------------------------------------- norms.*
+
+
+def norms_rows(lm: Any, tokens: torch.Tensor, opts: Any = None) -> list[dict[str, Any]]:
+    model = _model(lm)
+    per_token: dict[tuple[str, str | None, int], list[float]] = {}
+    for seq in _sequences(tokens):
+        _, cache = model.run_with_cache(seq[None])
+        for layer in range(model.cfg.n_layers):
+            names = [("attn_out", "attn", f"blocks.{layer}.hook_attn_out"),
+                     ("resid", None, f"blocks.{layer}.hook_resid_post")]
+            if _has_mlp(model):
+                names.append(("mlp_out", "mlp", f"blocks.{layer}.hook_mlp_out"))
+            for metric, component, name in names:
+                x = cache[name][0].double().numpy()
+                for pos in range(1, len(seq) - 1):
+                    per_token.setdefault((metric, component, layer), []).append(
+                        float(np.sqrt(np.sum(x[pos] ** 2))))
+    rows = [mean_row(f"norms.{metric}", values, layer=layer, component=component)
+            for (metric, component, layer), values in per_token.items()]
+    if _has_mlp(model):
+        for layer in range(model.cfg.n_layers):
+            attn = per_token[("attn_out", "attn", layer)]
+            mlp = per_token[("mlp_out", "mlp", layer)]
+            if np.mean(mlp) > 0:
+                rows.append(_row("norms.attn_mlp_ratio", float(np.mean(attn) / np.mean(mlp)),
+                                 len(attn), layer=layer))
+    return rows
+
+
+# --------------------------------------------------------------------------- heads.*
+
+
+def head_ablation_rows(lm: Any, tokens: torch.Tensor, opts: Any = None) -> list[dict[str, Any]]:
+    model = _model(lm)
+    per_token: dict[tuple[str, int, int], list[float]] = {}
+    for seq in _sequences(tokens):
+        for layer in range(model.cfg.n_layers):
+            for head in range(model.cfg.n_heads):
+                clean = _forward(model, seq)
+                ablated = _forward(model, seq,
+                                   [(f"blocks.{layer}.attn.hook_z", _zero_head_hook(head))])
+                for s in compare_sequence(clean, ablated, seq):
+                    per_token.setdefault(("ablation_kl", layer, head), []).append(s["kl"])
+                    per_token.setdefault(("ablation_loss_delta", layer, head), []).append(
+                        s["loss_q"] - s["loss_p"])
+    return [mean_row(f"heads.{metric}", values, layer=layer, head=head)
+            for (metric, layer, head), values in per_token.items()]
+
+
+def induction_tokens(lm: Any, opts: Any) -> tuple[torch.Tensor, int]:
+    """The seeded repeated random sequences (the engine's token generator) and n."""
+    from compute.tokens import random_repeated_tokens  # the token draw, not a metric
+
+    n = min(opts.induction_n, (int(_model(lm).cfg.n_ctx) - 1) // 2)
+    tokens = random_repeated_tokens(opts.induction_sequences, n, real_vocab(lm), bos_id(lm),
+                                    opts.induction_seed)
+    return tokens, n
+
+
+def induction_rows(lm: Any, opts: Any = None) -> list[dict[str, Any]]:
+    opts = opts or ReferenceOptions()
+    model = _model(lm)
+    tokens, n = induction_tokens(lm, opts)
+    per_item: dict[tuple[int, int], list[float]] = {}
+    for seq in _sequences(tokens):
+        if not (len(seq) == 2 * n + 1 and bool((seq[1 : n + 1] == seq[n + 1 :]).all())):
+            raise ValueError("induction tokens are not BOS, r_1..r_n, r_1..r_n")
+        _, cache = model.run_with_cache(seq[None], names_filter=_is_pattern)
+        for layer in range(model.cfg.n_layers):
+            pattern = cache[f"blocks.{layer}.attn.hook_pattern"][0]
+            for head in range(model.cfg.n_heads):
+                for i in range(1, n):
+                    # query: the second r_i (position n+i); key: the token after the first r_i
+                    per_item.setdefault((layer, head), []).append(
+                        float(pattern[head, n + i, i + 1]))
+    return [mean_row("heads.induction", values, layer=layer, head=head)
+            for (layer, head), values in per_item.items()]
+
+
+def heads_rows(lm: Any, tokens: torch.Tensor, opts: Any = None) -> list[dict[str, Any]]:
+    return head_ablation_rows(lm, tokens, opts) + induction_rows(lm, opts)
+
+
+# --------------------------------------------------------------------------- the sweep
+
+FAMILY_FUNCTIONS: dict[str, Callable[[Any, torch.Tensor, Any], list[dict[str, Any]]]] = {
+    "intervention": intervention_rows,
+    "logit_lens": logit_lens_rows,
+    "neurons": neurons_rows,
+    "similarity": similarity_rows,
+    "attention": attention_rows,
+    "norms": norms_rows,
+    "heads": heads_rows,
+}
+
+
+def reference_sweep(lm: Any, tokens: torch.Tensor, families: Iterable[str],
+                    opts: Any = None) -> pl.DataFrame:
+    """Every named family's rows, one long polars DataFrame with the record columns.
+
+    `lm` is a `compute.models.LoadedModel` (only `lm.model`, a HookedTransformer, and
+    `lm.tokenizer` are used); `tokens` is [n_sequences, seq_len] with BOS at position 0;
+    `opts` is anything with the fields of `ReferenceOptions` (e.g. `EngineOptions`).
+    """
+    opts = opts or ReferenceOptions()
+    rows: list[dict[str, Any]] = []
+    with torch.no_grad():
+        for family in dict.fromkeys(families):
+            if family not in FAMILY_FUNCTIONS:
+                raise ValueError(f"unknown family {family!r}; choose from {', '.join(FAMILIES)}")
+            rows.extend(FAMILY_FUNCTIONS[family](lm, tokens, opts))
+    return to_frame(rows)

@@ -1,0 +1,177 @@
+"""Token specs, deterministic packing, .npy pass-through and every error path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from compute.corpus import builtin_corpus_documents
+from compute.errors import TokenSpecError
+from compute.tokens import (
+    TokenSpec,
+    load_tokens,
+    pack_windows,
+    random_repeated_tokens,
+    resolve_token_spec,
+    validate_tokens,
+)
+from compute.zoo.tokenizer import train_bpe_tokenizer
+
+BOS = 0
+VOCAB = 400
+
+
+@pytest.fixture(scope="module")
+def tokenizer():  # type: ignore[no-untyped-def]
+    return train_bpe_tokenizer(builtin_corpus_documents()[:300], vocab_size=VOCAB)
+
+
+@pytest.fixture
+def corpus_dir(tmp_path: Path) -> Path:
+    docs = builtin_corpus_documents()[:40]
+    for i, doc in enumerate(docs):
+        (tmp_path / f"{i:03d}.txt").write_text(doc)
+    return tmp_path
+
+
+def _load(spec: TokenSpec, tokenizer, n_ctx: int = 64) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    return load_tokens(spec, tokenizer, bos_token_id=BOS, d_vocab=VOCAB, n_ctx=n_ctx)
+
+
+def test_corpus_packing_is_deterministic(tokenizer, corpus_dir: Path) -> None:  # type: ignore[no-untyped-def]
+    spec = TokenSpec(source="corpus", path=str(corpus_dir), n_sequences=6, seq_len=32, seed=3)
+    a, b = _load(spec, tokenizer), _load(spec, tokenizer)
+    assert a.shape == (6, 32)
+    assert a.dtype == torch.long
+    assert torch.equal(a, b)
+    other = _load(spec.model_copy(update={"seed": 4}), tokenizer)
+    assert not torch.equal(a, other)
+    assert (a[:, 0] == BOS).all()
+
+
+def test_builtin_source_and_fingerprint(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    spec = resolve_token_spec(TokenSpec(source="builtin", n_sequences=4, seq_len=16))
+    assert spec.fingerprint is not None
+    assert len(spec.fingerprint) == 16
+    tokens = _load(spec, tokenizer)
+    assert tokens.shape == (4, 16)
+    assert (tokens[:, 0] == BOS).all()
+    stale = spec.model_copy(update={"fingerprint": "0" * 16})
+    with pytest.raises(TokenSpecError, match="changed"):
+        _load(stale, tokenizer)
+    with pytest.raises(TokenSpecError, match="changed"):
+        resolve_token_spec(stale)
+
+
+def test_windows_are_disjoint_slices_of_the_stream() -> None:
+    stream = np.arange(1, 101, dtype=np.int64)  # 100 tokens -> 11 windows of 9
+    tokens = pack_windows(stream, n_sequences=11, seq_len=10, seed=0, bos_token_id=BOS)
+    bodies = tokens[:, 1:]
+    assert sorted(bodies[:, 0].tolist()) == list(range(1, 100, 9))
+    assert (bodies[:, 1:] - bodies[:, :-1] == 1).all()
+    with pytest.raises(TokenSpecError, match="only 11 sequences"):
+        pack_windows(stream, n_sequences=12, seq_len=10, seed=0, bos_token_id=BOS)
+
+
+def test_too_little_text_says_how_many_are_available(tokenizer, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "t.txt").write_text("a short text " * 5)
+    spec = TokenSpec(source="corpus", path=str(tmp_path), n_sequences=50, seq_len=16)
+    with pytest.raises(TokenSpecError, match=r"yields only \d+ sequences"):
+        _load(spec, tokenizer)
+
+
+def test_text_source_seq_len_checks(tokenizer, corpus_dir: Path) -> None:  # type: ignore[no-untyped-def]
+    spec = TokenSpec(source="corpus", path=str(corpus_dir), n_sequences=2, seq_len=65)
+    with pytest.raises(TokenSpecError, match="n_ctx=64"):
+        _load(spec, tokenizer)
+    with pytest.raises(TokenSpecError, match="no evaluated positions"):
+        _load(spec.model_copy(update={"seq_len": 2}), tokenizer)
+    with pytest.raises(TokenSpecError, match="needs a path"):
+        _load(TokenSpec(source="corpus", n_sequences=2, seq_len=8), tokenizer)
+
+
+def test_npy_is_used_exactly(tmp_path: Path) -> None:
+    array = np.random.default_rng(0).integers(1, VOCAB, size=(5, 12), dtype=np.int32)
+    path = tmp_path / "t.npy"
+    np.save(path, array)
+    spec = resolve_token_spec(TokenSpec(source="npy", path=str(path), n_sequences=0, seq_len=0))
+    assert (spec.n_sequences, spec.seq_len) == (5, 12)
+    assert spec.fingerprint
+    tokens = _load(spec, None)
+    assert tokens.dtype == torch.long
+    assert torch.equal(tokens, torch.from_numpy(array.astype(np.int64)))  # no BOS added
+
+
+@pytest.mark.parametrize(
+    ("array", "match"),
+    [
+        (np.zeros((2, 3, 4), dtype=np.int64), "2-D"),
+        (np.zeros((2, 8), dtype=np.float32), "integers"),
+        (np.full((2, 8), -1, dtype=np.int64), "negative"),
+        (np.full((2, 8), VOCAB, dtype=np.int64), f"id {VOCAB}.*d_vocab={VOCAB}"),
+        (np.zeros((2, 65), dtype=np.int64), "n_ctx=64"),
+        (np.zeros((2, 2), dtype=np.int64), "no evaluated positions"),
+        (np.zeros((0, 8), dtype=np.int64), "no sequences"),
+    ],
+)
+def test_npy_errors(tmp_path: Path, array: np.ndarray, match: str) -> None:
+    path = tmp_path / "t.npy"
+    np.save(path, array)
+    with pytest.raises(TokenSpecError, match=match):
+        _load(TokenSpec(source="npy", path=str(path), n_sequences=0, seq_len=0), None)
+
+
+def test_npy_unreadable_and_mismatched(tmp_path: Path) -> None:
+    missing = str(tmp_path / "no.npy")
+    with pytest.raises(TokenSpecError, match="does not exist"):
+        _load(TokenSpec(source="npy", path=missing, n_sequences=0, seq_len=0), None)
+    garbage = tmp_path / "g.npy"
+    garbage.write_bytes(b"not an array")
+    with pytest.raises(TokenSpecError, match="cannot read"):
+        _load(TokenSpec(source="npy", path=str(garbage), n_sequences=0, seq_len=0), None)
+    good = tmp_path / "ok.npy"
+    np.save(good, np.ones((3, 8), dtype=np.int64))
+    with pytest.raises(TokenSpecError, match="n_sequences=4"):
+        _load(TokenSpec(source="npy", path=str(good), n_sequences=4, seq_len=8), None)
+    with pytest.raises(TokenSpecError, match="seq_len=9"):
+        _load(TokenSpec(source="npy", path=str(good), n_sequences=3, seq_len=9), None)
+
+
+def test_validate_tokens_vocab_message() -> None:
+    with pytest.raises(TokenSpecError, match=r"id 500 .*d_vocab=400"):
+        validate_tokens(torch.tensor([[0, 1, 500]]), d_vocab=400, n_ctx=8)
+
+
+def test_pile_without_network_is_a_clear_error(tokenizer, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_datasets(name: str, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if name == "datasets":
+            raise ImportError("no datasets")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_datasets)
+    with pytest.raises(TokenSpecError, match="datasets"):
+        _load(TokenSpec(source="pile", n_sequences=2, seq_len=16), tokenizer)
+
+
+def test_random_repeated_tokens_structure() -> None:
+    tokens = random_repeated_tokens(8, 20, d_vocab=7, bos_token_id=3, seed=1)
+    assert tokens.shape == (8, 41)
+    assert tokens.dtype == torch.long
+    assert (tokens[:, 0] == 3).all()
+    first, second = tokens[:, 1:21], tokens[:, 21:]
+    assert torch.equal(first, second)
+    assert not (first == 3).any()
+    assert first.min() >= 0
+    assert first.max() < 7
+    assert set(first.unique().tolist()) == {0, 1, 2, 4, 5, 6}
+    assert torch.equal(tokens, random_repeated_tokens(8, 20, 7, 3, seed=1))
+    assert not torch.equal(tokens, random_repeated_tokens(8, 20, 7, 3, seed=2))
+    with pytest.raises(TokenSpecError):
+        random_repeated_tokens(0, 4, 7, 3, seed=0)

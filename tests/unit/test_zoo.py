@@ -1,0 +1,95 @@
+"""The zoo tokenizer and a few-step training smoke test that loads through TransformerLens."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from compute.corpus import builtin_corpus_documents
+from compute.zoo.tokenizer import SPECIAL_TOKEN, load_zoo_tokenizer, train_bpe_tokenizer
+from compute.zoo.train import ZOO_METADATA_FILE, ZooModelConfig, train_zoo_model
+
+DOCS = builtin_corpus_documents()[:200]
+
+
+def test_tokenizer_round_trip(tmp_path: Path) -> None:
+    tok = train_bpe_tokenizer(DOCS, vocab_size=400, model_max_length=64)
+    assert len(tok) == 400
+    assert tok.convert_tokens_to_ids(SPECIAL_TOKEN) == 0
+    assert tok.bos_token_id == tok.eos_token_id == tok.pad_token_id == 0
+    text = "def f(x):\n    return x  # héllo ✓ ünïcode\t"
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    assert 0 not in ids
+    assert tok.decode(ids) == text
+    tok.save_pretrained(tmp_path)
+    again = load_zoo_tokenizer(tmp_path)
+    assert again(text, add_special_tokens=False)["input_ids"] == ids
+    assert again.bos_token_id == 0
+    # Deterministic: the same text and vocabulary size give the same merges.
+    assert train_bpe_tokenizer(DOCS, vocab_size=400)(text)["input_ids"] == ids
+
+
+def test_config_validation() -> None:
+    with pytest.raises(ValueError, match="divisible"):
+        ZooModelConfig(name="x", n_layers=2, d_model=30, n_heads=4)
+    cfg = ZooModelConfig(name="x", n_layers=2, optimizer="adam")
+    assert cfg.resolved_weight_decay == 0.0
+    assert cfg.resolved_d_mlp == 512
+    assert ZooModelConfig(name="x", n_layers=2).resolved_weight_decay == 0.1
+
+
+def test_training_smoke_writes_a_loadable_checkpoint(tmp_path: Path) -> None:
+    import transformer_lens.loading_from_pretrained as loading
+    from transformer_lens import HookedTransformer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    cfg = ZooModelConfig(
+        name="smoke",
+        n_layers=1,
+        d_model=32,
+        n_heads=2,
+        n_ctx=32,
+        vocab_size=400,
+        steps=3,
+        batch_size=4,
+        seed=0,
+    )
+    before = torch.random.get_rng_state()
+    out = train_zoo_model(cfg, tmp_path / "smoke", documents=DOCS)
+    assert torch.equal(before, torch.random.get_rng_state()), "global RNG state leaked"
+    meta = json.loads((out / ZOO_METADATA_FILE).read_text())
+    assert meta["steps"] == 3
+    assert meta["val_loss"] > 0
+    assert meta["loss_curve"]
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        assert (out / name).is_file()
+
+    path = str(out)
+    tl_cfg = loading.get_pretrained_model_config(
+        path, fold_ln=True, device="cpu", dtype=torch.float32
+    )
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    sd = loading.get_pretrained_state_dict(path, tl_cfg, hf, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(path)
+    model = HookedTransformer(tl_cfg, tok, move_to_device=False)
+    model.load_and_process_state_dict(
+        sd,
+        fold_ln=True,
+        center_writing_weights=True,
+        center_unembed=True,
+        fold_value_biases=True,
+    )
+    assert (tl_cfg.n_layers, tl_cfg.d_model, tl_cfg.n_ctx, tl_cfg.d_vocab) == (1, 32, 32, 400)
+    ids = [0, *tok(DOCS[-1], add_special_tokens=False)["input_ids"][:31]]
+    tokens = torch.tensor([ids])
+    with torch.inference_mode():
+        tl_loss = model(tokens, return_type="loss").item()
+        hf_loss = hf(tokens, labels=tokens).loss.item()
+    assert abs(tl_loss - hf_loss) < 1e-4
+
+    # Same seed, same weights.
+    again = train_zoo_model(cfg, tmp_path / "again", tokenizer_dir=out, documents=DOCS)
+    assert (again / "model.safetensors").read_bytes() == (out / "model.safetensors").read_bytes()
