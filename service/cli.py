@@ -14,6 +14,8 @@ from typing import Any
 import click
 
 from compute.errors import ComputeError, ModelLoadError, SpecError, StrataError
+from service.cli_db import check_store_writable, db, store_result
+from service.settings import get_settings
 
 EXIT_BAD_INPUT, EXIT_LOAD, EXIT_COMPUTE, EXIT_HELD = 2, 3, 4, 5
 
@@ -24,7 +26,11 @@ def fail(message: str, code: int) -> None:
 
 
 def exit_code_of(exc: StrataError) -> int:
-    if isinstance(exc, SpecError):
+    from service.store.errors import DatabaseHeldError, SchemaOutOfDateError
+
+    if isinstance(exc, DatabaseHeldError):
+        return EXIT_HELD
+    if isinstance(exc, SpecError | SchemaOutOfDateError):
         return EXIT_BAD_INPUT
     if isinstance(exc, ModelLoadError):
         return EXIT_LOAD
@@ -61,31 +67,43 @@ def main() -> None:
               help="skip LayerNorm folding and weight centering (results of drop/swap/lens agree)")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False),
               help="output file: .parquet, .json, .csv or .arrow")
+@click.option("--store", is_flag=True,
+              help="also write the run into the results store (STRATA_DATABASE)")
 @click.option("--quiet", is_flag=True, help="no progress bar")
 def compute(model_ref: str, tokens_path: str | None, corpus_path: str | None, pile: bool,
             n_sequences: int, seq_len: int, seed: int, metrics: str, device: str, dtype: str,
-            batch_size: int | None, no_processing: bool, out_path: str | None,
+            batch_size: int | None, no_processing: bool, out_path: str | None, store: bool,
             quiet: bool) -> None:
     """Compute per-layer metrics of a model and write them in the METRICS.md record format."""
     from service.exports import format_for_path
 
-    if out_path is None:
-        fail("give --out FILE (.parquet, .json, .csv, .arrow)", EXIT_BAD_INPUT)
+    if out_path is None and not store:
+        fail("give --out FILE (.parquet, .json, .csv, .arrow) and/or --store", EXIT_BAD_INPUT)
         return
-    out = Path(out_path)
-    if format_for_path(out) is None:
+    out = Path(out_path) if out_path else None
+    if out is not None and format_for_path(out) is None:
         fail(f"--out {out}: unknown format; use .parquet, .json, .csv or .arrow", EXIT_BAD_INPUT)
     if sum(bool(x) for x in (tokens_path, corpus_path, pile)) > 1:
         fail("give at most one of --tokens, --corpus, --pile", EXIT_BAD_INPUT)
     try:
         config = _run_config(model_ref, tokens_path, corpus_path, pile, n_sequences, seq_len,
                              seed, metrics, dtype, batch_size, no_processing)
+        if store:  # fail before hours of compute if the results could not be stored
+            check_store_writable(get_settings())
         result = _compute_with_progress(config, device, quiet)
     except StrataError as exc:
         fail(str(exc), exit_code_of(exc))
         return
-    _write_outputs(result, out)
-    click.echo(f"wrote {result.records.num_rows} records to {out}", err=True)
+    if out is not None:  # written first: results survive if the store is taken meanwhile
+        _write_outputs(result, out)
+        click.echo(f"wrote {result.records.num_rows} records to {out}", err=True)
+    if store:
+        try:
+            run_id = store_result(result, get_settings())
+        except StrataError as exc:
+            fail(str(exc), exit_code_of(exc))
+            return
+        click.echo(f"stored run {run_id} in {get_settings().database}", err=True)
 
 
 def _run_config(model_ref: str, tokens_path: str | None, corpus_path: str | None, pile: bool,
@@ -333,6 +351,8 @@ def zoo_train(name: str | None, n_layers: int, d_model: int, n_heads: int, n_ctx
         meta = json.loads((path / "strata_zoo.json").read_text())
         click.echo(f"{model_name}: val_loss={meta.get('val_loss')} nats/token -> {path}")
 
+
+main.add_command(db)
 
 if __name__ == "__main__":
     main()

@@ -7,6 +7,7 @@ id 0 and serves as BOS, EOS and padding (as in GPT-2).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -62,6 +63,27 @@ def wrap_tokenizer(tokenizer: Tokenizer, *, model_max_length: int) -> PreTrained
         model_max_length=model_max_length,
         clean_up_tokenization_spaces=False,
     )
+
+
+def save_zoo_tokenizer(tokenizer: PreTrainedTokenizerFast, directory: str | Path) -> None:
+    """Save the tokenizer with a portable `tokenizer_config.json`.
+
+    Transformers 5 writes its own class name (`TokenizersBackend`) and loader flags
+    (`local_files_only`, ...) into the config; the zoo writes the same minimal config everywhere,
+    naming `PreTrainedTokenizerFast` so that Transformers 4 and 5 both load it.
+    """
+    out = Path(directory)
+    tokenizer.save_pretrained(str(out))
+    config = {
+        "bos_token": SPECIAL_TOKEN,
+        "clean_up_tokenization_spaces": False,
+        "eos_token": SPECIAL_TOKEN,
+        "model_max_length": int(tokenizer.model_max_length),
+        "pad_token": SPECIAL_TOKEN,
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "unk_token": SPECIAL_TOKEN,
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
 def load_zoo_tokenizer(directory: str | Path) -> PreTrainedTokenizerFast:

@@ -49,6 +49,7 @@ from compute.zoo.tokenizer import (
     DEFAULT_VOCAB_SIZE,
     SPECIAL_TOKEN_ID,
     load_zoo_tokenizer,
+    save_zoo_tokenizer,
     train_bpe_tokenizer,
 )
 
@@ -284,7 +285,7 @@ def train_zoo_model(
     out.mkdir(parents=True, exist_ok=True)
     save_model = model.to(getattr(torch, cfg.save_dtype))
     save_model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
+    save_zoo_tokenizer(tokenizer, out)
     metadata: dict[str, Any] = {
         "format": 1,
         "config": cfg.model_dump(),

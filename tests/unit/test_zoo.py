@@ -9,7 +9,12 @@ import pytest
 import torch
 
 from compute.corpus import builtin_corpus_documents
-from compute.zoo.tokenizer import SPECIAL_TOKEN, load_zoo_tokenizer, train_bpe_tokenizer
+from compute.zoo.tokenizer import (
+    SPECIAL_TOKEN,
+    load_zoo_tokenizer,
+    save_zoo_tokenizer,
+    train_bpe_tokenizer,
+)
 from compute.zoo.train import ZOO_METADATA_FILE, ZooModelConfig, train_zoo_model
 
 DOCS = builtin_corpus_documents()[:200]
@@ -24,7 +29,9 @@ def test_tokenizer_round_trip(tmp_path: Path) -> None:
     ids = tok(text, add_special_tokens=False)["input_ids"]
     assert 0 not in ids
     assert tok.decode(ids) == text
-    tok.save_pretrained(tmp_path)
+    save_zoo_tokenizer(tok, tmp_path)
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    assert config["tokenizer_class"] == "PreTrainedTokenizerFast"
     again = load_zoo_tokenizer(tmp_path)
     assert again(text, add_special_tokens=False)["input_ids"] == ids
     assert again.bos_token_id == 0

@@ -1,0 +1,27 @@
+"""The results store: one DuckDB file, one writer process, atomic idempotent ingest.
+
+    db.py            opening the file (single writer, `DatabaseHeldError`)
+    models/          SQLAlchemy tables, one module each
+    migrate.py       Alembic upgrade / downgrade / current (versions in `migrations/`)
+    rows.py          checking and shaping a run's records as Arrow tables
+    registry.py      registering models and token sources
+    runs.py          a run's lifecycle (queued, running, failed)
+    ingest.py        a run's results in, all at once or not at all
+    repositories.py  the queries the API serves
+
+Importing the package stays light (no torch): `ingest`, `rows` and `repositories` are imported
+from their modules.
+"""
+
+from service.store.db import Store
+from service.store.errors import (
+    DatabaseHeldError,
+    IngestError,
+    RevisionError,
+    RunNotFoundError,
+    SchemaOutOfDateError,
+    StoreError,
+)
+
+__all__ = ["DatabaseHeldError", "IngestError", "RevisionError", "RunNotFoundError",
+           "SchemaOutOfDateError", "Store", "StoreError"]

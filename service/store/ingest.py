@@ -1,0 +1,142 @@
+"""Ingest: a run's results into the store, all at once or not at all.
+
+1. Everything is checked first, in Arrow (`rows.prepare_rows`): nothing is written for a run
+   that is refused, and the message names the problem.
+2. One transaction: register the model and token source if new; find the run by (config hash,
+   metric version) — or by id, for results delivered to a queued run — and create it if new;
+   delete that run's old rows; bulk-insert the new ones from Arrow tables with DuckDB's own
+   `INSERT ... SELECT` on the raw connection (never row by row); mark the run succeeded; commit.
+   Readers see the previous rows until the commit, the new ones after it. A process killed before
+   the commit leaves the previous rows intact (DuckDB's write-ahead log holds only committed work).
+
+>>> run_id = ingest_result(store, result).run_id     # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+
+import pyarrow as pa
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from compute.run import CODE_VERSION, RunResult
+from service.store.db import Store, raw_connection
+from service.store.errors import IngestError, RunNotFoundError
+from service.store.models import (
+    NEURON_COLUMNS,
+    NEURON_TOKEN_COLUMNS,
+    RESULT_COLUMNS,
+    Run,
+    StageBoundary,
+    utcnow,
+)
+from service.store.registry import register_model, register_token_source
+from service.store.rows import PreparedRows, parse_model_info, prepare_rows
+from service.store.runs import find_run
+
+# Test seam: called inside the ingest transaction after the new rows are written, before commit.
+before_commit: Callable[[], None] | None = None
+
+# Tables owned by a run, children first (DuckDB has no ON DELETE CASCADE).
+_RUN_ROWS = (("neuron_tokens", NEURON_TOKEN_COLUMNS), ("neurons", NEURON_COLUMNS),
+             ("results", RESULT_COLUMNS))
+
+
+@dataclass(frozen=True)
+class IngestSummary:
+    run_id: int
+    model_id: int
+    replaced: bool
+    results: int
+    neurons: int
+    neuron_tokens: int
+
+
+def ingest_result(store: Store, result: RunResult, *, run_id: int | None = None) -> IngestSummary:
+    """Store a computed run. Same configuration hash and metric version -> the run is replaced.
+
+    With `run_id`, the results are for that (queued or running) run, which must exist and have
+    been created for the same configuration. Raises `IngestError` (nothing stored) on bad input.
+    """
+    if result.config.config_hash() != result.config_hash:
+        raise IngestError(
+            f"config_hash {result.config_hash[:12]}… does not match the run's configuration "
+            f"({result.config.config_hash()[:12]}…): results and configuration were mixed up")
+    info = parse_model_info(result.model_info)
+    rows = prepare_rows(result.records, result.neuron_tokens, info)
+    if result.tokens_evaluated < 0:
+        raise IngestError(f"tokens_evaluated is negative ({result.tokens_evaluated})")
+    with store.write() as conn, Session(bind=conn, expire_on_commit=False) as session:
+        run = _target_run(session, result, run_id)
+        replaced = run is not None and run.n_records is not None
+        model = register_model(session, result.config.model, info)
+        tokens = register_token_source(session, result.config.tokens)
+        if run is None:
+            run = Run(config_hash=result.config_hash, metric_version=result.config.metric_version)
+            session.add(run)
+        _describe(run, result, model.id, tokens.id, rows)
+        session.flush()
+        raw = raw_connection(conn)
+        if replaced:
+            for table, _ in _RUN_ROWS:
+                raw.execute(f"DELETE FROM {table} WHERE run_id = ?", [run.id])
+            session.execute(sa.delete(StageBoundary).where(StageBoundary.run_id == run.id))
+        for (table, columns), data in zip(
+                _RUN_ROWS, (rows.neuron_tokens, rows.neurons, rows.results), strict=True):
+            _bulk_insert(raw, table, columns, run.id, data)
+        session.flush()
+        if before_commit is not None:
+            before_commit()
+        return IngestSummary(run.id, model.id, replaced, rows.results.num_rows,
+                             rows.neurons.num_rows, rows.neuron_tokens.num_rows)
+
+
+def _target_run(session: Session, result: RunResult, run_id: int | None) -> Run | None:
+    """The stored run these results belong to (None: a new run)."""
+    version = result.config.metric_version
+    if run_id is not None:
+        run = session.get(Run, run_id)
+        if run is None:
+            raise RunNotFoundError(f"run {run_id} does not exist")
+        if (run.config_hash, run.metric_version) != (result.config_hash, version):
+            raise IngestError(
+                f"these results are for configuration {result.config_hash[:12]}… (metric "
+                f"version {version}) but run {run_id} was created for "
+                f"{run.config_hash[:12]}… (metric version {run.metric_version})")
+        return run
+    return find_run(session, result.config_hash, version)
+
+
+def _describe(run: Run, result: RunResult, model_id: int, token_source_id: int,
+              rows: PreparedRows) -> None:
+    now = utcnow()
+    run.model_id, run.token_source_id = model_id, token_source_id
+    run.code_version = result.environment.get("strata", CODE_VERSION)
+    run.families = sorted(result.config.families)
+    run.config = json.loads(result.config.canonical_json())
+    run.status, run.progress, run.error = "succeeded", 1.0, None
+    run.started_at = run.started_at or now - timedelta(seconds=max(result.wall_s, 0.0))
+    run.finished_at = now
+    run.device, run.dtype = result.device, result.config.model.dtype
+    run.tokens_evaluated, run.wall_s = result.tokens_evaluated, result.wall_s
+    run.environment = dict(result.environment)
+    run.n_records = rows.n_records
+
+
+def _bulk_insert(raw: object, table: str, columns: tuple[str, ...], run_id: int,
+                 data: pa.Table) -> None:
+    if data.num_rows == 0:
+        return
+    view = f"strata_ingest_{table}"
+    names = [c for c in columns if c != "run_id"]
+    quoted = ", ".join(f'"{c}"' for c in names)
+    raw.register(view, data)  # type: ignore[attr-defined]
+    try:
+        raw.execute(  # type: ignore[attr-defined]
+            f'INSERT INTO {table} ("run_id", {quoted}) SELECT {int(run_id)}, {quoted} FROM {view}')
+    finally:
+        raw.unregister(view)  # type: ignore[attr-defined]

@@ -1,0 +1,94 @@
+"""Registering what a run refers to: its model and its token source (get or create by hash)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from compute.models import ModelSpec
+from compute.tokens import TokenSpec
+from service.store.errors import IngestError
+from service.store.models import RegisteredModel, TokenSource
+from service.store.rows import ModelInfo
+
+# Architecture numbers that must agree between a registered model and new results for it.
+_SHAPE = ("n_layers", "d_model", "n_heads", "d_mlp", "d_vocab", "d_vocab_real", "n_ctx",
+          "n_params")
+
+
+def _sha256(data: dict[str, Any]) -> str:
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def model_identity(spec: ModelSpec) -> dict[str, Any]:
+    """The part of a model spec that identifies the analysed model (dtype belongs to the run)."""
+    data = spec.model_dump(mode="json")
+    data.pop("dtype", None)
+    return data
+
+
+def model_spec_hash(spec: ModelSpec) -> str:
+    return _sha256(model_identity(spec))
+
+
+def token_spec_hash(spec: TokenSpec) -> str:
+    return _sha256(spec.model_dump(mode="json"))
+
+
+def register_model(session: Session, spec: ModelSpec, info: ModelInfo | None) -> RegisteredModel:
+    """The registered model for `spec`, created if new; its numbers filled from `info`.
+
+    Refuses results whose model disagrees with the registered numbers (the same reference now
+    names other weights), so they are never mixed under one model.
+    """
+    spec_hash = model_spec_hash(spec)
+    model = session.scalars(sa.select(RegisteredModel)
+                            .where(RegisteredModel.spec_hash == spec_hash)).one_or_none()
+    if model is None:
+        model = RegisteredModel(spec_hash=spec_hash, name=spec.name, source=spec.source,
+                                revision=spec.revision, spec=model_identity(spec))
+        session.add(model)
+    if info is not None:
+        _fill_numbers(model, info)
+    session.flush()
+    return model
+
+
+def _fill_numbers(model: RegisteredModel, info: ModelInfo) -> None:
+    if model.n_layers is not None:
+        differ = [f"{k} {getattr(model, k)} -> {getattr(info, k)}" for k in _SHAPE
+                  if getattr(model, k) != getattr(info, k)]
+        if differ:
+            raise IngestError(
+                f"model {model.name!r} (id {model.id}) is registered with other numbers than "
+                f"these results' model ({'; '.join(differ)}): the reference now names different "
+                "weights; give it a revision to register it as a new model")
+    for key in _SHAPE:
+        setattr(model, key, getattr(info, key))
+    model.architecture = info.architecture
+    model.normalization_type = info.normalization_type
+    model.parallel_attn_mlp = info.parallel_attn_mlp
+    applied = info.processing
+    model.fold_ln = applied.fold_ln
+    model.center_writing_weights = applied.center_writing_weights
+    model.center_unembed = applied.center_unembed
+    model.fold_value_biases = applied.fold_value_biases
+    model.processing_notes = list(applied.notes)
+
+
+def register_token_source(session: Session, spec: TokenSpec) -> TokenSource:
+    spec_hash = token_spec_hash(spec)
+    source = session.scalars(sa.select(TokenSource)
+                             .where(TokenSource.spec_hash == spec_hash)).one_or_none()
+    if source is None:
+        source = TokenSource(spec_hash=spec_hash, source=spec.source, path=spec.path,
+                             n_sequences=spec.n_sequences, seq_len=spec.seq_len, seed=spec.seed,
+                             fingerprint=spec.fingerprint, spec=spec.model_dump(mode="json"))
+        session.add(source)
+        session.flush()
+    return source
