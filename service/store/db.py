@@ -7,7 +7,11 @@ service holds the file while it runs; the CLI holds it for one command when no s
 
 Inside the process, SQLAlchemy's pool hands each thread its own DuckDB connection to the one
 database instance; writes go through `Store.write()`, which serialises them on a lock so two
-ingests never race for the same run.
+ingests never race for the same run. Read-heavy callers (the API's handlers) take
+`Store.cursor()` instead: the calling thread's own DuckDB cursor, made once per thread and kept,
+so a request pays no pool checkout. `Store.generation` counts committed writes: everything a
+process caches about the database is valid while it stays the same (this process is the only
+writer, so no write can happen behind its back).
 
 >>> with Store.open(tmp_path / "strata.duckdb") as store:      # doctest: +SKIP
 ...     with store.read() as conn:
@@ -63,7 +67,12 @@ class Store:
     def __init__(self, engine: sa.Engine, path: Path) -> None:
         self.engine = engine
         self.path = path
+        self.generation = 0
         self._write_lock = threading.RLock()
+        self._cursor_lock = threading.Lock()
+        self._local = threading.local()
+        self._root: Any = None  # a pool connection held for the life of the store
+        self._cursors: list[Any] = []
 
     @classmethod
     def open(cls, path: Path | str, *, threads: int | None = None) -> Store:
@@ -105,11 +114,37 @@ class Store:
 
         Writers take turns: a second `write()` in another thread waits for the first.
         """
-        with self._write_lock, self.engine.begin() as conn:
-            yield conn
+        with self._write_lock:
+            with self.engine.begin() as conn:
+                yield conn
+            self.generation += 1
+
+    def cursor(self) -> Any:
+        """The calling thread's own DuckDB cursor (a connection to this database), for reads.
+
+        Made on a thread's first call and reused by every later call on that thread; each
+        statement runs in its own transaction, so it sees every committed write.
+        """
+        cursor = getattr(self._local, "cursor", None)
+        if cursor is None:
+            with self._cursor_lock:
+                if self._root is None:
+                    self._root = self.engine.raw_connection()
+                cursor = raw_connection(self._root).cursor()
+                self._cursors.append(cursor)
+            self._local.cursor = cursor
+        return cursor
 
     def close(self) -> None:
         """Close every connection, releasing the file for other processes."""
+        with self._cursor_lock:
+            for cursor in self._cursors:
+                cursor.close()
+            self._cursors.clear()
+            if self._root is not None:
+                self._root.close()
+                self._root = None
+            self._local = threading.local()
         self.engine.dispose()
 
     def __enter__(self) -> Store:
@@ -120,6 +155,12 @@ class Store:
         self.close()
 
 
-def raw_connection(conn: sa.Connection) -> Any:
-    """The DuckDB connection under a SQLAlchemy connection (same transaction), for Arrow I/O."""
-    return conn.connection.driver_connection
+def raw_connection(conn: Any) -> Any:
+    """The DuckDB connection under a SQLAlchemy connection (same transaction), for Arrow I/O.
+
+    Also accepts a pool connection (`engine.raw_connection()`) or a DuckDB connection itself
+    (`Store.cursor()`), which is returned as it is.
+    """
+    if isinstance(conn, sa.Connection):
+        return conn.connection.driver_connection
+    return getattr(conn, "driver_connection", conn)

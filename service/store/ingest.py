@@ -5,7 +5,9 @@
 2. One transaction: register the model and token source if new; find the run by (config hash,
    metric version) — or by id, for results delivered to a queued run — and create it if new;
    delete that run's old rows; bulk-insert the new ones from Arrow tables with DuckDB's own
-   `INSERT ... SELECT` on the raw connection (never row by row); mark the run succeeded; commit.
+   `INSERT ... SELECT` on the raw connection (never row by row); store the stage boundaries
+   inferred from these records (`stages.py`, for runs with intervention, logit_lens and neurons);
+   mark the run succeeded; commit.
    Readers see the previous rows until the commit, the new ones after it. A process killed before
    the commit leaves the previous rows intact (DuckDB's write-ahead log holds only committed work).
 
@@ -37,6 +39,7 @@ from service.store.models import (
 from service.store.registry import register_model, register_token_source
 from service.store.rows import PreparedRows, parse_model_info, prepare_rows
 from service.store.runs import find_run
+from service.store.stages import infer_boundaries, store_boundaries
 
 # Test seam: called inside the ingest transaction after the new rows are written, before commit.
 before_commit: Callable[[], None] | None = None
@@ -54,6 +57,7 @@ class IngestSummary:
     results: int
     neurons: int
     neuron_tokens: int
+    stage_boundaries: int = 0
 
 
 def ingest_result(store: Store, result: RunResult, *, run_id: int | None = None) -> IngestSummary:
@@ -70,6 +74,7 @@ def ingest_result(store: Store, result: RunResult, *, run_id: int | None = None)
     rows = prepare_rows(result.records, result.neuron_tokens, info)
     if result.tokens_evaluated < 0:
         raise IngestError(f"tokens_evaluated is negative ({result.tokens_evaluated})")
+    boundaries = infer_boundaries(result.records, result.config.families, info.n_layers)
     with store.write() as conn, Session(bind=conn, expire_on_commit=False) as session:
         run = _target_run(session, result, run_id)
         replaced = run is not None and run.n_records is not None
@@ -82,17 +87,16 @@ def ingest_result(store: Store, result: RunResult, *, run_id: int | None = None)
         session.flush()
         raw = raw_connection(conn)
         if replaced:
-            for table, _ in _RUN_ROWS:
-                raw.execute(f"DELETE FROM {table} WHERE run_id = ?", [run.id])
-            session.execute(sa.delete(StageBoundary).where(StageBoundary.run_id == run.id))
+            delete_run_rows(session, run.id)
         for (table, columns), data in zip(
                 _RUN_ROWS, (rows.neuron_tokens, rows.neurons, rows.results), strict=True):
-            _bulk_insert(raw, table, columns, run.id, data)
+            bulk_insert(raw, table, columns, run.id, data)
+        store_boundaries(session, run.id, model.id, boundaries)
         session.flush()
         if before_commit is not None:
             before_commit()
         return IngestSummary(run.id, model.id, replaced, rows.results.num_rows,
-                             rows.neurons.num_rows, rows.neuron_tokens.num_rows)
+                             rows.neurons.num_rows, rows.neuron_tokens.num_rows, len(boundaries))
 
 
 def _target_run(session: Session, result: RunResult, run_id: int | None) -> Run | None:
@@ -127,7 +131,15 @@ def _describe(run: Run, result: RunResult, model_id: int, token_source_id: int,
     run.n_records = rows.n_records
 
 
-def _bulk_insert(raw: object, table: str, columns: tuple[str, ...], run_id: int,
+def delete_run_rows(session: Session, run_id: int) -> None:
+    """Delete a run's record, neuron, token and stage rows (inside the caller's transaction)."""
+    raw = raw_connection(session.connection())
+    for table, _ in _RUN_ROWS:
+        raw.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
+    session.execute(sa.delete(StageBoundary).where(StageBoundary.run_id == run_id))
+
+
+def bulk_insert(raw: object, table: str, columns: tuple[str, ...], run_id: int,
                  data: pa.Table) -> None:
     if data.num_rows == 0:
         return

@@ -40,18 +40,26 @@ def token_spec_hash(spec: TokenSpec) -> str:
     return _sha256(spec.model_dump(mode="json"))
 
 
-def register_model(session: Session, spec: ModelSpec, info: ModelInfo | None) -> RegisteredModel:
-    """The registered model for `spec`, created if new; its numbers filled from `info`.
+def find_model(session: Session, spec: ModelSpec) -> RegisteredModel | None:
+    """The model registered for `spec` (same identity: spec without dtype), if any."""
+    return session.scalars(sa.select(RegisteredModel)
+                           .where(RegisteredModel.spec_hash == model_spec_hash(spec))
+                           ).one_or_none()
+
+
+def register_model(session: Session, spec: ModelSpec, info: ModelInfo | None, *,
+                   name: str | None = None) -> RegisteredModel:
+    """The registered model for `spec`, created if new (under `name`, default the spec's name);
+    its numbers filled from `info`.
 
     Refuses results whose model disagrees with the registered numbers (the same reference now
     names other weights), so they are never mixed under one model.
     """
-    spec_hash = model_spec_hash(spec)
-    model = session.scalars(sa.select(RegisteredModel)
-                            .where(RegisteredModel.spec_hash == spec_hash)).one_or_none()
+    model = find_model(session, spec)
     if model is None:
-        model = RegisteredModel(spec_hash=spec_hash, name=spec.name, source=spec.source,
-                                revision=spec.revision, spec=model_identity(spec))
+        model = RegisteredModel(spec_hash=model_spec_hash(spec), name=name or spec.name,
+                                source=spec.source, revision=spec.revision,
+                                spec=model_identity(spec))
         session.add(model)
     if info is not None:
         _fill_numbers(model, info)
@@ -59,9 +67,21 @@ def register_model(session: Session, spec: ModelSpec, info: ModelInfo | None) ->
     return model
 
 
+def fill_known_numbers(model: RegisteredModel, numbers: dict[str, Any]) -> None:
+    """Fill the numbers known before the model is loaded (from its configuration alone, e.g.
+    n_layers); the rest stay unknown until results arrive. `numbers` keys are column names."""
+    for key, value in numbers.items():
+        if key not in (*_SHAPE, "architecture", "normalization_type", "parallel_attn_mlp"):
+            raise ValueError(f"{key!r} is not a model number")
+        setattr(model, key, value)
+
+
 def _fill_numbers(model: RegisteredModel, info: ModelInfo) -> None:
-    if model.n_layers is not None:
-        differ = [f"{k} {getattr(model, k)} -> {getattr(info, k)}" for k in _SHAPE
+    # Numbers registered before any results (from a configuration alone) may be partial:
+    # compare those that are known.
+    known = [k for k in _SHAPE if getattr(model, k) is not None]
+    if known:
+        differ = [f"{k} {getattr(model, k)} -> {getattr(info, k)}" for k in known
                   if getattr(model, k) != getattr(info, k)]
         if differ:
             raise IngestError(

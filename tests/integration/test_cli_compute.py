@@ -57,6 +57,7 @@ def test_compute_writes_every_format_with_the_same_rows(tmp_path: Path) -> None:
         else:
             got = pl.read_csv(other)
         assert got.height == frame.height
+        got = got.cast({c: frame.schema[c] for c in frame.columns})
         joined = frame.join(got, on=["metric", "layer", "component", "head", "neuron"],
                             nulls_equal=True, suffix="_o")
         assert joined.height == frame.height
