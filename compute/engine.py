@@ -105,7 +105,7 @@ def sweep(
             ctx = clean_pass(lm, chunk, needs_patterns, max_rows, tick)
             state["tokens"] += chunk.shape[0] * (seq_len - 2)
             for family in families:
-                family.on_batch(ctx, accs[family.name], opts)  # type: ignore[arg-type]
+                family.on_batch(ctx, accs[family.name], opts)
             tick(0)
             del ctx
         outputs: list[FamilyOutput] = [f.finish(lm, accs[f.name], opts, tick) for f in families]

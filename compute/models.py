@@ -98,7 +98,8 @@ class AppliedProcessing:
         }
 
 
-def effective_processing(requested: Processing, normalization_type: str | None) -> AppliedProcessing:
+def effective_processing(requested: Processing,
+                         normalization_type: str | None) -> AppliedProcessing:
     """Processing that can honestly be applied given the model's normalisation."""
     notes: list[str] = []
     center = requested.center_writing_weights
@@ -122,7 +123,8 @@ def _hooked_transformer() -> Any:
     return HookedTransformer
 
 
-def _load_state_dict_into(model: Any, state_dict: dict[str, Tensor], applied: AppliedProcessing) -> None:
+def _load_state_dict_into(model: Any, state_dict: dict[str, Tensor],
+                          applied: AppliedProcessing) -> None:
     model.load_and_process_state_dict(
         state_dict,
         fold_ln=applied.fold_ln,
@@ -263,7 +265,8 @@ class TransformerLensSource:
                 device=device, dtype=TORCH_DTYPES[spec.dtype], **kwargs)
         except OSError as exc:
             raise ModelLoadError(
-                f"could not fetch {spec.name!r} from the Hugging Face hub ({exc}). Without network, "
+                f"could not fetch {spec.name!r} from the Hugging Face hub ({exc}). "
+                "Without network, "
                 "use a local checkpoint directory or a zoo model."
             ) from exc
         return model, model.tokenizer
@@ -273,7 +276,7 @@ def _official_normalization(name: str) -> str | None:
     import transformer_lens.loading_from_pretrained as loading
 
     try:
-        return loading.get_pretrained_model_config(name).normalization_type  # type: ignore[no-any-return]
+        return loading.get_pretrained_model_config(name).normalization_type
     except Exception:  # config unavailable offline; TransformerLens decides itself then
         return "LN"
 
@@ -334,7 +337,7 @@ def resolve_model_spec(
     """Turn a user's model reference into a spec, choosing the source from the registry."""
     for source in SOURCES.values():
         if source.recognises(ref):
-            return ModelSpec(source=source.name, name=source.canonical_name(ref),  # type: ignore[arg-type]
+            return ModelSpec(source=source.name, name=source.canonical_name(ref),
                              revision=revision or _checksum(source.name, ref), dtype=dtype,
                              processing=processing or Processing())
     hint = ", ".join(zoo_names()[:8])
@@ -452,7 +455,7 @@ class LoadedModel:
         """Residual stream before block 0 (token + positional embedding as the model does it)."""
         resid, _, shortformer, _ = self.model.input_to_embed(tokens)
         self._ctx["shortformer"] = shortformer
-        return resid  # type: ignore[no-any-return]
+        return resid
 
     def run_block(
         self,
@@ -504,7 +507,7 @@ class LoadedModel:
         Same arithmetic as TransformerLens's Unembed, except that W_U^T is made contiguous once
         rather than copied on every call (16 MB per call for a 256 x 16k unembedding).
         """
-        from transformer_lens.utilities import apply_softcap  # type: ignore[attr-defined]
+        from transformer_lens.utilities import apply_softcap
 
         x = resid
         if self.cfg.normalization_type is not None:
@@ -515,7 +518,7 @@ class LoadedModel:
             self._ctx["w_u_t"] = unembed.W_U.detach().T.contiguous()
             self._ctx["w_u_t_key"] = key
         logits = torch.nn.functional.linear(x, self._ctx["w_u_t"], unembed.b_U)
-        return apply_softcap(logits, self.cfg.output_logits_soft_cap)  # type: ignore[no-any-return]
+        return apply_softcap(logits, self.cfg.output_logits_soft_cap)
 
     def forget_derived_weights(self) -> None:
         """Drop copies derived from the weights (W_U^T), e.g. after editing weights in place."""
@@ -524,10 +527,10 @@ class LoadedModel:
 
     # ---- processed weights
     def w_out(self, layer: int) -> Float[Tensor, "d_mlp d_model"]:
-        return self.model.blocks[layer].mlp.W_out.detach()  # type: ignore[no-any-return]
+        return self.model.blocks[layer].mlp.W_out.detach()
 
     def w_u(self) -> Float[Tensor, "d_model d_vocab"]:
-        return self.model.unembed.W_U.detach()  # type: ignore[no-any-return]
+        return self.model.unembed.W_U.detach()
 
     def token_strings(self, ids: list[int]) -> list[str]:
         if self.tokenizer is None:
@@ -556,7 +559,8 @@ def load_model(spec: ModelSpec, device: str = "cpu") -> LoadedModel:
         p.requires_grad_(False)
     norm = model.cfg.normalization_type
     # fold_ln rewrites LN -> LNPre in the config; report what was requested and applied.
-    applied = effective_processing(spec.processing, None if norm is None else norm.replace("Pre", ""))
+    base_norm = None if norm is None else norm.replace("Pre", "")
+    applied = effective_processing(spec.processing, base_norm)
     return LoadedModel(spec=spec, model=model, tokenizer=tokenizer, applied=applied, device=device)
 
 

@@ -10,6 +10,7 @@ import math
 import re
 from collections.abc import Iterable
 from dataclasses import astuple, dataclass
+from typing import Any
 
 import pyarrow as pa
 
@@ -100,7 +101,8 @@ class Record:
 
 def records_to_table(records: Iterable[Record]) -> pa.Table:
     rows = [astuple(r) for r in records]
-    columns = list(zip(*rows, strict=True)) if rows else [[] for _ in RECORD_COLUMNS]
+    columns: list[tuple[Any, ...]] = (list(zip(*rows, strict=True)) if rows
+                                      else [() for _ in RECORD_COLUMNS])
     return pa.table({name: pa.array(col, type=RECORD_SCHEMA.field(name).type)
                      for name, col in zip(RECORD_COLUMNS, columns, strict=True)},
                     schema=RECORD_SCHEMA)

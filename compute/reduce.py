@@ -9,8 +9,9 @@ reference distribution, in row chunks so the [tokens, vocab] intermediates stay 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -19,6 +20,7 @@ from torch import Tensor
 from compute.errors import ComputeError
 
 LN2 = math.log(2.0)
+Key = tuple[Any, ...]  # (metric, layer, component-or-head, ...) as a family chooses
 
 
 @dataclass(frozen=True)
@@ -35,10 +37,10 @@ class MeanAccumulator:
 
     def __init__(self, device: torch.device | str = "cpu") -> None:
         self._device = torch.device(device)
-        self._slots: dict[Hashable, int] = {}
+        self._slots: dict[Key, int] = {}
         self._stats = torch.zeros(0, 3, dtype=torch.float64, device=self._device)
 
-    def _slot_indices(self, keys: Sequence[Hashable]) -> Tensor:
+    def _slot_indices(self, keys: Sequence[Key]) -> Tensor:
         new = [k for k in keys if k not in self._slots]
         if new:
             for k in new:
@@ -47,11 +49,11 @@ class MeanAccumulator:
             self._stats = torch.cat([self._stats, grow])
         return torch.tensor([self._slots[k] for k in keys], device=self._device)
 
-    def add(self, key: Hashable, values: Float[Tensor, " n"]) -> None:
+    def add(self, key: Key, values: Float[Tensor, " n"]) -> None:
         """Add the per-token values of one key."""
         self.add_many([key], values.reshape(1, -1))
 
-    def add_many(self, keys: Sequence[Hashable], values: Float[Tensor, "k n"]) -> None:
+    def add_many(self, keys: Sequence[Key], values: Float[Tensor, "k n"]) -> None:
         """Add a row of per-token values for each key (one vectorised update)."""
         v = values.detach().to(torch.float64)
         update = torch.stack(
@@ -59,10 +61,10 @@ class MeanAccumulator:
         slots = self._slot_indices(keys)  # may grow (rebind) self._stats: resolve it first
         self._stats.index_add_(0, slots, update)
 
-    def keys(self) -> list[Hashable]:
+    def keys(self) -> list[Key]:
         return list(self._slots)
 
-    def result(self, key: Hashable) -> MeanStat:
+    def result(self, key: Key) -> MeanStat:
         s, ss, n = (float(x) for x in self._stats[self._slots[key]].tolist())
         if not (math.isfinite(s) and math.isfinite(ss)):
             raise ComputeError(f"non-finite values accumulated for {key!r}")
@@ -72,7 +74,7 @@ class MeanAccumulator:
         var = max((ss - n * mean * mean) / (n - 1), 0.0)
         return MeanStat(mean, math.sqrt(var / n), int(n))
 
-    def results(self) -> dict[Hashable, MeanStat]:
+    def results(self) -> dict[Key, MeanStat]:
         return {k: self.result(k) for k in self._slots}
 
 

@@ -79,8 +79,8 @@ def _center_gram(k: Tensor) -> Tensor:
     return h @ k @ h
 
 
-def _cka_from_grams(k: Tensor, l: Tensor) -> float:
-    kc, lc = _center_gram(k), _center_gram(l)
+def _cka_from_grams(k: Tensor, other: Tensor) -> float:
+    kc, lc = _center_gram(k), _center_gram(other)
     hsic = (kc * lc).sum()
     denom = torch.sqrt((kc * kc).sum() * (lc * lc).sum())
     return float(hsic / denom) if denom > 0 else 0.0

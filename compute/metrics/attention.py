@@ -31,7 +31,7 @@ def previous_token_mass(
     return diagonals.cumsum(dim=-1)
 
 
-def row_entropy_bits(pattern: Float[Tensor, "... k"]) -> Float[Tensor, "..."]:
+def row_entropy_bits(pattern: Float[Tensor, "... k"]) -> Float[Tensor, ...]:
     p = pattern.float()
     return -(torch.where(p > 0, p * p.log(), torch.zeros_like(p))).sum(-1) / LN2
 
@@ -74,9 +74,8 @@ class AttentionFamily:
     def finish(self, lm: LoadedModel, acc: MeanAccumulator, opts: EngineOptions,
                tick: Callable[[int], None]) -> FamilyOutput:
         records = []
-        for key in acc.keys():
-            metric, layer, head = key  # type: ignore[misc]
-            stat = acc.result(key)
+        for key, stat in acc.results().items():
+            metric, layer, head = key
             records.append(Record.of(f"attention.{metric}", stat.value, stat.n, layer=layer,
                                      head=head, stderr=stat.stderr))
             if metric.startswith("prev_"):

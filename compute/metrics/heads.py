@@ -77,9 +77,8 @@ class HeadsFamily:
             acc.add_many([("induction", layer, h) for h in range(lm.n_heads)], scores[layer])
         tick(1)
         records = []
-        for key in acc.keys():
-            metric, layer, head = key  # type: ignore[misc]
-            stat = acc.result(key)
+        for key, stat in acc.results().items():
+            metric, layer, head = key
             records.append(Record.of(f"heads.{metric}", stat.value, stat.n, layer=layer,
                                      head=head, stderr=stat.stderr))
         return FamilyOutput(records)

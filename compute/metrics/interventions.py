@@ -65,9 +65,8 @@ class InterventionFamily:
     def finish(self, lm: LoadedModel, acc: MeanAccumulator, opts: EngineOptions,
                tick: Callable[[int], None]) -> FamilyOutput:
         records = []
-        for key in acc.keys():
-            metric, kind, layer = key  # type: ignore[misc]
-            stat = acc.result(key)
+        for key, stat in acc.results().items():
+            metric, kind, layer = key
             records.append(Record.of(f"intervention.{metric}", stat.value, stat.n, layer=layer,
                                      component=kind, stderr=stat.stderr))
         return FamilyOutput(records)

@@ -38,9 +38,8 @@ class LogitLensFamily:
     def finish(self, lm: LoadedModel, acc: MeanAccumulator, opts: EngineOptions,
                tick: Callable[[int], None]) -> FamilyOutput:
         records = []
-        for key in acc.keys():
-            metric, point = key  # type: ignore[misc]
-            stat = acc.result(key)
+        for key, stat in acc.results().items():
+            metric, point = key
             records.append(Record.of(f"logit_lens.{metric}", stat.value, stat.n, layer=point,
                                      stderr=stat.stderr))
         return FamilyOutput(records)

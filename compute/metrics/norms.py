@@ -27,7 +27,8 @@ class NormsFamily:
 
     def on_batch(self, ctx: BatchContext, acc: MeanAccumulator, opts: EngineOptions) -> None:
         for layer in range(ctx.n_layers):
-            acc.add(("attn_out", "attn", layer), ctx.at_eval(ctx.attn_out[layer]).float().norm(dim=-1))
+            attn = ctx.at_eval(ctx.attn_out[layer]).float().norm(dim=-1)
+            acc.add(("attn_out", "attn", layer), attn)
             mlp = ctx.mlp_out[layer]
             if mlp is not None:
                 acc.add(("mlp_out", "mlp", layer), ctx.at_eval(mlp).float().norm(dim=-1))
@@ -36,9 +37,8 @@ class NormsFamily:
     def finish(self, lm: LoadedModel, acc: MeanAccumulator, opts: EngineOptions,
                tick: Callable[[int], None]) -> FamilyOutput:
         records = []
-        for key in acc.keys():
-            metric, component, layer = key  # type: ignore[misc]
-            stat = acc.result(key)
+        for key, stat in acc.results().items():
+            metric, component, layer = key
             records.append(Record.of(f"norms.{metric}", stat.value, stat.n, layer=layer,
                                      component=component, stderr=stat.stderr))
         if lm.has_mlp:

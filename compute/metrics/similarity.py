@@ -46,9 +46,8 @@ class SimilarityFamily:
     def finish(self, lm: LoadedModel, acc: MeanAccumulator, opts: EngineOptions,
                tick: Callable[[int], None]) -> FamilyOutput:
         records = []
-        for key in acc.keys():
-            metric, component, layer = key  # type: ignore[misc]
-            stat = acc.result(key)
+        for key, stat in acc.results().items():
+            metric, component, layer = key
             records.append(Record.of(f"similarity.{metric}", stat.value, stat.n, layer=layer,
                                      component=component, stderr=stat.stderr))
         return FamilyOutput(records)

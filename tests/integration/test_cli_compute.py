@@ -40,7 +40,8 @@ def test_compute_writes_every_format_with_the_same_rows(tmp_path: Path) -> None:
     assert (kl["value"] > 0).all()
     assert (frame.filter(pl.col("metric") == "intervention.kl")["n"] == 3 * 22).all()
     side = tmp_path / "r.neuron_tokens.parquet"
-    assert side.exists() and pl.read_parquet(side).height > 0
+    assert side.exists()
+    assert pl.read_parquet(side).height > 0
 
     runner = CliRunner()
     for suffix in (".json", ".csv"):

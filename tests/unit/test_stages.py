@@ -70,8 +70,10 @@ def test_missing_metrics_are_reported_not_guessed() -> None:
     records = build(CATASTROPHIC_THEN_LOW, HIGH_THEN_COLLAPSE, PRED, SUPP)
     only_lens = records.filter(pl.col("metric") == "logit_lens.kl_to_final")
     b1, b2, b3 = infer_stages(only_lens, L)
-    assert b1.layer is None and "needs" in b1.evidence["reason"]
+    assert b1.layer is None
+    assert "needs" in b1.evidence["reason"]
     assert b2.layer == 4
-    assert b3.layer is None and "needs" in b3.evidence["reason"]
+    assert b3.layer is None
+    assert "needs" in b3.evidence["reason"]
     with pytest.raises(SpecError):
         infer_stages(records.drop("value"), L)
