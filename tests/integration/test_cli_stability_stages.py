@@ -1,0 +1,87 @@
+"""`strata stability` on shipped refits and `strata stages` on computed results, end to end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import polars as pl
+import pytest
+from click.testing import CliRunner
+
+from compute.models import zoo_names
+from service.cli import main
+
+pytestmark = pytest.mark.skipif(
+    not {"tiny-4l-s0", "tiny-4l-s1", "tiny-2l-s0"} <= set(zoo_names()),
+    reason="zoo models not built")
+
+
+def test_stability_of_two_trained_refits(tmp_path: Path) -> None:
+    out = tmp_path / "stability.json"
+    result = CliRunner().invoke(main, [
+        "stability", "--family", "zoo:tiny-4l-s0", "--family", "zoo:tiny-4l-s1",
+        "--anchor", "tiny-4l-s0", "--n-prompts", "4", "--prompt-len", "32", "--n-null", "1",
+        "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    body = json.loads(out.read_text())
+    frame = pl.DataFrame(body["records"]).cast({"layer": pl.Int32, "head": pl.Int32})
+    per_layer = frame.filter(pl.col("head").is_null())
+    for metric in ("heads.stability", "heads.stability_std", "heads.stability_null",
+                   "heads.residual_cka.linear", "heads.residual_cka.rbf"):
+        rows = per_layer.filter(pl.col("metric") == metric).sort("layer")
+        assert rows["layer"].to_list() == [0, 1, 2, 3], metric
+        assert rows["value"].is_between(0.0, 1.0 + 1e-9).all(), metric
+    per_head = frame.filter((pl.col("metric") == "heads.stability")
+                            & pl.col("head").is_not_null())
+    assert per_head.height == 4 * 4
+    assert body["run"]["anchor"]["name"] == "tiny-4l-s0"
+
+
+def test_stability_refuses_a_family_of_one_and_an_unknown_anchor(tmp_path: Path) -> None:
+    runner = CliRunner()
+    alone = runner.invoke(main, ["stability", "--family", "zoo:tiny-4l-s0",
+                                 "--out", str(tmp_path / "a.json")])
+    assert alone.exit_code == 2
+    assert "at least two" in alone.output
+    wrong = runner.invoke(main, ["stability", "--family", "zoo:tiny-4l-s0", "--family",
+                                 "zoo:tiny-4l-s1", "--anchor", "nope",
+                                 "--out", str(tmp_path / "b.json")])
+    assert wrong.exit_code == 2
+    assert "--anchor" in wrong.output
+    mixed = runner.invoke(main, ["stability", "--family", "zoo:tiny-4l-s0", "--family",
+                                 "zoo:tiny-2l-s0", "--n-prompts", "2", "--prompt-len", "16",
+                                 "--out", str(tmp_path / "c.json")])
+    assert mixed.exit_code == 2
+    assert "architecture" in mixed.output
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_stages_from_computed_results(tmp_path: Path) -> None:
+    runner = CliRunner()
+    results = tmp_path / "r.parquet"
+    computed = runner.invoke(main, ["compute", "--model", "zoo:tiny-4l-s0", "--n-sequences", "4",
+                                    "--seq-len", "32", "--metrics",
+                                    "intervention,logit_lens,neurons", "--quiet",
+                                    "--out", str(results)])
+    assert computed.exit_code == 0, computed.output
+    printed = runner.invoke(main, ["stages", "--results", str(results)])
+    assert printed.exit_code == 0, printed.output
+    body = json.loads(printed.output[printed.output.index("{"):])
+    assert body["n_layers"] == 4
+    assert [b["boundary"] for b in body["boundaries"]] == [1, 2, 3]
+    for b in body["boundaries"]:
+        assert b["clear"] == (b["layer"] is not None)
+        assert b["rule"]
+        assert b["evidence"]
+    # The shipped 4-layer model's layer-0 drop is catastrophic: boundary 1 is placed.
+    assert body["boundaries"][0]["clear"]
+    out = tmp_path / "stages.csv"
+    written = runner.invoke(main, ["stages", "--results", str(results), "--out", str(out)])
+    assert written.exit_code == 0, written.output
+    rows = pl.read_csv(out)
+    clear = [b for b in body["boundaries"] if b["clear"]]
+    assert rows.height == len(clear)
+    assert set(rows["metric"]) <= {"stages.boundary_1", "stages.boundary_2", "stages.boundary_3"}
+    missing = runner.invoke(main, ["stages", "--results", str(tmp_path / "none.parquet")])
+    assert missing.exit_code == 2
