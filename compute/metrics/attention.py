@@ -14,7 +14,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from compute.metrics.base import BatchContext, EngineOptions, FamilyOutput
+from compute.metrics.base import BatchContext, EngineOptions, FamilyBase, FamilyOutput
 from compute.models import LoadedModel
 from compute.records import Record
 from compute.reduce import LN2, MeanAccumulator
@@ -36,15 +36,10 @@ def row_entropy_bits(pattern: Float[Tensor, "... k"]) -> Float[Tensor, ...]:
     return -(torch.where(p > 0, p * p.log(), torch.zeros_like(p))).sum(-1) / LN2
 
 
-class AttentionFamily:
+class AttentionFamily(FamilyBase):
     name = "attention"
     needs_patterns = True
-
-    def units_per_batch(self, lm: LoadedModel) -> int:
-        return 0
-
-    def units_at_finish(self, lm: LoadedModel, opts: EngineOptions) -> int:
-        return 0
+    key_fields = ("metric", "layer", "head")
 
     def on_batch(self, ctx: BatchContext, acc: MeanAccumulator, opts: EngineOptions) -> None:
         assert ctx.patterns is not None  # the engine captures patterns when a family needs them
@@ -73,14 +68,11 @@ class AttentionFamily:
 
     def finish(self, lm: LoadedModel, acc: MeanAccumulator, opts: EngineOptions,
                tick: Callable[[int], None]) -> FamilyOutput:
-        records = []
-        for key, stat in acc.results().items():
-            metric, layer, head = key
-            records.append(Record.of(f"attention.{metric}", stat.value, stat.n, layer=layer,
-                                     head=head, stderr=stat.stderr))
-            if metric.startswith("prev_"):
-                k = int(metric.split("_")[1])
-                records.append(Record.of(f"attention.{metric}_mean", stat.value / k, stat.n,
-                                         layer=layer, head=head,
-                                         stderr=None if stat.stderr is None else stat.stderr / k))
+        records = super().finish(lm, acc, opts, tick).records
+        for r in list(records):
+            if r.metric.startswith("attention.prev_"):  # the per-entry mean, as some code reports
+                k = int(r.metric.removeprefix("attention.prev_"))
+                records.append(Record.of(f"{r.metric}_mean", r.value / k, r.n, layer=r.layer,
+                                         head=r.head,
+                                         stderr=None if r.stderr is None else r.stderr / k))
         return FamilyOutput(records)

@@ -102,6 +102,40 @@ def cosine_per_token(a: Tensor, b: Tensor) -> Tensor:
     return torch.nn.functional.cosine_similarity(a.float(), b.float(), dim=-1, eps=1e-12)
 
 
+def accumulated_records(family: str, acc: MeanAccumulator,
+                        key_fields: tuple[str, ...]) -> list[Record]:
+    """One record per accumulated key. `key_fields` names the key's parts: "metric" (the name
+    within the family) and any of "layer", "component", "head"."""
+    records = []
+    for key, stat in acc.results().items():
+        fields = dict(zip(key_fields, key, strict=True))
+        metric = fields.pop("metric")
+        records.append(Record.of(f"{family}.{metric}", stat.value, stat.n, stderr=stat.stderr,
+                                 **fields))
+    return records
+
+
+class FamilyBase:
+    """Defaults for a family: no work per batch, records straight from the accumulator."""
+
+    name: str
+    needs_patterns = False
+    key_fields: tuple[str, ...] = ("metric", "layer")
+
+    def units_per_batch(self, lm: LoadedModel) -> int:
+        return 0
+
+    def units_at_finish(self, lm: LoadedModel, opts: EngineOptions) -> int:
+        return 0
+
+    def on_batch(self, ctx: BatchContext, acc: MeanAccumulator, opts: EngineOptions) -> None:
+        return None
+
+    def finish(self, lm: LoadedModel, acc: MeanAccumulator, opts: EngineOptions,
+               tick: Callable[[int], None]) -> FamilyOutput:
+        return FamilyOutput(accumulated_records(self.name, acc, self.key_fields))
+
+
 class Family(Protocol):
     """A metric family: `units_per_batch` for progress, `on_batch`, then `finish`."""
 

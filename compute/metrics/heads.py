@@ -14,9 +14,8 @@ from collections.abc import Callable
 
 import torch
 
-from compute.metrics.base import BatchContext, EngineOptions, FamilyOutput
+from compute.metrics.base import BatchContext, EngineOptions, FamilyBase, FamilyOutput
 from compute.models import LoadedModel
-from compute.records import Record
 from compute.reduce import MeanAccumulator
 from compute.tokens import random_repeated_tokens
 
@@ -40,9 +39,9 @@ def induction_scores(lm: LoadedModel, opts: EngineOptions) -> torch.Tensor:
     return torch.stack(scores)
 
 
-class HeadsFamily:
+class HeadsFamily(FamilyBase):
     name = "heads"
-    needs_patterns = False
+    key_fields = ("metric", "layer", "head")
 
     def units_per_batch(self, lm: LoadedModel) -> int:
         return lm.n_layers
@@ -76,9 +75,4 @@ class HeadsFamily:
         for layer in range(lm.n_layers):
             acc.add_many([("induction", layer, h) for h in range(lm.n_heads)], scores[layer])
         tick(1)
-        records = []
-        for key, stat in acc.results().items():
-            metric, layer, head = key
-            records.append(Record.of(f"heads.{metric}", stat.value, stat.n, layer=layer,
-                                     head=head, stderr=stat.stderr))
-        return FamilyOutput(records)
+        return super().finish(lm, acc, opts, tick)

@@ -7,13 +7,10 @@ of the existing blocks (no weights are moved or reloaded).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
-from compute.metrics.base import BatchContext, EngineOptions, FamilyOutput
+from compute.metrics.base import BatchContext, EngineOptions, FamilyBase
 from compute.models import LoadedModel
-from compute.records import Record
 from compute.reduce import MeanAccumulator, TokenStats
 
 KINDS = ("drop", "swap", "drop_attn", "drop_mlp")
@@ -33,15 +30,12 @@ def _add(acc: MeanAccumulator, kind: str, layer: int | None, q: TokenStats,
     acc.add_many([(m, kind, layer) for m in METRICS], values)
 
 
-class InterventionFamily:
+class InterventionFamily(FamilyBase):
     name = "intervention"
-    needs_patterns = False
+    key_fields = ("metric", "component", "layer")
 
     def units_per_batch(self, lm: LoadedModel) -> int:
         return 1 + len(_kinds(lm)) * lm.n_layers - 1
-
-    def units_at_finish(self, lm: LoadedModel, opts: EngineOptions) -> int:
-        return 0
 
     def on_batch(self, ctx: BatchContext, acc: MeanAccumulator, opts: EngineOptions) -> None:
         lm, n_layers = ctx.lm, ctx.n_layers
@@ -61,12 +55,3 @@ class InterventionFamily:
             for kind, run in runs.items():
                 _add(acc, kind, layer, ctx.compare(run(), f"{kind} at layer {layer}"), ctx)
                 ctx.tick(1)
-
-    def finish(self, lm: LoadedModel, acc: MeanAccumulator, opts: EngineOptions,
-               tick: Callable[[int], None]) -> FamilyOutput:
-        records = []
-        for key, stat in acc.results().items():
-            metric, kind, layer = key
-            records.append(Record.of(f"intervention.{metric}", stat.value, stat.n, layer=layer,
-                                     component=kind, stderr=stat.stderr))
-        return FamilyOutput(records)

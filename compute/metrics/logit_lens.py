@@ -6,27 +6,20 @@ point L reproduces the model's own output and `kl_to_final` is exactly 0 there.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
-from compute.metrics.base import BatchContext, EngineOptions, FamilyOutput
+from compute.metrics.base import BatchContext, EngineOptions, FamilyBase
 from compute.models import LoadedModel
-from compute.records import Record
 from compute.reduce import MeanAccumulator
 
 METRICS = ("kl_to_final", "entropy", "top1_agreement", "loss")
 
 
-class LogitLensFamily:
+class LogitLensFamily(FamilyBase):
     name = "logit_lens"
-    needs_patterns = False
 
     def units_per_batch(self, lm: LoadedModel) -> int:
         return lm.n_layers + 1
-
-    def units_at_finish(self, lm: LoadedModel, opts: EngineOptions) -> int:
-        return 0
 
     def on_batch(self, ctx: BatchContext, acc: MeanAccumulator, opts: EngineOptions) -> None:
         for point in range(ctx.n_layers + 1):
@@ -34,12 +27,3 @@ class LogitLensFamily:
             values = torch.stack([q.kl[0], q.entropy_bits[0], q.agree[0], q.loss[0]])
             acc.add_many([(m, point) for m in METRICS], values)
             ctx.tick(1)
-
-    def finish(self, lm: LoadedModel, acc: MeanAccumulator, opts: EngineOptions,
-               tick: Callable[[int], None]) -> FamilyOutput:
-        records = []
-        for key, stat in acc.results().items():
-            metric, point = key
-            records.append(Record.of(f"logit_lens.{metric}", stat.value, stat.n, layer=point,
-                                     stderr=stat.stderr))
-        return FamilyOutput(records)

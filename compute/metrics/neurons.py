@@ -14,7 +14,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from compute.metrics.base import EngineOptions, FamilyOutput, NeuronTokens
+from compute.metrics.base import EngineOptions, FamilyBase, FamilyOutput, NeuronTokens
 from compute.models import LoadedModel
 from compute.records import Record
 from compute.reduce import MeanAccumulator
@@ -60,18 +60,11 @@ def classify(moments: Float[Tensor, "4 n"]) -> dict[str, Tensor]:
             "partition": var > PARTITION_VARIANCE}
 
 
-class NeuronsFamily:
+class NeuronsFamily(FamilyBase):
     name = "neurons"
-    needs_patterns = False
-
-    def units_per_batch(self, lm: LoadedModel) -> int:
-        return 0
 
     def units_at_finish(self, lm: LoadedModel, opts: EngineOptions) -> int:
         return lm.n_layers if lm.has_mlp else 0
-
-    def on_batch(self, ctx: object, acc: MeanAccumulator, opts: EngineOptions) -> None:
-        return None
 
     def finish(self, lm: LoadedModel, acc: MeanAccumulator, opts: EngineOptions,
                tick: Callable[[int], None]) -> FamilyOutput:

@@ -9,21 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from compute.metrics.base import BatchContext, EngineOptions, FamilyOutput
+from compute.metrics.base import BatchContext, EngineOptions, FamilyBase, FamilyOutput
 from compute.models import LoadedModel
 from compute.records import Record
 from compute.reduce import MeanAccumulator
 
 
-class NormsFamily:
+class NormsFamily(FamilyBase):
     name = "norms"
-    needs_patterns = False
-
-    def units_per_batch(self, lm: LoadedModel) -> int:
-        return 0
-
-    def units_at_finish(self, lm: LoadedModel, opts: EngineOptions) -> int:
-        return 0
+    key_fields = ("metric", "component", "layer")
 
     def on_batch(self, ctx: BatchContext, acc: MeanAccumulator, opts: EngineOptions) -> None:
         for layer in range(ctx.n_layers):
@@ -36,11 +30,7 @@ class NormsFamily:
 
     def finish(self, lm: LoadedModel, acc: MeanAccumulator, opts: EngineOptions,
                tick: Callable[[int], None]) -> FamilyOutput:
-        records = []
-        for key, stat in acc.results().items():
-            metric, component, layer = key
-            records.append(Record.of(f"norms.{metric}", stat.value, stat.n, layer=layer,
-                                     component=component, stderr=stat.stderr))
+        records = super().finish(lm, acc, opts, tick).records
         if lm.has_mlp:
             for layer in range(lm.n_layers):
                 attn = acc.result(("attn_out", "attn", layer))

@@ -7,25 +7,19 @@ attention and MLP writes there are compared with the clean writes of blocks l+1 
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
-from compute.metrics.base import BatchContext, EngineOptions, FamilyOutput, cosine_per_token
+from compute.metrics.base import BatchContext, EngineOptions, FamilyBase, cosine_per_token
 from compute.models import LoadedModel
-from compute.records import Record
 from compute.reduce import MeanAccumulator
 
 
-class SimilarityFamily:
+class SimilarityFamily(FamilyBase):
     name = "similarity"
-    needs_patterns = False
+    key_fields = ("metric", "component", "layer")
 
     def units_per_batch(self, lm: LoadedModel) -> int:
         return max(lm.n_layers - 1, 0)
-
-    def units_at_finish(self, lm: LoadedModel, opts: EngineOptions) -> int:
-        return 0
 
     def on_batch(self, ctx: BatchContext, acc: MeanAccumulator, opts: EngineOptions) -> None:
         for layer in range(ctx.n_layers - 1):
@@ -42,12 +36,3 @@ class SimilarityFamily:
                 acc.add_many([(m, component, layer) for m in ("self", "index", "adjacent")],
                              values)
             ctx.tick(1)
-
-    def finish(self, lm: LoadedModel, acc: MeanAccumulator, opts: EngineOptions,
-               tick: Callable[[int], None]) -> FamilyOutput:
-        records = []
-        for key, stat in acc.results().items():
-            metric, component, layer = key
-            records.append(Record.of(f"similarity.{metric}", stat.value, stat.n, layer=layer,
-                                     component=component, stderr=stat.stderr))
-        return FamilyOutput(records)
