@@ -268,6 +268,10 @@ def load_tokens(
                 f"seq_len={spec.seq_len} exceeds the model's context n_ctx={n_ctx}; "
                 f"use seq_len <= {n_ctx}"
             )
+        if tokenizer is None:
+            raise TokenSpecError(
+                "this model has no tokenizer, so text cannot be tokenized for it; give "
+                "pre-tokenized ids as a .npy file (--tokens)")
         if spec.source == "builtin":
             documents = builtin_corpus_documents()
         elif spec.source == "corpus":

@@ -175,3 +175,12 @@ def test_random_repeated_tokens_structure() -> None:
     assert not torch.equal(tokens, random_repeated_tokens(8, 20, 7, 3, seed=2))
     with pytest.raises(TokenSpecError):
         random_repeated_tokens(0, 4, 7, 3, seed=0)
+
+
+def test_text_sources_need_a_tokenizer() -> None:
+    from compute.errors import TokenSpecError
+    from compute.tokens import TokenSpec, load_tokens
+
+    spec = TokenSpec(source="builtin", n_sequences=2, seq_len=16)
+    with pytest.raises(TokenSpecError, match="no tokenizer"):
+        load_tokens(spec, None, bos_token_id=0, d_vocab=100, n_ctx=64)
