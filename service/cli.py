@@ -189,24 +189,87 @@ def _write_outputs(result: Any, out: Path) -> None:
 @click.option("--n-null", type=int, default=3, show_default=True,
               help="randomly initialised models for the null baseline")
 @click.option("--device", default="cpu", show_default=True)
-@click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False))
+@click.option("--out", "out_path", type=click.Path(dir_okay=False),
+              help="output file: .parquet, .json, .csv or .arrow")
+@click.option("--store", is_flag=True,
+              help="also store the comparison in the results store (STRATA_DATABASE), as the "
+                   "refit family --name")
+@click.option("--name", "family_name", default=None,
+              help="the refit family's name in the store (default: the members' common name "
+                   "prefix, e.g. tiny-4l for tiny-4l-s0, tiny-4l-s1)")
 def stability(members: tuple[str, ...], anchor: str | None, n_prompts: int, prompt_len: int,
-              n_null: int, device: str, out_path: str) -> None:
+              n_null: int, device: str, out_path: str | None, store: bool,
+              family_name: str | None) -> None:
     """Attention-head stability and residual CKA across refits of one architecture."""
+    import time
+
     from service.exports import format_for_path, write_atomic
 
-    out = Path(out_path)
-    fmt = format_for_path(out)
-    if fmt is None:
+    if out_path is None and not store:
+        fail("give --out FILE (.parquet, .json, .csv, .arrow) and/or --store", EXIT_BAD_INPUT)
+        return
+    out = Path(out_path) if out_path else None
+    fmt = format_for_path(out) if out is not None else None
+    if out is not None and fmt is None:
         fail(f"--out {out}: unknown format; use .parquet, .json, .csv or .arrow", EXIT_BAD_INPUT)
         return
     try:
-        table, meta = _stability(list(members), anchor, n_prompts, prompt_len, n_null, device)
+        if store:  # fail before computing if the results could not be stored
+            check_store_writable(get_settings())
+        start = time.perf_counter()
+        table, meta, loaded = _stability(list(members), anchor, n_prompts, prompt_len, n_null,
+                                         device)
+        wall_s = time.perf_counter() - start
     except StrataError as exc:
         fail(str(exc), exit_code_of(exc))
         return
-    write_atomic(out, fmt.encode(table, meta))
-    click.echo(f"wrote {table.num_rows} records to {out}", err=True)
+    if out is not None and fmt is not None:
+        write_atomic(out, fmt.encode(table, meta))
+        click.echo(f"wrote {table.num_rows} records to {out}", err=True)
+    if store:
+        name = family_name or _family_name([spec.name for spec, _ in loaded["members"]])
+        try:
+            summary = _store_stability(name, table, loaded, device, wall_s)
+        except StrataError as exc:
+            fail(str(exc), exit_code_of(exc))
+            return
+        click.echo(f"stored refit family {name!r} (stability run {summary.run_id}) in "
+                   f"{get_settings().database}", err=True)
+
+
+def _family_name(names: list[str]) -> str:
+    """The members' common name prefix without a trailing seed marker (tiny-4l-s0, tiny-4l-s1
+    -> tiny-4l); the first member's name when they share none."""
+    import re
+
+    short = [Path(n).name for n in names]
+    common = short[0]
+    for name in short[1:]:
+        while not name.startswith(common):
+            common = common[:-1]
+    prefix = re.sub(r"[-_.]?(s|seed)?[-_.]*$", "", common)
+    return prefix or f"{short[0]}-refits"
+
+
+def _store_stability(name: str, table: Any, loaded: dict[str, Any], device: str,
+                     wall_s: float) -> Any:
+    import platform
+
+    import torch
+
+    from compute.run import CODE_VERSION
+    from service.store import Store
+    from service.store.migrate import ensure_current
+    from service.store.stability import StabilityResult, ingest_stability
+
+    result = StabilityResult(
+        family=name, anchor=loaded["anchor"], members=loaded["members"], records=table,
+        options=loaded["options"], prompts=loaded["prompts"], device=device, wall_s=wall_s,
+        environment={"torch": torch.__version__, "python": platform.python_version(),
+                     "strata": CODE_VERSION})
+    with Store.open(get_settings().database) as opened:
+        ensure_current(opened)
+        return ingest_stability(opened, result)
 
 
 def _expand_family(members: list[str]) -> list[str]:
@@ -221,7 +284,7 @@ def _expand_family(members: list[str]) -> list[str]:
 
 
 def _stability(members: list[str], anchor: str | None, n_prompts: int, prompt_len: int,
-               n_null: int, device: str) -> tuple[Any, dict[str, Any]]:
+               n_null: int, device: str) -> tuple[Any, dict[str, Any], dict[str, Any]]:
     from compute.models import load_model, resolve_model_spec
     from compute.records import records_to_table, validate_records
     from compute.stability import StabilityOptions, stability_records
@@ -251,7 +314,12 @@ def _stability(members: list[str], anchor: str | None, n_prompts: int, prompt_le
     meta = {"family": [specs[r].model_dump(mode="json") for r in refs],
             "anchor": specs[anchor_ref].model_dump(mode="json"),
             "options": opts.model_dump(mode="json"), "prompts": token_spec.model_dump(mode="json")}
-    return table, meta
+    others = iter(refits)
+    loaded = {"anchor": specs[anchor_ref], "options": opts.model_dump(mode="json"),
+              "prompts": token_spec,
+              "members": [(specs[r], (anchor_lm if r == anchor_ref else next(others)).describe())
+                          for r in refs]}
+    return table, meta, loaded
 
 
 @main.command()
@@ -350,6 +418,42 @@ def zoo_train(name: str | None, n_layers: int, d_model: int, n_heads: int, n_ctx
         tokenizer_dir = path  # refits share one tokenizer
         meta = json.loads((path / "strata_zoo.json").read_text())
         click.echo(f"{model_name}: val_loss={meta.get('val_loss')} nats/token -> {path}")
+
+
+@main.command()
+@click.option("--host", default=None, help="address to listen on (default: STRATA_HOST, "
+              "127.0.0.1)")
+@click.option("--port", type=click.IntRange(0, 65535), default=None,
+              help="port (default: STRATA_PORT, 8000)")
+@click.option("--access-log", is_flag=True, help="log every request")
+@click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]),
+              default="info", show_default=True)
+def serve(host: str | None, port: int | None, access_log: bool, log_level: str) -> None:
+    """Serve the results over HTTP (the API). This process holds the database for as long as it
+    runs: other processes send it work instead of opening the file."""
+    import uvicorn
+
+    from service.api.app import create_app
+    from service.store import Store
+    from service.store.migrate import ensure_current
+
+    settings = get_settings()
+    try:
+        store = Store.open(settings.database, threads=settings.api.duckdb_threads)
+    except StrataError as exc:
+        fail(str(exc), exit_code_of(exc))
+        return
+    try:
+        ensure_current(store)
+        app = create_app(settings, store)
+        click.echo(f"serving {settings.database} on http://{host or settings.host}:"
+                   f"{settings.port if port is None else port} (docs: /schema)", err=True)
+        uvicorn.run(app, host=host or settings.host, port=settings.port if port is None else port,
+                    log_level=log_level, access_log=access_log, workers=1)
+    except StrataError as exc:
+        fail(str(exc), exit_code_of(exc))
+    finally:
+        store.close()
 
 
 main.add_command(db)

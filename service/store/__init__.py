@@ -7,6 +7,8 @@
     registry.py      registering models and token sources
     runs.py          a run's lifecycle (queued, running, failed)
     ingest.py        a run's results in, all at once or not at all
+    stages.py        stage boundaries inferred from a run's records, stored at its ingest
+    stability.py     a refit family's stability comparison in (members, family, run)
     repositories.py  the queries the API serves
 
 Importing the package stays light (no torch): `ingest`, `rows` and `repositories` are imported

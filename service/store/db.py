@@ -130,7 +130,7 @@ class Store:
             with self._cursor_lock:
                 if self._root is None:
                     self._root = self.engine.raw_connection()
-                cursor = raw_connection(self._root).cursor()
+                cursor = duckdb_connection(self._root).cursor()
                 self._cursors.append(cursor)
             self._local.cursor = cursor
         return cursor
@@ -153,6 +153,17 @@ class Store:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close()
+
+
+def duckdb_connection(conn: Any) -> Any:
+    """The `duckdb.DuckDBPyConnection` itself under a pool connection.
+
+    duckdb-engine wraps it (`ConnectionWrapper`), forwarding attribute access to it but not
+    `cursor()`, which it answers with a DB-API cursor on the *same* connection. A DuckDB cursor
+    (another connection to the same database) comes from the wrapped connection.
+    """
+    wrapper = raw_connection(conn)
+    return getattr(wrapper, "_ConnectionWrapper__c", wrapper)
 
 
 def raw_connection(conn: Any) -> Any:

@@ -10,6 +10,7 @@ and the cost of a query does not grow with the number of runs stored.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -34,7 +35,7 @@ NeuronClass = Literal["prediction", "suppression", "partition"]
 RECORD_SELECT = "metric, layer, component, head, neuron, value, stderr, n, unit, relative_depth"
 
 
-def _frame(conn: sa.Connection, sql: str, params: Sequence[Any] = ()) -> pl.DataFrame:
+def _frame(conn: Any, sql: str, params: Sequence[Any] = ()) -> pl.DataFrame:
     return raw_connection(conn).sql(sql, params=list(params) or None).pl()
 
 
@@ -58,6 +59,54 @@ def list_models(conn: sa.Connection) -> list[RegisteredModel]:
                                     .order_by(RegisteredModel.name, RegisteredModel.id)))
 
 
+def filter_models(conn: sa.Connection, *, source: str | None = None,
+                  refit_family: str | None = None, architecture: str | None = None,
+                  name: str | None = None, min_layers: int | None = None,
+                  max_layers: int | None = None, limit: int = 100, offset: int = 0
+                  ) -> tuple[list[RegisteredModel], int]:
+    """A page of models (by name, then id) matching every filter given, and how many match.
+
+    `refit_family`: members of that refit family; `architecture`: case-insensitive equality;
+    `min_layers` / `max_layers`: inclusive bounds (models whose layer count is not known yet
+    match neither).
+    """
+    query = sa.select(RegisteredModel)
+    if source is not None:
+        query = query.where(RegisteredModel.source == source)
+    if name is not None:
+        query = query.where(RegisteredModel.name == name)
+    if architecture is not None:
+        query = query.where(sa.func.lower(RegisteredModel.architecture) == architecture.lower())
+    if min_layers is not None:
+        query = query.where(RegisteredModel.n_layers >= min_layers)
+    if max_layers is not None:
+        query = query.where(RegisteredModel.n_layers <= max_layers)
+    if refit_family is not None:
+        members = (sa.select(RefitFamilyMember.model_id)
+                   .join(RefitFamily, RefitFamily.id == RefitFamilyMember.family_id)
+                   .where(RefitFamily.name == refit_family))
+        query = query.where(RegisteredModel.id.in_(members))
+    with Session(bind=conn) as session:
+        total = session.scalar(sa.select(sa.func.count()).select_from(query.subquery())) or 0
+        page = session.scalars(query.order_by(RegisteredModel.name, RegisteredModel.id)
+                               .limit(limit).offset(offset))
+        return list(page), int(total)
+
+
+def model_families(conn: sa.Connection, model_ids: Sequence[int]) -> dict[int, list[str]]:
+    """model id -> names of the refit families it belongs to."""
+    if not model_ids:
+        return {}
+    rows = conn.execute(sa.select(RefitFamilyMember.model_id, RefitFamily.name)
+                        .join(RefitFamily, RefitFamily.id == RefitFamilyMember.family_id)
+                        .where(RefitFamilyMember.model_id.in_(list(model_ids)))
+                        .order_by(RefitFamily.name)).all()
+    out: dict[int, list[str]] = {}
+    for model_id, name in rows:
+        out.setdefault(int(model_id), []).append(name)
+    return out
+
+
 def get_model(conn: sa.Connection, model_id: int) -> RegisteredModel | None:
     with Session(bind=conn) as session:
         return session.get(RegisteredModel, model_id)
@@ -76,17 +125,34 @@ def get_run(conn: sa.Connection, run_id: int) -> Run | None:
         return session.get(Run, run_id)
 
 
-def list_runs(conn: sa.Connection, *, model_id: int | None = None, status: str | None = None,
-              metric_version: str | None = None, limit: int = 100, offset: int = 0) -> list[Run]:
-    query = sa.select(Run).order_by(Run.id.desc()).limit(limit).offset(offset)
+def _run_filters(query: sa.Select[Any], model_id: int | None, status: str | None,
+                 metric_version: str | None, family: str | None) -> sa.Select[Any]:
     if model_id is not None:
         query = query.where(Run.model_id == model_id)
     if status is not None:
         query = query.where(Run.status == status)
     if metric_version is not None:
         query = query.where(Run.metric_version == metric_version)
+    if family is not None:
+        query = query.where(sa.func.list_contains(sa.cast(Run.families, sa.ARRAY(sa.String)),
+                                                  family))
+    return query
+
+
+def list_runs(conn: sa.Connection, *, model_id: int | None = None, status: str | None = None,
+              metric_version: str | None = None, family: str | None = None, limit: int = 100,
+              offset: int = 0) -> list[Run]:
+    """Runs, newest first, matching every filter given (`family`: computed that family)."""
+    query = _run_filters(sa.select(Run), model_id, status, metric_version, family)
     with Session(bind=conn) as session:
-        return list(session.scalars(query))
+        return list(session.scalars(query.order_by(Run.id.desc()).limit(limit).offset(offset)))
+
+
+def count_runs(conn: sa.Connection, *, model_id: int | None = None, status: str | None = None,
+               metric_version: str | None = None, family: str | None = None) -> int:
+    query = _run_filters(sa.select(sa.func.count()).select_from(Run), model_id, status,
+                         metric_version, family)
+    return int(conn.execute(query).scalar() or 0)
 
 
 def current_runs(conn: sa.Connection, *, family: str | None = None,
@@ -202,10 +268,88 @@ def _unit(moment: str) -> str:
     return unit
 
 
+def rows_of_runs(conn: Any, run_ids: Sequence[int], metrics: Sequence[str], *,
+                 component: str | None = None, layer_min: int | None = None,
+                 layer_max: int | None = None, heads: bool = False) -> pl.DataFrame:
+    """Record rows of `metrics` in the given runs, per layer (`heads=False`: head and neuron
+    null) or per head, with `run_id` and relative depth; ordered by run, metric, component,
+    layer, head. `conn` may be a SQLAlchemy connection or a DuckDB cursor (`Store.cursor()`).
+
+    Every value from the caller is a bound parameter; run ids are ints, inlined so that DuckDB's
+    zone maps prune other runs' row groups.
+    """
+    if not run_ids or not metrics:
+        return _frame(conn, f"SELECT NULL::BIGINT AS run_id, {RECORD_SELECT} FROM results "
+                            "WHERE FALSE")
+    where = [f"metric IN ({', '.join('?' for _ in metrics)})",
+             "head IS NOT NULL" if heads else "head IS NULL", "neuron IS NULL"]
+    params: list[Any] = list(metrics)
+    for clause, value in (("component = ?", component), ("layer >= ?", layer_min),
+                          ("layer <= ?", layer_max)):
+        if value is not None:
+            where.append(clause)
+            params.append(value)
+    per_run = [f"SELECT {int(run)}::BIGINT AS run_id, {RECORD_SELECT} FROM results "
+               f"WHERE run_id = {int(run)} AND {' AND '.join(where)}" for run in run_ids]
+    return _frame(conn, f"""
+        {' UNION ALL '.join(per_run)}
+        ORDER BY run_id, metric, component NULLS FIRST, layer NULLS FIRST, head""",
+                  params * len(run_ids))
+
+
+def all_rows_of_run(conn: Any, run_id: int) -> pl.DataFrame:
+    """Every per-layer and per-head record row of a run (not per-neuron), in the column order
+    of `rows_of_runs`, sorted by metric, component, layer, head: what a serving process keeps
+    in memory for a run it serves often."""
+    return _frame(conn, f"""
+        SELECT {int(run_id)}::BIGINT AS run_id, {RECORD_SELECT} FROM results
+        WHERE run_id = {int(run_id)} AND neuron IS NULL
+        ORDER BY metric, component NULLS FIRST, layer NULLS FIRST, head""")
+
+
+# --------------------------------------------------------------------------- serving indexes
+
+
+def model_index(conn: Any) -> pl.DataFrame:
+    """Every model's id, name and layer count: what a serving process resolves names with."""
+    return _frame(conn, "SELECT id, name, n_layers FROM models ORDER BY id")
+
+
+def run_index(conn: Any) -> pl.DataFrame:
+    """Every run's id, model, status, metric version, families, finish time and refit family
+    (stability runs), and whether stage boundaries were stored for it: what a serving process
+    picks "current" runs with."""
+    return _frame(conn, """
+        SELECT r.id, r.model_id, r.status, r.metric_version,
+               CAST(r.families AS VARCHAR[]) AS families, r.finished_at,
+               json_extract_string(r.config, '$.refit_family') AS refit_family,
+               EXISTS (SELECT 1 FROM stage_boundaries s WHERE s.run_id = r.id) AS has_stages
+        FROM runs r ORDER BY r.id""")
+
+
+def boundaries_of_runs(conn: Any, run_ids: Sequence[int]) -> list[dict[str, Any]]:
+    """Stage boundaries of the given runs (evidence decoded), by run and boundary."""
+    if not run_ids:
+        return []
+    frame = _frame(conn, f"""
+        SELECT run_id, boundary, found, layer, relative_depth, rule, evidence::VARCHAR AS evidence
+        FROM stage_boundaries WHERE run_id IN ({_ids(run_ids)}) ORDER BY run_id, boundary""")
+    rows = frame.to_dicts()
+    for row in rows:
+        row["evidence"] = json.loads(row["evidence"]) if row["evidence"] else {}
+    return rows
+
+
+def family_by_name(conn: sa.Connection, name: str) -> RefitFamily | None:
+    with Session(bind=conn) as session:
+        return session.scalars(sa.select(RefitFamily).where(RefitFamily.name == name)
+                               ).one_or_none()
+
+
 # --------------------------------------------------------------------------- neurons and heads
 
 
-def neurons(conn: sa.Connection, run_id: int, *, layer: int | None = None,
+def neurons(conn: Any, run_id: int, *, layer: int | None = None,
             neuron_class: NeuronClass | None = None, top_k: int | None = 20,
             with_tokens: bool = True) -> pl.DataFrame:
     """A run's neurons with moments and class flags, optionally of one layer and class.

@@ -39,7 +39,7 @@ def infer_boundaries(records: pa.Table, families: tuple[str, ...] | list[str],
                      n_layers: int) -> list[dict[str, Any]]:
     """The boundaries of a run as `stage_boundaries` rows (no ids yet); none when the run lacks
     a family the rule reads or the model is too shallow for stages."""
-    if not STAGE_FAMILIES <= set(families):
+    if not set(families) >= STAGE_FAMILIES:
         return []
     try:
         boundaries = infer_stages(pl.from_arrow(records), n_layers)  # type: ignore[arg-type]

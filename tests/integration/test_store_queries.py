@@ -108,6 +108,8 @@ def test_stages_and_families(store: Store, filled: dict[str, int]) -> None:
     from sqlalchemy.orm import Session
 
     with store.write() as conn, Session(bind=conn) as session:
+        # replace the boundaries inferred at ingest with hand-made ones
+        session.query(StageBoundary).filter(StageBoundary.run_id == filled["a_latest"]).delete()
         session.add_all([
             StageBoundary(run_id=filled["a_latest"], model_id=filled["model_a"], boundary=1,
                           found=True, layer=1, relative_depth=0.5, rule="drop-kl-fall",
@@ -125,7 +127,9 @@ def test_stages_and_families(store: Store, filled: dict[str, int]) -> None:
         stages = repo.stage_boundaries(conn, model_id=filled["model_a"])
         assert [(s.boundary, s.found, s.layer) for s in stages] == [(1, True, 1), (2, False, None)]
         assert stages[0].evidence == {"kl": [3.0, 0.2]}
-        assert repo.stage_boundaries(conn, model_id=filled["model_b"]) == []
+        # model b's boundaries are the ones inferred at ingest
+        assert [s.boundary for s in repo.stage_boundaries(conn, model_id=filled["model_b"])
+                ] == [1, 2, 3]
         [family] = repo.list_families(conn)
         assert [m.name for m in repo.family_members(conn, family.id)] == ["rand-3l", "rand-b"]
 
@@ -135,11 +139,15 @@ def test_reingest_drops_stages_inferred_from_the_old_rows(store: Store, run_resu
     from sqlalchemy.orm import Session
 
     summary = ingest_result(store, run_result)
+    assert summary.stage_boundaries == 3  # inferred at ingest (intervention, lens, neurons)
     with store.write() as conn, Session(bind=conn) as session:
+        session.query(StageBoundary).filter(StageBoundary.run_id == summary.run_id).delete()
         session.add(StageBoundary(run_id=summary.run_id, model_id=summary.model_id, boundary=3,
-                                  found=True, layer=2, relative_depth=1.0, rule="r",
+                                  found=True, layer=2, relative_depth=1.0, rule="stale",
                                   evidence={}))
         session.flush()
     ingest_result(store, run_result)
     with store.read() as conn:
-        assert repo.stage_boundaries(conn, run_id=summary.run_id) == []
+        rows = repo.stage_boundaries(conn, run_id=summary.run_id)
+    assert [b.boundary for b in rows] == [1, 2, 3]
+    assert "stale" not in {b.rule for b in rows}

@@ -1,0 +1,68 @@
+"""Across models: one metric on relative depth (/compare), stages (/stages)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from litestar import Controller, Request, Response, get
+from litestar.params import Parameter
+
+from service.api.controllers.params import (
+    Component,
+    Format,
+    Metric,
+    MetricVersion,
+    Models,
+    split_models,
+)
+from service.api.docs import TabularOperation
+from service.api.queries import compare as compare_queries
+from service.api.queries import stages as stage_queries
+from service.api.queries.answers import Answer
+from service.api.queries.index import Snapshot
+from service.api.respond import ApiContext, errors, respond
+from service.api.schemas.results import Comparison
+from service.api.schemas.stages import Stages
+
+DATA_ERRORS = errors(400, 404, 406, 422)
+
+
+class AcrossModelsController(Controller):
+    path = "/api/v1"
+    tags = ["across models"]  # noqa: RUF012
+
+    @get("/compare", responses=DATA_ERRORS,
+         operation_class=TabularOperation)
+    async def compare(self, request: Request[Any, Any, Any], ctx: ApiContext, metric: Metric,
+                models: Models, component: Component = None,
+                bins: Annotated[int, Parameter(ge=2, le=200)] = 20,
+                method: Annotated[compare_queries.Method, Parameter(description=(
+                    "interpolate: each curve read at bin centres; mean: layers within each "
+                    "bin averaged"))] = "interpolate",
+                metric_version: MetricVersion = None, fmt: Format = None
+                ) -> Response[Comparison]:
+        """One metric across models on relative depth, binned: mean ± stderr per model and
+        bin, so models of any depth line up."""
+        def build(snap: Snapshot) -> Answer:
+            return compare_queries.compare(
+                ctx.reader, snap, metric=metric, component=component, models=split_models(models),
+                bins=bins, method=method, metric_version=metric_version)
+
+        return await respond(request, ctx, build, fmt)
+
+    @get("/stages", responses=DATA_ERRORS,
+         operation_class=TabularOperation)
+    async def stages(self, request: Request[Any, Any, Any], ctx: ApiContext, models: Models,
+               metric: Annotated[str | None, Parameter(
+                   query="metric", max_length=200,
+                   description="aggregate this metric over each stage")] = None,
+               component: Component = None, metric_version: MetricVersion = None,
+               fmt: Format = None) -> Response[Stages]:
+        """Stage boundaries (with evidence) of several models, and their four stages with
+        per-stage aggregates of a metric."""
+        def build(snap: Snapshot) -> Answer:
+            return stage_queries.stages(
+                ctx.reader, snap, models=split_models(models), metric=metric, component=component,
+                metric_version=metric_version)
+
+        return await respond(request, ctx, build, fmt)

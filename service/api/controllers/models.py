@@ -1,0 +1,158 @@
+"""/models: list, one, register; and each model's data (metrics, heads, neurons, stages)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from litestar import Controller, Request, Response, get, post
+from litestar.params import Parameter
+
+from service.api.auth import SECURITY, require_write_key
+from service.api.controllers.params import (
+    Component,
+    Format,
+    LayerMax,
+    LayerMin,
+    Metric,
+    MetricVersion,
+    ModelId,
+    RunId,
+)
+from service.api.docs import TabularOperation
+from service.api.errors import BadRequestError
+from service.api.queries import catalog, registration, results
+from service.api.queries import neurons as neuron_queries
+from service.api.queries import stages as stage_queries
+from service.api.queries.answers import Answer
+from service.api.queries.index import Snapshot
+from service.api.respond import ApiContext, errors, respond
+from service.api.schemas.models import Model, ModelDetail, ModelPage, RegisterModel
+from service.api.schemas.neurons import NeuronCounts, Neurons
+from service.api.schemas.results import HeadRows, MetricRows
+from service.api.schemas.stages import Stages
+
+DATA_ERRORS = errors(400, 404, 406, 422)
+
+
+class ModelsController(Controller):
+    path = "/api/v1/models"
+    tags = ["models"]  # noqa: RUF012
+
+    @get("/", sync_to_thread=True, responses=errors(400))
+    def list_models(
+        self, ctx: ApiContext,
+        family: Annotated[str | None, Parameter(max_length=200, description=(
+            "members of this refit family"))] = None,
+        source: Annotated[str | None, Parameter(max_length=32, description=(
+            "zoo, hf_dir, transformer_lens or random"))] = None,
+        architecture: Annotated[str | None, Parameter(max_length=200, description=(
+            "e.g. GPT2LMHeadModel (case-insensitive)"))] = None,
+        name: Annotated[str | None, Parameter(max_length=1000)] = None,
+        min_layers: Annotated[int | None, Parameter(ge=0, le=100_000)] = None,
+        max_layers: Annotated[int | None, Parameter(ge=0, le=100_000)] = None,
+        limit: Annotated[int, Parameter(ge=1, le=10_000)] = 100,
+        offset: Annotated[int, Parameter(ge=0, le=10**9)] = 0,
+    ) -> ModelPage:
+        """Registered models, by name; filtered, paginated (limit/offset)."""
+        if limit > ctx.settings.api.max_page_size:
+            raise BadRequestError(f"limit is at most {ctx.settings.api.max_page_size}")
+        return catalog.list_models(ctx.store, source=source, family=family,
+                                   architecture=architecture, name=name, min_layers=min_layers,
+                                   max_layers=max_layers, limit=limit, offset=offset)
+
+    @post("/", sync_to_thread=True, guards=[require_write_key], security=SECURITY,
+          status_code=201, responses=errors(400, 401, 403, 409, 422))
+    def register(self, ctx: ApiContext, data: RegisterModel) -> Response[Model]:
+        """Register a model without computing anything (API key). 201 when new; 200 with the
+        existing model when the same registration exists; 409 when its source is registered
+        under another name."""
+        model, created = registration.register(ctx.store, ctx.settings, data)
+        return Response(registration.as_model(model), status_code=201 if created else 200)
+
+    @get("/{model:str}", sync_to_thread=True, responses=errors(400, 404))
+    def get_model(self, ctx: ApiContext, model: str, model_id: ModelId = None) -> ModelDetail:
+        """A model by name (its latest registration) or id."""
+        return catalog.get_model(ctx.store, ctx.snapshot(), model, model_id)
+
+    @get("/{model:str}/metrics", responses=DATA_ERRORS,
+         operation_class=TabularOperation)
+    async def metrics(self, request: Request[Any, Any, Any], ctx: ApiContext, model: str,
+                metric: Metric, component: Component = None, layer_min: LayerMin = None,
+                layer_max: LayerMax = None, run_id: RunId = None,
+                metric_version: MetricVersion = None, model_id: ModelId = None,
+                fmt: Format = None) -> Response[MetricRows]:
+        """Per-layer rows of one metric: layer, relative depth, value, stderr, n, unit."""
+        def build(snap: Snapshot) -> Answer:
+            return results.metric_rows(
+                ctx.reader, snap, model, metric=metric, component=component, layer_min=layer_min,
+                layer_max=layer_max, run_id=run_id, metric_version=metric_version,
+                model_id=model_id)
+
+        return await respond(request, ctx, build, fmt)
+
+    @get("/{model:str}/heads", responses=DATA_ERRORS,
+         operation_class=TabularOperation)
+    async def heads(self, request: Request[Any, Any, Any], ctx: ApiContext, model: str,
+              metric: Annotated[str, Parameter(query="metric", min_length=1, max_length=200,
+                                               description="heads.* or attention.*")]
+              = "heads.induction",
+              layer_min: LayerMin = None, layer_max: LayerMax = None, run_id: RunId = None,
+              metric_version: MetricVersion = None, model_id: ModelId = None,
+              fmt: Format = None) -> Response[HeadRows]:
+        """Per-head rows of a heads.* or attention.* metric."""
+        def build(snap: Snapshot) -> Answer:
+            return results.head_rows(
+                ctx.reader, snap, model, metric=metric, layer_min=layer_min, layer_max=layer_max,
+                run_id=run_id, metric_version=metric_version, model_id=model_id)
+
+        return await respond(request, ctx, build, fmt)
+
+    @get("/{model:str}/neurons", responses=DATA_ERRORS,
+         operation_class=TabularOperation)
+    async def neurons(self, request: Request[Any, Any, Any], ctx: ApiContext, model: str,
+                neuron_class: Annotated[neuron_queries.NeuronClass, Parameter(query="class")]
+                = "prediction",
+                top: Annotated[int, Parameter(ge=1, le=1000)] = 20,
+                layer: Annotated[int | None, Parameter(ge=0, le=100_000)] = None,
+                run_id: RunId = None, metric_version: MetricVersion = None,
+                model_id: ModelId = None, fmt: Format = None) -> Response[Neurons]:
+        """The top neurons of a class in each layer (or one layer), with their moments and
+        most promoted / suppressed tokens (prediction and suppression by kurtosis, partition by
+        variance)."""
+        def build(snap: Snapshot) -> Answer:
+            return neuron_queries.top_neurons(
+                ctx.reader, snap, model, neuron_class=neuron_class, top=top, layer=layer,
+                run_id=run_id, metric_version=metric_version, model_id=model_id)
+
+        return await respond(request, ctx, build, fmt)
+
+    @get("/{model:str}/neurons/counts", responses=DATA_ERRORS,
+         operation_class=TabularOperation)
+    async def neuron_counts(self, request: Request[Any, Any, Any], ctx: ApiContext, model: str,
+                      layer_min: LayerMin = None, layer_max: LayerMax = None,
+                      run_id: RunId = None, metric_version: MetricVersion = None,
+                      model_id: ModelId = None, fmt: Format = None) -> Response[NeuronCounts]:
+        """Per layer: neurons of each class, as counts and as fractions of d_mlp."""
+        def build(snap: Snapshot) -> Answer:
+            return neuron_queries.neuron_counts(
+                ctx.reader, snap, model, layer_min=layer_min, layer_max=layer_max, run_id=run_id,
+                metric_version=metric_version, model_id=model_id)
+
+        return await respond(request, ctx, build, fmt)
+
+    @get("/{model:str}/stages", responses=DATA_ERRORS,
+         operation_class=TabularOperation)
+    async def stages(self, request: Request[Any, Any, Any], ctx: ApiContext, model: str,
+               metric: Annotated[str | None, Parameter(
+                   query="metric", max_length=200,
+                   description="aggregate this metric over each stage")] = None,
+               component: Component = None, metric_version: MetricVersion = None,
+               model_id: ModelId = None, fmt: Format = None) -> Response[Stages]:
+        """The model's stage boundaries with their evidence, and its four stages (with a
+        metric: the metric's mean over each)."""
+        def build(snap: Snapshot) -> Answer:
+            return stage_queries.stages(
+                ctx.reader, snap, models=[model], metric=metric, component=component,
+                metric_version=metric_version, model_id=model_id)
+
+        return await respond(request, ctx, build, fmt)

@@ -1,0 +1,149 @@
+"""Errors of the HTTP API, and the one place where every error becomes a response.
+
+    StrataError                       (compute.errors)
+    └── ApiError                      refused by the API; carries its HTTP status
+        ├── BadRequestError     400   a parameter the schema cannot check is malformed
+        ├── UnauthorizedError        401   no API key, or a wrong one
+        ├── ForbiddenError           403   writes are switched off (no keys configured)
+        ├── NotFoundError            404   no such model, run or family; no results for it
+        ├── NotAcceptableError       406   none of the formats the client accepts
+        ├── ConflictError            409   the request contradicts what is stored
+        ├── PayloadTooLargeError     413   an ingest body over the configured size
+        └── UnprocessableError       422   well-formed but meaningless (unknown metric, source, ...)
+
+Every error answer has one body, `{"error": <code>, "detail": <what to fix>, "status": <int>}`
+(`ErrorBody`). Other exceptions are mapped in `exception_handlers`: Litestar's own HTTP
+exceptions keep their status (400 for a parameter or body that fails the schema, 404 for an
+unknown path, 405, 413); `SpecError` (an `IngestError` too) is 422; `DatabaseHeldError` 503; any
+other exception is a 500 whose detail says nothing about internals (it is logged instead).
+"""
+
+from __future__ import annotations
+
+import logging
+from http import HTTPStatus
+from typing import Any
+
+import msgspec
+from litestar import Request, Response
+from litestar.exceptions import HTTPException, ValidationException
+
+from compute.errors import SpecError, StrataError
+from service.store.errors import DatabaseHeldError
+
+log = logging.getLogger("strata.api")
+
+
+class ErrorBody(msgspec.Struct):
+    """The body of every error answer."""
+
+    error: str
+    detail: str
+    status: int
+
+
+class ApiError(StrataError):
+    status = 500
+
+    def __init__(self, detail: str, *, headers: dict[str, str] | None = None) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.headers = headers or {}
+
+
+class BadRequestError(ApiError):
+    status = 400
+
+
+class UnauthorizedError(ApiError):
+    status = 401
+
+
+class ForbiddenError(ApiError):
+    status = 403
+
+
+class NotFoundError(ApiError):
+    status = 404
+
+
+class NotAcceptableError(ApiError):
+    status = 406
+
+
+class ConflictError(ApiError):
+    status = 409
+
+
+class PayloadTooLargeError(ApiError):
+    status = 413
+
+
+class UnprocessableError(ApiError):
+    status = 422
+
+
+def error_code(status: int) -> str:
+    """`not_found`, `unprocessable_content`, ...: the HTTP reason, as a stable identifier."""
+    try:
+        phrase = HTTPStatus(status).phrase
+    except ValueError:
+        phrase = "error"
+    return phrase.lower().replace(" ", "_").replace("-", "_")
+
+
+def error_response(status: int, detail: str, headers: dict[str, str] | None = None
+                   ) -> Response[bytes]:
+    body = msgspec.json.encode(ErrorBody(error_code(status), detail, status))
+    return Response(body, status_code=status, media_type="application/json",
+                    headers=headers or None)
+
+
+def _validation_detail(exc: ValidationException) -> str:
+    extra = exc.extra if isinstance(exc.extra, list) else []
+    parts = []
+    for item in extra[:3]:
+        if not isinstance(item, dict):
+            continue
+        where = " ".join(str(getattr(item[k], "value", item[k])) for k in ("source", "key")
+                         if item.get(k))
+        message = str(item.get("message", "")).strip()
+        parts.append(f"{where}: {message}" if where else message)
+    return "; ".join(parts) or str(exc.detail)
+
+
+def handle_http_exception(_: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
+    status = exc.status_code
+    if isinstance(exc, ValidationException):
+        detail = _validation_detail(exc)
+    elif status >= 500:
+        log.error("HTTP %s: %s", status, exc.detail)
+        detail = "internal error"
+    else:
+        detail = str(exc.detail)
+    return error_response(status, detail, dict(exc.headers or {}))
+
+
+def handle_api_error(_: Request[Any, Any, Any], exc: ApiError) -> Response[bytes]:
+    return error_response(exc.status, exc.detail, exc.headers)
+
+
+def handle_strata_error(request: Request[Any, Any, Any], exc: StrataError) -> Response[bytes]:
+    if isinstance(exc, SpecError):
+        return error_response(422, str(exc))
+    if isinstance(exc, DatabaseHeldError):
+        return error_response(503, "the database is not available")
+    return handle_internal_error(request, exc)
+
+
+def handle_internal_error(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
+    log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return error_response(500, "internal error: the service logged the cause")
+
+
+EXCEPTION_HANDLERS: dict[type[Exception], Any] = {
+    HTTPException: handle_http_exception,
+    ApiError: handle_api_error,
+    StrataError: handle_strata_error,
+    Exception: handle_internal_error,
+}

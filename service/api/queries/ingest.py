@@ -1,0 +1,96 @@
+"""Results delivered over HTTP: Arrow IPC in, `service.store.ingest.ingest_result` behind.
+
+The body is one Arrow IPC stream, or two back to back (`Content-Type:
+application/vnd.apache.arrow.stream`):
+
+1. the run's records (METRICS.md record format), whose schema metadata key `strata` holds the
+   run's identity as JSON — exactly what `strata compute --out run.arrow` writes (`config`,
+   `config_hash`, `model`, `tokens_evaluated`, `device`, `wall_s`, `environment`);
+2. optionally, the neurons family's top tokens (`run.neuron_tokens.arrow` beside it).
+
+So a worker that computed a run delivers it with
+`cat run.arrow run.neuron_tokens.arrow | curl -H 'X-API-Key: ...' --data-binary @- \\
+ -H 'Content-Type: application/vnd.apache.arrow.stream' http://host:8000/api/v1/runs/ingest`.
+The ingest is atomic per run and idempotent by configuration hash: delivering a run again
+replaces it. `?run_id=` delivers to a queued run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import pyarrow as pa
+import pyarrow.ipc as ipc
+from pydantic import ValidationError
+
+from compute.run import NEURON_TOKENS_SCHEMA, RunConfig, RunResult
+from service.api.errors import NotFoundError, UnprocessableError
+from service.store import Store
+from service.store.errors import RunNotFoundError
+from service.store.ingest import IngestSummary, ingest_result
+
+METADATA_KEY = b"strata"
+
+
+class RunMetadata(msgspec.Struct):
+    """The run identity that travels beside the records (`compute.run.result_metadata`)."""
+
+    config: dict[str, Any]
+    config_hash: str
+    model: dict[str, Any]
+    tokens_evaluated: int
+    device: str = "unknown"
+    wall_s: float = 0.0
+    environment: dict[str, str] = {}
+    metric_version: str | None = None
+
+
+def _read_stream(source: pa.BufferReader, what: str) -> pa.Table:
+    try:
+        with ipc.open_stream(source) as reader:
+            return reader.read_all()
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as exc:
+        raise UnprocessableError(f"the {what} are not an Arrow IPC stream: {exc}") from None
+
+
+def decode(body: bytes) -> RunResult:
+    """The `RunResult` an ingest body carries. Raises `UnprocessableError` naming the problem."""
+    if not body:
+        raise UnprocessableError("the body is empty: send the run's records as an Arrow IPC stream")
+    source = pa.BufferReader(pa.py_buffer(body))
+    records = _read_stream(source, "records")
+    tokens = NEURON_TOKENS_SCHEMA.empty_table()
+    if source.tell() < len(body):
+        tokens = _read_stream(source, "neuron tokens (the second stream)")
+        if source.tell() < len(body):
+            raise UnprocessableError("the body holds more than two Arrow streams")
+    raw = (records.schema.metadata or {}).get(METADATA_KEY)
+    if raw is None:
+        raise UnprocessableError("the records' schema metadata has no 'strata' key with the run's "
+                                 "configuration (write them with `strata compute --out run.arrow`)")
+    try:
+        meta = msgspec.json.decode(raw, type=RunMetadata)
+        config = RunConfig.model_validate(meta.config)
+    except msgspec.ValidationError as exc:
+        raise UnprocessableError(f"the run metadata is malformed: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise UnprocessableError(f"the run metadata is not JSON: {exc}") from None
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise UnprocessableError(f"the run configuration is malformed: {where}: {first['msg']}"
+                                 ) from None
+    return RunResult(config=config, config_hash=meta.config_hash,
+                     records=records.replace_schema_metadata(None), neuron_tokens=tokens,
+                     model_info=meta.model, tokens_evaluated=meta.tokens_evaluated,
+                     device=meta.device, wall_s=meta.wall_s,
+                     environment=dict(meta.environment))
+
+
+def ingest(store: Store, body: bytes, run_id: int | None) -> IngestSummary:
+    result = decode(body)
+    try:
+        return ingest_result(store, result, run_id=run_id)
+    except RunNotFoundError as exc:
+        raise NotFoundError(str(exc)) from None

@@ -1,0 +1,148 @@
+"""Registering a model over HTTP, without computing anything.
+
+The source is resolved with the model registry (`compute.models.resolve_model_spec`), which
+never touches the network. Then the architecture numbers are recorded when they can be had
+cheaply and offline:
+
+- a zoo model or a checkpoint directory (which must lie under one of the configured
+  `checkpoint_roots`) is loaded once, as a run would load it, if its weights are no larger than
+  `register_load_max_mb`: every number is recorded, and the processing actually applied;
+- a TransformerLens official name gets the numbers its configuration gives, if TransformerLens
+  knows it offline (built in, or in the local Hugging Face cache; never downloaded). The
+  parameter count, the real vocabulary and the processing stay unknown until results arrive.
+
+Numbers left unknown are null; the first ingest of results fills them, and checks the known ones
+(`service.store.registry`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from compute.errors import ModelLoadError, SpecError
+from compute.models import ModelSpec, Processing, load_model, resolve_model_spec
+from service.api.errors import ConflictError, UnprocessableError
+from service.api.schemas.models import Model, RegisterModel
+from service.settings import Settings
+from service.store import Store
+from service.store.registry import (
+    fill_known_numbers,
+    find_model,
+    register_model,
+)
+from service.store.rows import ModelInfo, parse_model_info
+
+
+def _checkpoint_dir(source: str) -> Path | None:
+    """The directory a source names, if it is a checkpoint directory (not a zoo name)."""
+    if source.startswith("zoo:"):
+        return None
+    try:
+        path = Path(source)
+        return path if (path / "config.json").is_file() else None
+    except (OSError, ValueError):  # a name too long for the file system, a NUL byte, ...
+        return None
+
+
+def _check_root(path: Path, settings: Settings) -> None:
+    resolved = path.resolve()
+    for root in settings.api.checkpoint_roots:
+        if resolved.is_relative_to(root.resolve()):
+            return
+    raise UnprocessableError(
+        "checkpoint directories can be registered over HTTP only under a configured root "
+        "(STRATA_API__CHECKPOINT_ROOTS); this one is not under any")
+
+
+def _weights_mb(path: Path) -> float:
+    files = [*path.glob("*.safetensors"), *path.glob("*.bin")]
+    return sum(f.stat().st_size for f in files) / 2**20
+
+
+def resolve(request: RegisterModel, settings: Settings) -> ModelSpec:
+    directory = _checkpoint_dir(request.source)
+    if directory is not None:
+        _check_root(directory, settings)
+    processing = Processing() if request.processing is None else Processing(
+            fold_ln=request.processing.fold_ln,
+            center_writing_weights=request.processing.center_writing_weights,
+            center_unembed=request.processing.center_unembed,
+            fold_value_biases=request.processing.fold_value_biases)
+    try:
+        return resolve_model_spec(request.source, processing=processing,
+                                  revision=request.revision)
+    except SpecError as exc:
+        raise UnprocessableError(str(exc)) from None
+
+
+def loaded_numbers(spec: ModelSpec, settings: Settings) -> ModelInfo | None:
+    """Every number, by loading the model (local weights no larger than the limit)."""
+    from compute.models import zoo_path
+
+    path = zoo_path(spec.name) if spec.source == "zoo" else Path(spec.name)
+    if _weights_mb(path) > settings.api.register_load_max_mb:
+        return None
+    try:
+        lm = load_model(spec, "cpu")
+    except ModelLoadError as exc:
+        raise UnprocessableError(f"the checkpoint does not load: {exc}") from None
+    return parse_model_info(lm.describe())
+
+
+def offline_numbers(spec: ModelSpec) -> dict[str, Any]:
+    """The numbers a TransformerLens official name's configuration gives, if known offline."""
+    import transformer_lens.loading_from_pretrained as loading
+
+    kwargs: dict[str, Any] = {"local_files_only": True}
+    if spec.revision:
+        kwargs["revision"] = spec.revision
+    try:
+        cfg = loading.get_pretrained_model_config(spec.name, **kwargs)
+    except Exception:  # not built in and not cached: the numbers stay unknown
+        return {}
+    return {"architecture": str(cfg.original_architecture or "HookedTransformer"),
+            "n_layers": int(cfg.n_layers), "d_model": int(cfg.d_model),
+            "n_heads": int(cfg.n_heads), "d_mlp": 0 if cfg.attn_only else int(cfg.d_mlp or 0),
+            "d_vocab": int(cfg.d_vocab_out), "n_ctx": int(cfg.n_ctx),
+            "normalization_type": cfg.normalization_type,
+            "parallel_attn_mlp": bool(cfg.parallel_attn_mlp)}
+
+
+def register(store: Store, settings: Settings, request: RegisterModel
+             ) -> tuple[Any, bool]:
+    """The registered model (ORM row) and whether it is new. An identical registration (same
+    source, processing, revision and name) is answered with the existing model; the same model
+    under another name is a conflict."""
+    from service.store.models import RegisteredModel
+
+    spec = resolve(request, settings)
+    with store.read() as conn, Session(bind=conn) as session:
+        existing = find_model(session, spec)
+        if existing is not None:
+            if existing.name != request.name:
+                raise ConflictError(f"{request.source!r} with this processing and revision is "
+                                    f"registered already, as {existing.name!r} (id {existing.id})")
+            return existing, False
+    info = loaded_numbers(spec, settings) if spec.source in ("zoo", "hf_dir") else None
+    numbers = offline_numbers(spec) if spec.source == "transformer_lens" else {}
+    with store.write() as conn, Session(bind=conn, expire_on_commit=False) as session:
+        existing = find_model(session, spec)  # registered meanwhile by another request
+        if existing is not None:
+            if existing.name != request.name:
+                raise ConflictError(f"{request.source!r} was registered meanwhile as "
+                                    f"{existing.name!r} (id {existing.id})")
+            return existing, False
+        model: RegisteredModel = register_model(session, spec, info, name=request.name)
+        if numbers:
+            fill_known_numbers(model, numbers)
+        session.flush()
+        return model, True
+
+
+def as_model(model: Any) -> Model:
+    from service.api.queries.catalog import model_out
+
+    return model_out(model, [])

@@ -1,0 +1,150 @@
+"""Stage boundaries of models, and a metric aggregated over each stage (Polars).
+
+Boundaries come from the model's latest succeeded run that has them (they are inferred at
+ingest for runs with intervention, logit_lens and neurons: `service.store.stages`). Boundary k is
+the first block of stage k+1, so stage k spans blocks [b_{k-1}, b_k - 1] with b_0 = 0 and
+b_4 = L. A stage is `clear` when both its bounds are known; when a boundary falls at or before
+the previous one the stage between them is empty (clear, but no span and n_points 0). Only clear
+stages get spans and aggregates — an unknown boundary leaves both stages it separates without
+one.
+
+A metric's rows come from the model's current run computing that metric (`metric_run_id`; it
+may differ from the run the boundaries were inferred from). Logit-lens point i (the output of
+block i-1; point 0 the embeddings) counts for block max(i-1, 0). Per stage: `value` is the mean of
+the per-layer values, `stderr` that of the mean (sqrt(sum stderr_l^2) / k, null if any layer has
+none), `layer_std` the spread of the layer values (ddof 1), `n_points` the layers averaged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import polars as pl
+
+from compute.run import METRIC_VERSION
+from compute.stages import STAGE_NAMES
+from service.api.errors import UnprocessableError
+from service.api.queries.answers import (
+    Answer,
+    check_component,
+    check_metric,
+    family_needed,
+)
+from service.api.queries.cache import Reader
+from service.api.queries.index import ModelEntry, RunEntry, Snapshot
+from service.api.schemas.results import columns
+from service.api.schemas.stages import Boundary, ModelStages, StageRow, Stages
+from service.store import repositories as repo
+
+MAX_MODELS = 100
+
+
+def _spans(model: ModelEntry, found: dict[int, int | None]) -> list[dict[str, Any]]:
+    """The four stages of one model: bounds, clear or not."""
+    n_layers = model.n_layers or 0
+    bounds: list[int | None] = [0, found.get(1), found.get(2), found.get(3), n_layers]
+    spans = []
+    reached = 0  # boundaries never move a stage backwards: a late one empties the stage before
+    for stage in range(1, 5):
+        lo, hi = bounds[stage - 1], bounds[stage]
+        clear = lo is not None and hi is not None and n_layers > 0
+        if lo is not None:
+            reached = max(reached, lo)
+        start = reached if clear else None
+        end = hi - 1 if clear and hi is not None else None
+        if start is not None and end is not None and end < start:  # an empty stage
+            start = end = None
+        spans.append({"model_id": model.id, "model": model.name, "stage": stage,
+                      "stage_name": STAGE_NAMES[stage - 1], "clear": clear,
+                      "layer_start": start, "layer_end": end,
+                      "relative_depth_start": _depth(start, n_layers),
+                      "relative_depth_end": _depth(end, n_layers)})
+    return spans
+
+
+def _depth(layer: int | None, n_layers: int) -> float | None:
+    if layer is None:
+        return None
+    return layer / (n_layers - 1) if n_layers > 1 else 0.0
+
+
+def aggregate(spans: pl.DataFrame, rows: pl.DataFrame) -> pl.DataFrame:
+    """Per-stage mean, stderr of the mean, spread and count of per-layer rows (with model_id)."""
+    blocks = rows.filter(pl.col("layer").is_not_null()).with_columns(
+        block=pl.when(pl.col("metric").str.starts_with("logit_lens."))
+        .then((pl.col("layer") - 1).clip(lower_bound=0)).otherwise(pl.col("layer")))
+    inside = (spans.select("model_id", "stage", "layer_start", "layer_end")
+              .join(blocks, on="model_id")
+              .filter(pl.col("block").is_between("layer_start", "layer_end")))
+    stats = inside.group_by("model_id", "stage").agg(
+        value=pl.col("value").mean(),
+        stderr=pl.when(pl.col("stderr").null_count() == 0)
+        .then((pl.col("stderr") ** 2).sum().sqrt() / pl.len()),
+        layer_std=pl.col("value").std(ddof=1),
+        n_points=pl.len().cast(pl.Int64),
+        unit=pl.col("unit").first(),
+    )
+    return (spans.join(stats, on=["model_id", "stage"], how="left")
+            .with_columns(pl.col("n_points").fill_null(0)))
+
+
+def stages(reader: Reader, snap: Snapshot, *, models: list[str], metric: str | None,
+           component: str | None, metric_version: str | None, model_id: int | None = None
+           ) -> Answer:
+    if metric is not None:
+        check_metric(metric)
+    check_component(component)
+    if not models:
+        raise UnprocessableError("give the models: models=a,b (names or ids)")
+    if len(models) > MAX_MODELS:
+        raise UnprocessableError(f"at most {MAX_MODELS} models at once")
+    entries = [snap.model(models[0], model_id)] if model_id is not None else \
+        snap.models_named(models)
+    version = metric_version or METRIC_VERSION
+    staged = {m.id: snap.current_run(m.id, staged=True, metric_version=version)
+              for m in entries}
+    measured: dict[int, RunEntry | None] = {}
+    if metric is not None:
+        family = family_needed(metric)
+        measured = {m.id: snap.current_run(m.id, family=family, metric_version=version)
+                    for m in entries}
+    runs = [r for r in (*staged.values(), *measured.values()) if r is not None]
+    context = Stages(metric, component, [], [])
+
+    def load() -> pl.DataFrame:
+        bounds = repo.boundaries_of_runs(reader.cursor(), [r.id for r in staged.values() if r])
+        by_run: dict[int, list[dict[str, Any]]] = {}
+        for row in bounds:
+            by_run.setdefault(row["run_id"], []).append(row)
+        spans: list[dict[str, Any]] = []
+        for model in entries:
+            run, metric_run = staged[model.id], measured.get(model.id)
+            rows = by_run.get(run.id, []) if run else []
+            context.models.append(ModelStages(
+                model.id, model.name, model.n_layers, run.id if run else None,
+                metric_run.id if metric_run else None,
+                [Boundary(r["boundary"], STAGE_NAMES[r["boundary"] - 1], r["found"], r["layer"],
+                          r["relative_depth"], r["rule"], r["evidence"]) for r in rows]))
+            spans += _spans(model, {r["boundary"]: r["layer"] for r in rows})
+        frame = pl.DataFrame(spans, schema={
+            "model_id": pl.Int64, "model": pl.String, "stage": pl.Int64,
+            "stage_name": pl.String, "clear": pl.Boolean, "layer_start": pl.Int64,
+            "layer_end": pl.Int64, "relative_depth_start": pl.Float64,
+            "relative_depth_end": pl.Float64})
+        metric_runs = {r.id: m for m, r in measured.items() if r is not None}
+        values = reader.rows([r for r in measured.values() if r is not None],
+                             [metric] if metric else [], component=component)
+        present = values["component"].drop_nulls().unique().to_list()
+        if component is None and len(present) > 1:
+            raise UnprocessableError(f"{metric} has rows for components "
+                                     f"{', '.join(sorted(present))}"
+                                     ": choose one with component=")
+        values = values.with_columns(
+            model_id=pl.col("run_id").replace_strict(metric_runs, default=None,
+                                                     return_dtype=pl.Int64))
+        out = aggregate(frame, values)
+        return out.with_columns(metric=pl.lit(metric, pl.String),
+                                component=pl.lit(component, pl.String)
+                                ).sort("model", "model_id", "stage")
+
+    return Answer(context, columns(StageRow), runs, False, load)

@@ -1,0 +1,83 @@
+"""Registered models."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any
+
+import msgspec
+
+
+class AppliedProcessing(msgspec.Struct):
+    """The weight processing actually applied (null until the model has been loaded)."""
+
+    fold_ln: bool | None
+    center_writing_weights: bool | None
+    center_unembed: bool | None
+    fold_value_biases: bool | None
+    notes: list[str]
+
+
+class Model(msgspec.Struct):
+    """A registered model: the weights and how they are processed. Architecture numbers are
+    null while unknown (registered from a name whose configuration is not available offline)."""
+
+    id: int
+    name: str
+    source: str
+    revision: str | None
+    spec: dict[str, Any]
+    architecture: str | None
+    n_layers: int | None
+    d_model: int | None
+    n_heads: int | None
+    d_mlp: int | None
+    d_vocab: int | None
+    d_vocab_real: int | None
+    n_ctx: int | None
+    n_params: int | None
+    normalization_type: str | None
+    parallel_attn_mlp: bool | None
+    processing: AppliedProcessing
+    refit_families: list[str]
+    registered_at: datetime
+
+
+class ModelDetail(Model):
+    """A model with its runs: how many, its current run, and other registrations of its name."""
+
+    n_runs: int = 0
+    current_run_id: int | None = None
+    same_name_ids: list[int] = []
+
+
+class ModelPage(msgspec.Struct):
+    items: list[Model]
+    total: int
+    limit: int
+    offset: int
+    next_offset: int | None
+
+
+class ProcessingRequest(msgspec.Struct, forbid_unknown_fields=True):
+    fold_ln: bool = True
+    center_writing_weights: bool = True
+    center_unembed: bool = True
+    fold_value_biases: bool = True
+
+
+ModelName = Annotated[str, msgspec.Meta(
+    min_length=1, max_length=200, pattern=r"^(?!\d+$)[A-Za-z0-9][A-Za-z0-9._+-]*$",
+    description="letters, digits, `._+-`; not all digits (ids are numbers)")]
+
+
+class RegisterModel(msgspec.Struct, forbid_unknown_fields=True):
+    """Register a model without computing anything."""
+
+    name: ModelName
+    source: Annotated[str, msgspec.Meta(
+        min_length=1, max_length=1000,
+        description="a TransformerLens official name (e.g. gpt2), a zoo model (zoo:tiny-4l-s0) "
+                    "or a checkpoint directory under a configured checkpoint root")]
+    revision: str | None = None
+    processing: ProcessingRequest | None = None

@@ -1,0 +1,56 @@
+"""Runs."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import msgspec
+
+
+class Timings(msgspec.Struct):
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    wall_s: float | None
+
+
+class Run(msgspec.Struct):
+    id: int
+    model_id: int
+    model: str
+    status: str
+    progress: float
+    error: str | None
+    families: list[str]
+    config_hash: str
+    metric_version: str
+    code_version: str
+    config: dict[str, Any]
+    device: str | None
+    dtype: str
+    tokens_evaluated: int | None
+    n_records: int | None
+    token_source_id: int
+    timings: Timings
+    environment: dict[str, Any] | None
+
+
+class RunPage(msgspec.Struct):
+    items: list[Run]
+    total: int
+    limit: int
+    offset: int
+    next_offset: int | None
+
+
+class IngestSummary(msgspec.Struct):
+    """What an ingest stored."""
+
+    run_id: int
+    model_id: int
+    replaced: bool
+    results: int
+    neurons: int
+    neuron_tokens: int
+    stage_boundaries: int

@@ -1,0 +1,58 @@
+"""Stage boundaries with their evidence, and per-stage aggregates of a metric."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+
+class Boundary(msgspec.Struct):
+    """Boundary k ends stage k: `layer` is the first block of stage k+1 (null: not clear)."""
+
+    boundary: int
+    ends_stage: str
+    found: bool
+    layer: int | None
+    relative_depth: float | None
+    rule: str
+    evidence: dict[str, Any]
+
+
+class ModelStages(msgspec.Struct):
+    id: int
+    name: str
+    n_layers: int | None
+    run_id: int | None
+    metric_run_id: int | None
+    boundaries: list[Boundary]
+
+
+class StageRow(msgspec.Struct):
+    """One stage of one model: its blocks [layer_start, layer_end] and, with a metric, the mean
+    of the metric over them. `clear` is false when a bounding boundary was not found (then the
+    span and the aggregate are null)."""
+
+    model: str
+    model_id: int
+    stage: int
+    stage_name: str
+    clear: bool
+    layer_start: int | None
+    layer_end: int | None
+    relative_depth_start: float | None
+    relative_depth_end: float | None
+    metric: str | None
+    component: str | None
+    value: float | None
+    stderr: float | None
+    layer_std: float | None
+    n_points: int
+    unit: str | None
+
+
+class Stages(msgspec.Struct):
+    metric: str | None
+    component: str | None
+    models: list[ModelStages]
+    rows: list[StageRow]

@@ -1,0 +1,267 @@
+"""The API under test: a real `strata serve` process on a real DuckDB file, seeded through the
+real ingest paths, driven over loopback HTTP with httpx.
+
+One server serves every `test_api_*` module (`api()` starts it once per test session and stops
+it at exit). The store holds:
+- `rand-3l`: the integration fixture's computed run (3-layer random model, every family), also
+  under an older metric version, and a second registration of the same name with other
+  processing (`rand-3l` then means the latest);
+- `tiny-2l-s0`: a zoo model computed here (every family, a few sequences);
+- `stagey`: a 6-layer run whose curves place all three stage boundaries (intervention,
+  logit_lens, neurons);
+- `line-12`, `line-24`: drop KL = 2 x relative depth on 12 and 24 layers (to check alignment);
+- the refit family `tiny-4l` (zoo:tiny-4l-s0 vs s1), stored by `strata stability --store`.
+Runs are delivered with POST /api/v1/runs/ingest, as a remote worker would: the Arrow IPC bytes
+that `strata compute --out run.arrow` writes.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from compute.metrics.base import EngineOptions
+from compute.models import ModelSpec, Processing, resolve_model_spec, zoo_path
+from compute.records import Record, records_to_table
+from compute.run import NEURON_TOKENS_SCHEMA, RunConfig, RunResult, compute_run, result_metadata
+from compute.tokens import TokenSpec
+from service.exports import FORMATS
+from tests.integration.synthetic import variant
+
+KEY = "test-key-0123456789"
+OTHER_KEY = "second-key"
+CORS_ORIGIN = "http://dashboard.local"
+INGEST_MAX_MB = 8
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def arrow_body(result: RunResult, *, tokens: bool = True) -> bytes:
+    """What `strata compute --out run.arrow` writes (run.arrow + run.neuron_tokens.arrow)."""
+    body = FORMATS["arrow"].encode(result.records, result_metadata(result))
+    if tokens and result.neuron_tokens.num_rows:
+        body += FORMATS["arrow"].encode(result.neuron_tokens, None)
+    return body
+
+
+def _info(n_layers: int, d_mlp: int = 8, n_heads: int = 2) -> dict[str, Any]:
+    return dict(architecture="synthetic", n_layers=n_layers, d_model=16, n_heads=n_heads,
+                d_mlp=d_mlp, d_vocab=50, d_vocab_real=50, n_ctx=32, n_params=1000,
+                normalization_type="LNPre", parallel_attn_mlp=False,
+                processing=dict(fold_ln=True, center_writing_weights=True, center_unembed=True,
+                                fold_value_biases=True, notes=[]))
+
+
+def synthetic(name: str, n_layers: int, records: list[Record], families: tuple[str, ...],
+              d_mlp: int = 8) -> RunResult:
+    spec = ModelSpec(source="random", name=name, seed=0,
+                     architecture=dict(n_layers=n_layers, d_model=16, d_mlp=d_mlp))
+    config = RunConfig(model=spec, families=families,
+                       tokens=TokenSpec(source="npy", path=f"{name}.npy", n_sequences=4,
+                                        seq_len=16, fingerprint="0"))
+    return RunResult(config=config, config_hash=config.config_hash(),
+                     records=records_to_table(records),
+                     neuron_tokens=NEURON_TOKENS_SCHEMA.empty_table(),
+                     model_info=_info(n_layers, d_mlp), tokens_evaluated=56, device="cpu",
+                     wall_s=0.5)
+
+
+def stagey() -> RunResult:
+    """6 layers; boundary 1 at layer 1 (drop KL collapses after layer 0), 2 at layer 3 (knee of
+    the lens curve), 3 at layer 4 (suppression outnumbers prediction from there on)."""
+    drop = [5.0, 0.5, 0.3, 0.2, 0.25, 0.3]
+    lens = [10.0, 9.8, 9.5, 9.0, 3.0, 1.0, 0.0]
+    pred, supp = [5, 5, 5, 5, 2, 1], [0, 0, 0, 1, 4, 6]
+    records = [Record.of("intervention.kl", v, 56, layer=i, component="drop", stderr=0.01 * (i + 1))
+               for i, v in enumerate(drop)]
+    records += [Record.of("logit_lens.kl_to_final", v, 56, layer=i, stderr=0.02)
+                for i, v in enumerate(lens)]
+    for i in range(6):
+        records += [Record.of("neurons.n_prediction", pred[i], 8, layer=i),
+                    Record.of("neurons.n_suppression", supp[i], 8, layer=i),
+                    Record.of("neurons.n_partition", 0, 8, layer=i),
+                    Record.of("neurons.frac_prediction", pred[i] / 8, 8, layer=i),
+                    Record.of("neurons.frac_suppression", supp[i] / 8, 8, layer=i),
+                    Record.of("neurons.frac_partition", 0.0, 8, layer=i)]
+    return synthetic("stagey", 6, records, ("intervention", "logit_lens", "neurons"))
+
+
+def line(n_layers: int) -> RunResult:
+    """drop KL = 2 x relative depth, stderr 0.1, on `n_layers` layers."""
+    records = [Record.of("intervention.kl", 2 * layer / (n_layers - 1), 100, layer=layer,
+                         component="drop", stderr=0.1) for layer in range(n_layers)]
+    return synthetic(f"line-{n_layers}", n_layers, records, ("intervention",))
+
+
+def zoo_run(tmp: Path) -> RunResult:
+    np.save(tmp / "zoo.npy", np.random.default_rng(1).integers(1, 4000, (3, 12)))
+    config = RunConfig(model=resolve_model_spec("zoo:tiny-2l-s0"),
+                       tokens=TokenSpec(source="npy", path=str(tmp / "zoo.npy"), n_sequences=0,
+                                        seq_len=0),
+                       options=EngineOptions(induction_n=6, induction_sequences=2))
+    return compute_run(config)
+
+
+def other_processing(result: RunResult) -> RunResult:
+    """The same model name with LayerNorm not folded: another registration of `rand-3l`."""
+    model = result.config.model.model_copy(update={"processing": Processing(fold_ln=False)})
+    config = result.config.model_copy(update={"model": model})
+    return dataclasses.replace(result, config=config, config_hash=config.config_hash())
+
+
+@dataclass
+class Api:
+    base: str
+    client: httpx.Client
+    db: Path
+    tmp: Path
+    proc: subprocess.Popen[bytes]
+    log: Path
+    results: dict[str, RunResult] = field(default_factory=dict)
+    runs: dict[str, int] = field(default_factory=dict)
+
+    def get(self, path: str, **kwargs: Any) -> httpx.Response:
+        return self.client.get(path, **kwargs)
+
+    def post(self, path: str, **kwargs: Any) -> httpx.Response:
+        return self.client.post(path, **kwargs)
+
+    def ingest(self, result: RunResult, **params: Any) -> httpx.Response:
+        return self.client.post("/api/v1/runs/ingest", content=arrow_body(result), params=params,
+                                headers={"X-API-Key": KEY,
+                                         "Content-Type": FORMATS["arrow"].media_type})
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.client.close()
+
+
+_API: Api | None = None
+
+
+def _env(db: Path, tmp: Path) -> dict[str, str]:
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+            "STRATA_DATABASE": str(db), "STRATA_API_KEYS": f"{KEY}, {OTHER_KEY}",
+            "STRATA_API__CHECKPOINT_ROOTS": f'["{tmp / "checkpoints"}"]',
+            "STRATA_API__CORS_ORIGINS": f'["{CORS_ORIGIN}"]',
+            "STRATA_API__INGEST_MAX_MB": str(INGEST_MAX_MB),
+            "STRATA_API__DUCKDB_THREADS": "1", "OMP_NUM_THREADS": "1"}
+
+
+def start_api(run_result: RunResult) -> Api:
+    """Seed a store (stability through the CLI, runs over HTTP) behind a `strata serve`."""
+    tmp = Path(tempfile.mkdtemp(prefix="strata-api-"))
+    db = tmp / "strata.duckdb"
+    (tmp / "checkpoints").mkdir()
+    env = _env(db, tmp)
+    # The stability CLI holds the file while it runs; compute the zoo run meanwhile.
+    stability = subprocess.Popen(
+        [sys.executable, "-m", "service.cli", "stability", "--family", "zoo:tiny-4l-s0",
+         "--family", "zoo:tiny-4l-s1", "--n-prompts", "3", "--prompt-len", "12", "--n-null", "1",
+         "--store"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    zoo = zoo_run(tmp)
+    out, _ = stability.communicate(timeout=300)
+    assert stability.returncode == 0, out.decode()
+    port = free_port()
+    log = tmp / "serve.log"
+    with log.open("wb") as sink:  # the child keeps its own copy of the descriptor
+        proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--port",
+                                 str(port)], env=env, stdout=sink, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    client = httpx.Client(base_url=base, timeout=60)
+    api = Api(base, client, db, tmp, proc, log)
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            if client.get("/api/v1/health").status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            api.stop()
+            raise RuntimeError(f"strata serve did not start:\n{log.read_text()}")
+        time.sleep(0.2)
+    shutil.copytree(zoo_path("tiny-2l-s0"), tmp / "checkpoints" / "mini")
+    api.results = {"rand-3l": run_result, "rand-3l-v0": variant(run_result, metric_version="0"),
+                   "rand-3l-raw": other_processing(run_result), "tiny-2l-s0": zoo,
+                   "stagey": stagey(), "line-12": line(12), "line-24": line(24)}
+    for name, result in api.results.items():
+        response = api.ingest(result)
+        assert response.status_code == 201, response.text
+        api.runs[name] = response.json()["run_id"]
+    return api
+
+
+def api(run_result: RunResult) -> Api:
+    """The session's server (started on first use)."""
+    global _API
+    if _API is None:
+        _API = start_api(run_result)
+        atexit.register(_API.stop)
+    return _API
+
+
+@pytest.fixture(scope="module")
+def server(run_result: RunResult) -> Api:
+    return api(run_result)
+
+
+# --------------------------------------------------------------------------- the harness itself
+
+
+def test_server_holds_the_database(server: Api) -> None:
+    """While `strata serve` runs, it is the one process with the file: the CLI says so."""
+    proc = subprocess.run([sys.executable, "-m", "service.cli", "db", "current"],
+                          env={**os.environ, "STRATA_DATABASE": str(server.db)},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 5, proc.stderr
+    assert "serve" in proc.stderr
+    assert "held by process" in proc.stderr
+
+
+def test_a_second_server_is_refused_plainly(server: Api) -> None:
+    proc = subprocess.run([sys.executable, "-m", "service.cli", "serve", "--port",
+                           str(free_port())], env=_env(server.db, server.tmp),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 5, proc.stderr
+    assert "held by process" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_health_and_ready(server: Api) -> None:
+    assert server.get("/api/v1/health").json() == {"status": "ok"}
+    ready = server.get("/api/v1/ready")
+    assert ready.status_code == 200
+    assert ready.json()["status"] == "ready"
+    assert ready.json()["revision"] == ready.json()["head"]
+
+
+def test_seeded_runs_inferred_stages(server: Api) -> None:
+    runs = server.get("/api/v1/runs", params={"limit": 50}).json()
+    assert runs["total"] == len(server.results) + 1  # + the stability run
+    assert {r["status"] for r in runs["items"]} == {"succeeded"}

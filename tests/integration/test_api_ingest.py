@@ -1,0 +1,107 @@
+"""POST /api/v1/runs/ingest: a remote worker's results, in Arrow IPC, atomic and idempotent;
+refusals store nothing; writes need a key; stage boundaries are inferred at ingest."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from compute.run import RunResult, result_metadata
+from service.exports import FORMATS
+from tests.integration.test_api_harness import (
+    INGEST_MAX_MB,
+    KEY,
+    Api,
+    api,
+    arrow_body,
+    line,
+    stagey,
+)
+
+V1 = "/api/v1"
+
+
+@pytest.fixture(scope="module")
+def server(run_result: RunResult) -> Api:
+    return api(run_result)
+
+
+ARROW = {"Content-Type": FORMATS["arrow"].media_type}
+
+
+def post(api: Api, body: bytes, key: str | None = KEY, **params: object) -> object:
+    headers = {**ARROW, **({"X-API-Key": key} if key else {})}
+    return api.post(f"{V1}/runs/ingest", content=body, headers=headers, params=params)
+
+
+def count_runs(api: Api) -> int:
+    return int(api.get(f"{V1}/runs").json()["total"])
+
+
+def test_ingest_round_trip_with_tokens_and_stages(server: Api) -> None:
+    result = stagey()
+    renamed = dataclasses.replace(result, config=result.config.model_copy(update={
+        "model": result.config.model.model_copy(update={"name": "stagey-copy"})}))
+    renamed = dataclasses.replace(renamed, config_hash=renamed.config.config_hash())
+    first = post(server, arrow_body(renamed))
+    assert first.status_code == 201, first.text
+    summary = first.json()
+    assert summary["stage_boundaries"] == 3
+    assert summary["replaced"] is False
+    assert summary["results"] == renamed.records.num_rows
+    again = post(server, arrow_body(renamed))
+    assert again.status_code == 200
+    assert again.json()["run_id"] == summary["run_id"]
+    assert again.json()["replaced"] is True
+    stages = server.get(f"{V1}/models/stagey-copy/stages").json()
+    assert [b["layer"] for b in stages["models"][0]["boundaries"]] == [1, 3, 4]
+    listed = server.get(f"{V1}/runs/{server.runs['rand-3l']}").json()
+    assert listed["n_records"] == server.results["rand-3l"].records.num_rows
+
+
+def test_refusals_store_nothing(server: Api) -> None:
+    before = count_runs(server)
+    good = line(5)
+    meta = result_metadata(good)
+    bad_values = good.records.set_column(
+        good.records.schema.get_field_index("value"), "value",
+        pc.multiply(good.records.column("value"), float("nan")))
+    cases = {
+        "empty": b"",
+        "not arrow": b"hello, world" * 10,
+        "no metadata": FORMATS["arrow"].encode(good.records, None),
+        "metadata not json": _with_meta(good.records, b"{nope"),
+        "metadata of another shape": _with_meta(good.records, json.dumps({"x": 1}).encode()),
+        "hash of another run": FORMATS["arrow"].encode(good.records,
+                                                       {**meta, "config_hash": "0" * 64}),
+        "NaN values": FORMATS["arrow"].encode(bad_values, meta),
+        "three streams": arrow_body(good) + FORMATS["arrow"].encode(good.records, None) * 2,
+        "tokens of the wrong shape": arrow_body(good) + FORMATS["arrow"].encode(
+            pa.table({"x": [1]}), None),
+    }
+    for what, body in cases.items():
+        response = post(server, body)
+        assert response.status_code == 422, (what, response.text)
+        assert response.json()["error"], what
+        assert response.json()["detail"], what
+    assert count_runs(server) == before
+    assert post(server, arrow_body(good), run_id=999999).status_code == 404
+    assert count_runs(server) == before
+
+
+def _with_meta(table: pa.Table, raw: bytes) -> bytes:
+    return FORMATS["arrow"].encode(table.replace_schema_metadata({b"strata": raw}), None)
+
+
+def test_writes_need_a_key_and_bodies_have_a_limit(server: Api) -> None:
+    body = arrow_body(line(5))
+    assert post(server, body, key=None).status_code == 401
+    assert post(server, body, key="not-it").status_code == 401
+    too_big = post(server, b"\0" * (INGEST_MAX_MB * 2**20 + 1))
+    assert too_big.status_code == 413
+    assert too_big.json()["status"] == 413
+    assert server.get(f"{V1}/runs/ingest").status_code in (404, 405)

@@ -1,0 +1,154 @@
+"""/models and /runs over real HTTP: listing, filters, pagination, lookup, registration (a
+write: API key), and the runs' status, configuration and timings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from compute.run import RunResult
+from tests.integration.test_api_harness import KEY, OTHER_KEY, Api, api
+
+V1 = "/api/v1"
+
+
+@pytest.fixture(scope="module")
+def server(run_result: RunResult) -> Api:
+    return api(run_result)
+
+
+def register(api: Api, body: dict[str, Any], key: str | None = KEY) -> Any:
+    headers = {"X-API-Key": key} if key else {}
+    return api.post(f"{V1}/models", json=body, headers=headers)
+
+
+def test_list_filter_and_paginate(server: Api) -> None:
+    every = server.get(f"{V1}/models", params={"limit": 500}).json()
+    names = [m["name"] for m in every["items"]]
+    assert names == sorted(names)
+    assert {"rand-3l", "tiny-2l-s0", "stagey", "line-12", "line-24", "tiny-4l-s0"} <= set(names)
+    page = server.get(f"{V1}/models", params={"limit": 2, "offset": 1}).json()
+    assert [m["name"] for m in page["items"]] == names[1:3]
+    assert page["total"] == every["total"]
+    assert page["next_offset"] == 3
+    deep = server.get(f"{V1}/models", params={"min_layers": 12}).json()
+    assert [m["name"] for m in deep["items"]] == ["line-12", "line-24"]
+    shallow = server.get(f"{V1}/models", params={"max_layers": 2, "source": "zoo"}).json()
+    assert [m["name"] for m in shallow["items"]] == ["tiny-2l-s0"]
+    zoo = server.get(f"{V1}/models", params={"architecture": "gpt2lmheadmodel"}).json()
+    assert {m["name"] for m in zoo["items"]} >= {"tiny-2l-s0", "tiny-4l-s0"}
+    assert server.get(f"{V1}/models", params={"limit": 0}).status_code == 400
+    assert server.get(f"{V1}/models", params={"limit": 501}).status_code == 400
+    assert server.get(f"{V1}/models", params={"family": "nope"}).json()["total"] == 0
+
+
+def test_one_model(server: Api) -> None:
+    model = server.get(f"{V1}/models/tiny-2l-s0").json()
+    assert model["n_layers"] == 2
+    assert model["source"] == "zoo"
+    assert model["processing"]["fold_ln"] is True
+    assert model["n_runs"] == 1
+    assert model["current_run_id"] == server.runs["tiny-2l-s0"]
+    assert model["registered_at"].endswith("Z") or model["registered_at"].endswith("+00:00")
+    missing = server.get(f"{V1}/models/tiny-2l-s1")
+    assert missing.status_code == 404
+    body = missing.json()
+    assert set(body) == {"error", "detail", "status"}
+    assert body["status"] == 404
+    assert "did you mean" in body["detail"]
+    assert "tiny-2l-s0" in body["detail"]
+    assert server.get(f"{V1}/models/999999").status_code == 404
+
+
+def test_registration_needs_a_valid_key(server: Api) -> None:
+    body = {"name": "gpt2-small", "source": "gpt2"}
+    nokey = register(server, body, key=None)
+    assert nokey.status_code == 401
+    assert nokey.headers["www-authenticate"].startswith("ApiKey")
+    assert register(server, body, key="wrong").status_code == 401
+    assert register(server, body, key=KEY[:-1]).status_code == 401
+    bearer = server.post(f"{V1}/models", json=body,
+                         headers={"Authorization": f"Bearer {OTHER_KEY}"})
+    assert bearer.status_code == 201, bearer.text
+
+
+def test_register_official_names_offline(server: Api) -> None:
+    gpt2 = server.get(f"{V1}/models/gpt2-small")
+    if gpt2.status_code == 404:  # when this test runs alone
+        assert register(server, {"name": "gpt2-small", "source": "gpt2"}).status_code == 201
+        gpt2 = server.get(f"{V1}/models/gpt2-small")
+    model = gpt2.json()
+    assert model["source"] == "transformer_lens"
+    assert model["spec"]["name"] == "gpt2"
+    assert model["n_params"] is None  # nothing downloaded: numbers stay unknown
+    again = register(server, {"name": "gpt2-small", "source": "gpt2"})
+    assert again.status_code == 200
+    assert again.json()["id"] == model["id"]
+    renamed = register(server, {"name": "gpt2-other", "source": "gpt2"})
+    assert renamed.status_code == 409
+    assert "gpt2-small" in renamed.json()["detail"]
+    raw = register(server, {"name": "gpt2-small", "source": "gpt2",
+                            "processing": {"fold_ln": False}})
+    assert raw.status_code == 201  # other processing: another registration of the name
+    llama = register(server, {"name": "llama2-7b", "source": "meta-llama/Llama-2-7b-hf"})
+    assert llama.status_code == 201, llama.text
+    assert llama.json()["n_layers"] == 32
+    assert llama.json()["d_model"] == 4096
+    unknown = register(server, {"name": "nope", "source": "someone/not-a-model"})
+    assert unknown.status_code == 422
+    assert "unknown model" in unknown.json()["detail"]
+
+
+def test_register_checkpoints_only_under_a_root(server: Api) -> None:
+    inside = register(server, {"name": "mini", "source": str(server.tmp / "checkpoints/mini")})
+    assert inside.status_code == 201, inside.text
+    model = inside.json()
+    assert model["source"] == "hf_dir"
+    assert model["n_layers"] == 2
+    assert model["n_params"] > 0
+    assert model["processing"]["fold_ln"] is True
+    assert model["revision"].startswith("sha256:")
+    escape = str(server.tmp / "checkpoints/mini/../../checkpoints/../")
+    outside = register(server, {"name": "escape", "source": escape})
+    assert outside.status_code == 422
+    zoo_dir = register(server, {"name": "zoo-by-path",
+                                "source": str(server.tmp / "checkpoints" / ".." / "..")})
+    assert zoo_dir.status_code == 422
+    zoo = register(server, {"name": "tiny-4l", "source": "zoo:tiny-4l-s0"})
+    assert zoo.status_code == 409  # registered by the stability run as tiny-4l-s0
+
+
+def test_registration_body_is_checked(server: Api) -> None:
+    for body in ({"name": "123", "source": "gpt2"}, {"name": "a/b", "source": "gpt2"},
+                 {"name": "", "source": "gpt2"}, {"source": "gpt2"},
+                 {"name": "x", "source": "gpt2", "extra": 1}, {"name": "x", "source": ""}):
+        response = register(server, body)
+        assert response.status_code == 400, (body, response.text)
+        assert response.json()["status"] == 400
+    not_json = server.post(f"{V1}/models", content=b"{nope", headers={
+        "X-API-Key": KEY, "Content-Type": "application/json"})
+    assert not_json.status_code == 400
+
+
+def test_runs(server: Api) -> None:
+    page = server.get(f"{V1}/runs", params={"model": "stagey"}).json()
+    assert page["total"] == 1
+    run = page["items"][0]
+    assert run["id"] == server.runs["stagey"]
+    assert run["model"] == "stagey"
+    assert run["families"] == ["intervention", "logit_lens", "neurons"]
+    assert run["config"]["model"]["name"] == "stagey"
+    assert run["timings"]["finished_at"] is not None
+    assert run["timings"]["wall_s"] == 0.5
+    one = server.get(f"{V1}/runs/{run['id']}").json()
+    assert one == run
+    versions = server.get(f"{V1}/runs", params={"metric_version": "0"}).json()
+    assert [r["id"] for r in versions["items"]] == [server.runs["rand-3l-v0"]]
+    heads = server.get(f"{V1}/runs", params={"family": "heads"}).json()
+    assert {r["model"] for r in heads["items"]} == {"rand-3l", "tiny-2l-s0"}
+    stability = server.get(f"{V1}/runs", params={"family": "stability"}).json()
+    assert stability["items"][0]["config"]["refit_family"] == "tiny-4l"
+    assert server.get(f"{V1}/runs/999999").status_code == 404
+    assert server.get(f"{V1}/runs/abc").status_code == 404
+    assert server.get(f"{V1}/runs", params={"status": "done"}).status_code == 400
