@@ -1,8 +1,8 @@
 """Stability benchmark: heads.stability + null baseline + residual CKA for a family of refits.
 
-    .venv/bin/python benchmarks/stability.py [--family DIR] [--refits 10]
+    .venv/bin/python benchmarks/stability.py [--family DIR [DIR ...]] [--refits 10]
 
-With --family, the refits are the checkpoints in DIR (e.g. trained by `strata zoo train`);
+With --family, the refits are the checkpoints in the DIRs (e.g. trained by `strata zoo train`);
 without, 10 randomly initialised models of the zoo's 4-layer architecture stand in (timing does
 not depend on the weights). Prints the wall time of loading, of the activations pass and of the
 whole comparison, on the default prompt set (32 prompts x 64 tokens, 3 null models).
@@ -31,13 +31,14 @@ ARCH = dict(n_layers=4, d_model=128, n_heads=4, d_head=32, d_mlp=512, d_vocab=40
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--family", default=None)
+    parser.add_argument("--family", nargs="+", default=None, help="folder(s) of refits")
     parser.add_argument("--refits", type=int, default=10)
     args = parser.parse_args()
     opts = StabilityOptions()
     start = time.perf_counter()
     if args.family:
-        dirs = sorted(p for p in Path(args.family).iterdir() if (p / "config.json").is_file())
+        dirs = sorted(p for folder in args.family for p in Path(folder).iterdir()
+                      if (p / "config.json").is_file())
         models = [load_model(resolve_model_spec(str(d))) for d in dirs[: args.refits]]
     else:
         models = [load_model(ModelSpec(source="random", name=f"r{i}", architecture=ARCH, seed=i))
