@@ -121,3 +121,25 @@ def test_linear_cka_matches_the_kernel_definition() -> None:
     g = torch.Generator().manual_seed(2)
     x, y = torch.randn(40, 8, generator=g).double(), torch.randn(40, 5, generator=g).double()
     assert linear_cka(x, y) == pytest.approx(_cka_from_grams(x @ x.T, y @ y.T), abs=1e-10)
+
+
+def test_trained_refits_are_more_alike_than_random_models() -> None:
+    """Two shipped AdamW refits (same architecture, seeds 0 and 1) against each other, next to
+    the null baseline of randomly initialised models of that architecture."""
+    from compute.models import resolve_model_spec, zoo_names
+    from compute.tokens import TokenSpec, load_tokens, resolve_token_spec
+
+    if not {"fam4l-adamw-s0", "fam4l-adamw-s1"} <= set(zoo_names()):
+        pytest.skip("family refits not shipped")
+    anchor = load_model(resolve_model_spec("zoo:fam4l-adamw-s0"))
+    refit = load_model(resolve_model_spec("zoo:fam4l-adamw-s1"))
+    opts = StabilityOptions(n_prompts=16, prompt_len=64, n_null=2, cka_tokens=256)
+    spec = resolve_token_spec(TokenSpec(source="builtin", n_sequences=16, seq_len=64))
+    tokens = load_tokens(spec, anchor.tokenizer, bos_token_id=anchor.bos_token_id,
+                         d_vocab=anchor.d_vocab, n_ctx=anchor.n_ctx)
+    df = frame(stability_records(anchor, [refit], tokens, opts, load_model))
+    trained = per_layer(df, "heads.stability")
+    null = per_layer(df, "heads.stability_null")
+    assert all(t > n for t, n in zip(trained, null, strict=True))
+    assert sum(t - n for t, n in zip(trained, null, strict=True)) / len(trained) > 0.05
+    assert all(t < 0.99 for t in trained)  # independently trained: similar, not identical
