@@ -27,7 +27,11 @@ from compute.reduce import MeanAccumulator, reference_from_logits
 
 @dataclass(frozen=True)
 class Progress:
-    """One progress report: units of work done of total, and throughput so far."""
+    """One progress report: units of work done of total, and throughput so far.
+
+    `tokens_per_s` counts evaluated tokens fully swept (every family, every intervention) per
+    second: at the end it is tokens evaluated / wall time.
+    """
 
     done: int
     total: int
@@ -96,8 +100,10 @@ def sweep(
         state["done"] += units
         if progress is not None:
             elapsed = time.perf_counter() - start
+            # Throughput of the whole sweep: evaluated tokens times the fraction of work done.
+            swept = n_seq * (seq_len - 2) * state["done"] / max(total, 1)
             progress(Progress(state["done"], total, state["tokens"],
-                              state["tokens"] / elapsed if elapsed > 0 else 0.0, elapsed))
+                              swept / elapsed if elapsed > 0 else 0.0, elapsed))
 
     with torch.inference_mode():
         for first in range(0, n_seq, batch):
