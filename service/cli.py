@@ -1,7 +1,7 @@
 """`strata`: the command line. Thin: parse, build a spec, call compute or the store, report.
 
-Exit codes: 0 ok; 2 bad input (unknown model, unreadable tokens, bad options, ...); 3 the model
-could not be loaded; 4 the computation failed (NaN/inf, shape mismatch); 5 the database is held.
+Exit codes: see `service/cli_errors.py` (2 bad input, 3 model not loadable, 4 computation
+failed, 5 database held).
 """
 
 from __future__ import annotations
@@ -13,30 +13,19 @@ from typing import Any
 
 import click
 
-from compute.errors import ComputeError, ModelLoadError, SpecError, StrataError
+from compute.errors import SpecError, StrataError
 from service.cli_db import check_store_writable, db, store_result
+from service.cli_errors import EXIT_BAD_INPUT, exit_code_of, fail
+from service.exports import ExportFormat, require_format
 from service.settings import get_settings
 
-EXIT_BAD_INPUT, EXIT_LOAD, EXIT_COMPUTE, EXIT_HELD = 2, 3, 4, 5
 
-
-def fail(message: str, code: int) -> None:
-    click.echo(f"error: {message}", err=True)
-    sys.exit(code)
-
-
-def exit_code_of(exc: StrataError) -> int:
-    from service.store.errors import DatabaseHeldError, SchemaOutOfDateError
-
-    if isinstance(exc, DatabaseHeldError):
-        return EXIT_HELD
-    if isinstance(exc, SpecError | SchemaOutOfDateError):
-        return EXIT_BAD_INPUT
-    if isinstance(exc, ModelLoadError):
-        return EXIT_LOAD
-    if isinstance(exc, ComputeError):
-        return EXIT_COMPUTE
-    return 1
+def _out_format(out: Path) -> ExportFormat:
+    """The export format of an --out path, or exit 2 naming the choices."""
+    try:
+        return require_format(out)
+    except SpecError as exc:
+        fail(f"--out {exc}", EXIT_BAD_INPUT)
 
 
 @click.group()
@@ -75,14 +64,11 @@ def compute(model_ref: str, tokens_path: str | None, corpus_path: str | None, pi
             batch_size: int | None, no_processing: bool, out_path: str | None, store: bool,
             quiet: bool) -> None:
     """Compute per-layer metrics of a model and write them in the METRICS.md record format."""
-    from service.exports import format_for_path
-
     if out_path is None and not store:
         fail("give --out FILE (.parquet, .json, .csv, .arrow) and/or --store", EXIT_BAD_INPUT)
-        return
     out = Path(out_path) if out_path else None
-    if out is not None and format_for_path(out) is None:
-        fail(f"--out {out}: unknown format; use .parquet, .json, .csv or .arrow", EXIT_BAD_INPUT)
+    if out is not None:
+        _out_format(out)
     if sum(bool(x) for x in (tokens_path, corpus_path, pile)) > 1:
         fail("give at most one of --tokens, --corpus, --pile", EXIT_BAD_INPUT)
     try:
@@ -93,7 +79,6 @@ def compute(model_ref: str, tokens_path: str | None, corpus_path: str | None, pi
         result = _compute_with_progress(config, device, quiet)
     except StrataError as exc:
         fail(str(exc), exit_code_of(exc))
-        return
     if out is not None:  # written first: results survive if the store is taken meanwhile
         _write_outputs(result, out)
         click.echo(f"wrote {result.records.num_rows} records to {out}", err=True)
@@ -102,7 +87,6 @@ def compute(model_ref: str, tokens_path: str | None, corpus_path: str | None, pi
             run_id = store_result(result, get_settings())
         except StrataError as exc:
             fail(str(exc), exit_code_of(exc))
-            return
         click.echo(f"stored run {run_id} in {get_settings().database}", err=True)
 
 
@@ -165,10 +149,9 @@ def _compute_with_progress(config: Any, device: str, quiet: bool) -> Any:
 
 def _write_outputs(result: Any, out: Path) -> None:
     from compute.run import result_metadata
-    from service.exports import format_for_path, write_atomic
+    from service.exports import write_atomic
 
-    fmt = format_for_path(out)
-    assert fmt is not None  # checked before computing
+    fmt = require_format(out)  # checked before computing; cannot fail here
     meta = result_metadata(result)
     # Encode everything first, then write: an encoding error leaves no file behind.
     payloads = [(out, fmt.encode(result.records, meta))]
@@ -203,16 +186,12 @@ def stability(members: tuple[str, ...], anchor: str | None, n_prompts: int, prom
     """Attention-head stability and residual CKA across refits of one architecture."""
     import time
 
-    from service.exports import format_for_path, write_atomic
+    from service.exports import write_atomic
 
     if out_path is None and not store:
         fail("give --out FILE (.parquet, .json, .csv, .arrow) and/or --store", EXIT_BAD_INPUT)
-        return
     out = Path(out_path) if out_path else None
-    fmt = format_for_path(out) if out is not None else None
-    if out is not None and fmt is None:
-        fail(f"--out {out}: unknown format; use .parquet, .json, .csv or .arrow", EXIT_BAD_INPUT)
-        return
+    fmt = _out_format(out) if out is not None else None
     try:
         if store:  # fail before computing if the results could not be stored
             check_store_writable(get_settings())
@@ -222,7 +201,6 @@ def stability(members: tuple[str, ...], anchor: str | None, n_prompts: int, prom
         wall_s = time.perf_counter() - start
     except StrataError as exc:
         fail(str(exc), exit_code_of(exc))
-        return
     if out is not None and fmt is not None:
         write_atomic(out, fmt.encode(table, meta))
         click.echo(f"wrote {table.num_rows} records to {out}", err=True)
@@ -232,7 +210,6 @@ def stability(members: tuple[str, ...], anchor: str | None, n_prompts: int, prom
             summary = _store_stability(name, table, loaded, device, wall_s)
         except StrataError as exc:
             fail(str(exc), exit_code_of(exc))
-            return
         click.echo(f"stored refit family {name!r} (stability run {summary.run_id}) in "
                    f"{get_settings().database}", err=True)
 
@@ -331,7 +308,7 @@ def stages(results_path: str, out_path: str | None) -> None:
     """Place the three stage boundaries of a model from its computed metrics, with evidence."""
     from compute.records import records_to_table, validate_records
     from compute.stages import infer_stages, n_layers_of, stage_records
-    from service.exports import format_for_path, read_records, write_atomic
+    from service.exports import read_records, write_atomic
 
     try:
         frame = read_records(Path(results_path))
@@ -339,7 +316,6 @@ def stages(results_path: str, out_path: str | None) -> None:
         boundaries = infer_stages(frame, n_layers)
     except StrataError as exc:
         fail(str(exc), exit_code_of(exc))
-        return
     evidence = [{"boundary": b.index, "ends_stage": b.index, "layer": b.layer,
                  "relative_depth": b.relative_depth, "clear": b.clear, "rule": b.rule,
                  "evidence": b.evidence} for b in boundaries]
@@ -347,10 +323,7 @@ def stages(results_path: str, out_path: str | None) -> None:
         click.echo(json.dumps({"n_layers": n_layers, "boundaries": evidence}, indent=2))
         return
     out = Path(out_path)
-    fmt = format_for_path(out)
-    if fmt is None:
-        fail(f"--out {out}: unknown format; use .parquet, .json, .csv or .arrow", EXIT_BAD_INPUT)
-        return
+    fmt = _out_format(out)
     table = validate_records(records_to_table(stage_records(boundaries, n_layers)))
     write_atomic(out, fmt.encode(table, {"n_layers": n_layers, "boundaries": evidence}))
     for b in evidence:
@@ -402,7 +375,6 @@ def zoo_train(name: str | None, n_layers: int, d_model: int, n_heads: int, n_ctx
         seed_list = [int(s) for s in seeds.split(",") if s.strip()]
     except ValueError:
         fail(f"--seeds {seeds!r}: give comma-separated integers", EXIT_BAD_INPUT)
-        return
     root = Path(out_dir) if out_dir else ZOO_DIR
     tokenizer_dir = None
     for seed in seed_list:
@@ -413,7 +385,6 @@ def zoo_train(name: str | None, n_layers: int, d_model: int, n_heads: int, n_ctx
                                  lr=lr, steps=steps, batch_size=batch_size)
         except ValidationError as exc:
             fail(f"bad zoo configuration: {exc.errors()[0]['msg']}", EXIT_BAD_INPUT)
-            return
         path = train_zoo_model(cfg, root / model_name, tokenizer_dir=tokenizer_dir)
         tokenizer_dir = path  # refits share one tokenizer
         meta = json.loads((path / "strata_zoo.json").read_text())
@@ -442,7 +413,6 @@ def serve(host: str | None, port: int | None, access_log: bool, log_level: str) 
         store = Store.open(settings.database, threads=settings.api.duckdb_threads)
     except StrataError as exc:
         fail(str(exc), exit_code_of(exc))
-        return
     try:
         ensure_current(store)
         app = create_app(settings, store)

@@ -16,26 +16,15 @@ from typing import TYPE_CHECKING, TypeVar
 
 import click
 
-from compute.errors import SpecError, StrataError
+from service.cli_errors import exit_code_of
 from service.settings import Settings, get_settings
-from service.store.errors import DatabaseHeldError, SchemaOutOfDateError, StoreError
+from service.store.errors import StoreError
 
 if TYPE_CHECKING:
     from compute.run import RunResult
     from service.store.db import Store
 
-EXIT_BAD_INPUT, EXIT_HELD = 2, 5
 T = TypeVar("T")
-
-
-def store_exit_code(exc: StrataError) -> int:
-    """The CLI exit code of a store error: 5 held by another process, 2 bad input or a schema
-    that needs `strata db upgrade`, 1 otherwise."""
-    if isinstance(exc, DatabaseHeldError):
-        return EXIT_HELD
-    if isinstance(exc, SpecError | SchemaOutOfDateError):
-        return EXIT_BAD_INPUT
-    return 1
 
 
 @contextmanager
@@ -78,7 +67,7 @@ def _run(action: Callable[[Store], T]) -> T:
             return action(store)
     except StoreError as exc:
         click.echo(f"error: {exc}", err=True)
-        sys.exit(store_exit_code(exc))
+        sys.exit(exit_code_of(exc))
 
 
 @click.group("db")

@@ -74,6 +74,16 @@ def format_for_path(path: Path) -> ExportFormat | None:
     return None
 
 
+def require_format(path: Path) -> ExportFormat:
+    """The format a file's suffix names; `SpecError` naming the choices if none does."""
+    fmt = format_for_path(path)
+    if fmt is None:
+        from compute.errors import SpecError
+
+        raise SpecError(f"{path}: unknown format; use .parquet, .json, .csv or .arrow")
+    return fmt
+
+
 def write_atomic(path: Path, data: bytes) -> None:
     """Write bytes to `path` so that readers see the old file or the whole new one."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -93,9 +103,7 @@ def read_records(path: Path) -> Any:
 
     from compute.errors import SpecError
 
-    fmt = format_for_path(path)
-    if fmt is None:
-        raise SpecError(f"{path}: unknown format; use .parquet, .json, .csv or .arrow")
+    fmt = require_format(path)
     try:
         if fmt.name == "parquet":
             return pl.read_parquet(path)

@@ -37,6 +37,10 @@ def errors(*codes: int) -> dict[int, ResponseSpec]:
                                generate_examples=False) for code in codes}
 
 
+# What a data endpoint can answer besides 200: bad/unknown input, no such model, bad format.
+DATA_ERRORS = errors(400, 404, 406, 422)
+
+
 @dataclass
 class ApiContext:
     """What every handler works with: the store this process owns, the settings, the in-memory

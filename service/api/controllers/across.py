@@ -20,11 +20,9 @@ from service.api.queries import compare as compare_queries
 from service.api.queries import stages as stage_queries
 from service.api.queries.answers import Answer
 from service.api.queries.index import Snapshot
-from service.api.respond import ApiContext, errors, respond
+from service.api.respond import DATA_ERRORS, ApiContext, respond
 from service.api.schemas.results import Comparison
 from service.api.schemas.stages import Stages
-
-DATA_ERRORS = errors(400, 404, 406, 422)
 
 
 class AcrossModelsController(Controller):

@@ -12,7 +12,7 @@ from service.api.docs import TabularOperation
 from service.api.queries import families as family_queries
 from service.api.queries.answers import Answer
 from service.api.queries.index import Snapshot
-from service.api.respond import ApiContext, errors, respond
+from service.api.respond import DATA_ERRORS, ApiContext, errors, respond
 from service.api.schemas.families import Family, Stability
 
 
@@ -29,7 +29,7 @@ class FamiliesController(Controller):
     def get_family(self, ctx: ApiContext, family: str) -> Family:
         return family_queries.get_family(ctx.reader, ctx.snapshot(), family)
 
-    @get("/{family:str}/stability", responses=errors(400, 404, 406, 422),
+    @get("/{family:str}/stability", responses=DATA_ERRORS,
          operation_class=TabularOperation)
     async def stability(self, request: Request[Any, Any, Any], ctx: ApiContext, family: str,
                   metric: Annotated[str | None, Parameter(

@@ -25,13 +25,11 @@ from service.api.queries import neurons as neuron_queries
 from service.api.queries import stages as stage_queries
 from service.api.queries.answers import Answer
 from service.api.queries.index import Snapshot
-from service.api.respond import ApiContext, errors, respond
+from service.api.respond import DATA_ERRORS, ApiContext, errors, respond
 from service.api.schemas.models import Model, ModelDetail, ModelPage, RegisterModel
 from service.api.schemas.neurons import NeuronCounts, Neurons
 from service.api.schemas.results import HeadRows, MetricRows
 from service.api.schemas.stages import Stages
-
-DATA_ERRORS = errors(400, 404, 406, 422)
 
 
 class ModelsController(Controller):

@@ -45,6 +45,18 @@ def check_component(component: str | None) -> str | None:
     return component
 
 
+MAX_MODELS = 100  # models in one cross-model query
+
+
+def check_models(models: list[str], example: str) -> list[str]:
+    """The model list of a cross-model query: present and at most MAX_MODELS long."""
+    if not models:
+        raise UnprocessableError(f"give the models: models={example} (names or ids)")
+    if len(models) > MAX_MODELS:
+        raise UnprocessableError(f"at most {MAX_MODELS} models at once")
+    return models
+
+
 def check_layers(layer_min: int | None, layer_max: int | None) -> None:
     if layer_min is not None and layer_max is not None and layer_min > layer_max:
         raise UnprocessableError(f"layer_min {layer_min} is above layer_max {layer_max}")

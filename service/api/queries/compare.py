@@ -27,6 +27,7 @@ from service.api.queries.answers import (
     Answer,
     check_component,
     check_metric,
+    check_models,
     family_needed,
 )
 from service.api.queries.cache import Reader
@@ -34,7 +35,6 @@ from service.api.queries.index import RunEntry, Snapshot
 from service.api.schemas.results import CompareModel, CompareRow, Comparison, columns
 
 Method = Literal["interpolate", "mean"]
-MAX_MODELS = 100
 
 
 def bin_grid(bins: int) -> pl.DataFrame:
@@ -100,10 +100,7 @@ def compare(reader: Reader, snap: Snapshot, *, metric: str, component: str | Non
             ) -> Answer:
     check_metric(metric)
     check_component(component)
-    if not models:
-        raise UnprocessableError("give the models to compare: models=a,b,c (names or ids)")
-    if len(models) > MAX_MODELS:
-        raise UnprocessableError(f"compare at most {MAX_MODELS} models at once")
+    check_models(models, "a,b,c")
     entries = snap.models_named(models)
     family = family_needed(metric)
     runs: dict[int, RunEntry | None] = {}

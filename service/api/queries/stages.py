@@ -28,6 +28,7 @@ from service.api.queries.answers import (
     Answer,
     check_component,
     check_metric,
+    check_models,
     family_needed,
 )
 from service.api.queries.cache import Reader
@@ -35,8 +36,6 @@ from service.api.queries.index import ModelEntry, RunEntry, Snapshot
 from service.api.schemas.results import columns
 from service.api.schemas.stages import Boundary, ModelStages, StageRow, Stages
 from service.store import repositories as repo
-
-MAX_MODELS = 100
 
 
 def _spans(model: ModelEntry, found: dict[int, int | None]) -> list[dict[str, Any]]:
@@ -94,10 +93,7 @@ def stages(reader: Reader, snap: Snapshot, *, models: list[str], metric: str | N
     if metric is not None:
         check_metric(metric)
     check_component(component)
-    if not models:
-        raise UnprocessableError("give the models: models=a,b (names or ids)")
-    if len(models) > MAX_MODELS:
-        raise UnprocessableError(f"at most {MAX_MODELS} models at once")
+    check_models(models, "a,b")
     entries = [snap.model(models[0], model_id)] if model_id is not None else \
         snap.models_named(models)
     version = metric_version or METRIC_VERSION
