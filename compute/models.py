@@ -75,7 +75,9 @@ class ModelSource(Protocol):
 
     def recognises(self, ref: str) -> bool: ...
     def canonical_name(self, ref: str) -> str: ...
-    def load(self, spec: ModelSpec, device: str) -> tuple[Any, Any]: ...
+    def load(self, spec: ModelSpec, device: str) -> tuple[Any, Any, AppliedProcessing]:
+        """The processed model, its tokenizer (or None), and the processing applied."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -150,7 +152,7 @@ class HFDirSource:
     def canonical_name(self, ref: str) -> str:
         return str(Path(ref).resolve())
 
-    def load(self, spec: ModelSpec, device: str) -> tuple[Any, Any]:
+    def load(self, spec: ModelSpec, device: str) -> tuple[Any, Any, AppliedProcessing]:
         import transformer_lens.loading_from_pretrained as loading
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -180,7 +182,7 @@ class HFDirSource:
         model.to(TORCH_DTYPES[spec.dtype])
         model.move_model_modules_to_device()
         model.to(device)
-        return model, tokenizer
+        return model, tokenizer, applied
 
 
 def _has_tokenizer(path: Path) -> bool:
@@ -222,7 +224,7 @@ class ZooSource(HFDirSource):
     def canonical_name(self, ref: str) -> str:
         return ref.removeprefix("zoo:")
 
-    def load(self, spec: ModelSpec, device: str) -> tuple[Any, Any]:
+    def load(self, spec: ModelSpec, device: str) -> tuple[Any, Any, AppliedProcessing]:
         path = zoo_path(spec.name)
         if not (path / "config.json").is_file():
             available = ", ".join(zoo_names()) or "none built yet (run `strata zoo train`)"
@@ -249,14 +251,10 @@ class TransformerLensSource:
 
         return str(loading.get_official_model_name(ref))
 
-    def load(self, spec: ModelSpec, device: str) -> tuple[Any, Any]:
-        import transformer_lens.loading_from_pretrained as loading
+    def load(self, spec: ModelSpec, device: str) -> tuple[Any, Any, AppliedProcessing]:
 
-        cfg = loading.get_pretrained_model_config(spec.name, revision=spec.revision) \
-            if spec.revision else None
-        norm = cfg.normalization_type if cfg is not None else _official_normalization(spec.name)
-        applied = effective_processing(spec.processing, norm)
         kwargs = {"revision": spec.revision} if spec.revision else {}
+        applied = effective_processing(spec.processing, _official_normalization(spec.name, kwargs))
         try:
             model = _hooked_transformer().from_pretrained(
                 spec.name, fold_ln=applied.fold_ln,
@@ -269,15 +267,15 @@ class TransformerLensSource:
                 "Without network, "
                 "use a local checkpoint directory or a zoo model."
             ) from exc
-        return model, model.tokenizer
+        return model, model.tokenizer, applied
 
 
-def _official_normalization(name: str) -> str | None:
+def _official_normalization(name: str, kwargs: dict[str, Any]) -> str | None:
     import transformer_lens.loading_from_pretrained as loading
 
     try:
-        return loading.get_pretrained_model_config(name).normalization_type
-    except Exception:  # config unavailable offline; TransformerLens decides itself then
+        return loading.get_pretrained_model_config(name, **kwargs).normalization_type
+    except Exception:  # config unavailable (offline); loading the weights will say why
         return "LN"
 
 
@@ -292,7 +290,7 @@ class RandomSource:
     def canonical_name(self, ref: str) -> str:
         return ref
 
-    def load(self, spec: ModelSpec, device: str) -> tuple[Any, Any]:
+    def load(self, spec: ModelSpec, device: str) -> tuple[Any, Any, AppliedProcessing]:
         from transformer_lens import HookedTransformerConfig
 
         if spec.architecture is None or spec.seed is None:
@@ -309,7 +307,7 @@ class RandomSource:
             model = _hooked_transformer()(model.cfg, move_to_device=True)
         _load_state_dict_into(model, state, applied)
         model.to(TORCH_DTYPES[spec.dtype])
-        return model, None
+        return model, None, applied
 
 
 SOURCES: dict[str, ModelSource] = {
@@ -553,17 +551,9 @@ def load_model(spec: ModelSpec, device: str = "cpu") -> LoadedModel:
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ModelLoadError(f"device {device!r} requested but CUDA is not available here")
     source = SOURCES[spec.source]
-    model, tokenizer = source.load(spec, device)
+    model, tokenizer, applied = source.load(spec, device)
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
-    norm = model.cfg.normalization_type
-    # fold_ln rewrites LN -> LNPre in the config; report what was requested and applied.
-    base_norm = None if norm is None else norm.replace("Pre", "")
-    applied = effective_processing(spec.processing, base_norm)
     return LoadedModel(spec=spec, model=model, tokenizer=tokenizer, applied=applied, device=device)
 
-
-def spec_json(spec: ModelSpec) -> str:
-    """Canonical JSON of a spec (sorted keys), for hashing run configurations."""
-    return json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
