@@ -369,61 +369,22 @@ def zoo_train(name: str | None, n_layers: int, d_model: int, n_heads: int, n_ctx
     from pydantic import ValidationError
 
     from compute.models import ZOO_DIR
-    from compute.zoo.train import ZooModelConfig, train_zoo_model
+    from compute.zoo.train import ZooModelConfig, train_family
 
     try:
         seed_list = [int(s) for s in seeds.split(",") if s.strip()]
     except ValueError:
         fail(f"--seeds {seeds!r}: give comma-separated integers", EXIT_BAD_INPUT)
-    root = Path(out_dir) if out_dir else ZOO_DIR
-    tokenizer_dir = None
-    for seed in seed_list:
-        model_name = f"{name or f'tiny-{n_layers}l-{optimizer}'}-s{seed}"
-        try:
-            cfg = ZooModelConfig(name=model_name, n_layers=n_layers, d_model=d_model,
-                                 n_heads=n_heads, n_ctx=n_ctx, seed=seed, optimizer=optimizer,
-                                 lr=lr, steps=steps, batch_size=batch_size)
-        except ValidationError as exc:
-            fail(f"bad zoo configuration: {exc.errors()[0]['msg']}", EXIT_BAD_INPUT)
-        path = train_zoo_model(cfg, root / model_name, tokenizer_dir=tokenizer_dir)
-        tokenizer_dir = path  # refits share one tokenizer
+    try:
+        base = ZooModelConfig(name=name or f"tiny-{n_layers}l-{optimizer}", n_layers=n_layers,
+                              d_model=d_model, n_heads=n_heads, n_ctx=n_ctx,
+                              optimizer=optimizer, lr=lr, steps=steps,
+                              batch_size=batch_size)
+    except ValidationError as exc:
+        fail(f"bad zoo configuration: {exc.errors()[0]['msg']}", EXIT_BAD_INPUT)
+    for path in train_family(base, seed_list, Path(out_dir) if out_dir else ZOO_DIR):
         meta = json.loads((path / "strata_zoo.json").read_text())
-        click.echo(f"{model_name}: val_loss={meta.get('val_loss')} nats/token -> {path}")
-
-
-@main.command()
-@click.option("--host", default=None, help="address to listen on (default: STRATA_HOST, "
-              "127.0.0.1)")
-@click.option("--port", type=click.IntRange(0, 65535), default=None,
-              help="port (default: STRATA_PORT, 8000)")
-@click.option("--access-log", is_flag=True, help="log every request")
-@click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]),
-              default="info", show_default=True)
-def serve(host: str | None, port: int | None, access_log: bool, log_level: str) -> None:
-    """Serve the results over HTTP (the API). This process holds the database for as long as it
-    runs: other processes send it work instead of opening the file."""
-    import uvicorn
-
-    from service.api.app import create_app
-    from service.store import Store
-    from service.store.migrate import ensure_current
-
-    settings = get_settings()
-    try:
-        store = Store.open(settings.database, threads=settings.api.duckdb_threads)
-    except StrataError as exc:
-        fail(str(exc), exit_code_of(exc))
-    try:
-        ensure_current(store)
-        app = create_app(settings, store)
-        click.echo(f"serving {settings.database} on http://{host or settings.host}:"
-                   f"{settings.port if port is None else port} (docs: /schema)", err=True)
-        uvicorn.run(app, host=host or settings.host, port=settings.port if port is None else port,
-                    log_level=log_level, access_log=access_log, workers=1)
-    except StrataError as exc:
-        fail(str(exc), exit_code_of(exc))
-    finally:
-        store.close()
+        click.echo(f"{path.name}: val_loss={meta.get('val_loss')} nats/token -> {path}")
 
 
 main.add_command(db)

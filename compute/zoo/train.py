@@ -16,15 +16,11 @@ global RNG, so the caller's RNG state is left untouched) and a private generator
 training windows. Every training sequence is BOS followed by seq_len-1 tokens from a random
 offset of the token stream, matching how Strata evaluates (BOS at position 0, mid-text windows).
 
-Quick entry point:
-
-    python -m compute.zoo.train --name tiny-4l-s0 --n-layers 4 --seed 0 --optimizer adamw \\
-        --steps 500 --out compute/zoo/checkpoints/tiny-4l-s0
+Command line: `strata zoo train` (one model per seed, through `train_family`).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import platform
@@ -313,78 +309,21 @@ def train_zoo_model(
 def train_family(
     base_cfg: ZooModelConfig,
     seeds: Sequence[int],
-    optimizer: Literal["adamw", "adam"],
     out_root: str | Path,
     *,
     tokenizer_dir: str | Path | None = None,
     progress: ProgressFn | None = None,
 ) -> list[Path]:
-    """Train refits of one architecture that differ only in seed: `<name>-<optimizer>-s<seed>`.
+    """Train refits of one architecture that differ only in seed: `<base name>-s<seed>`.
 
     The first refit's tokenizer is reused by the others unless `tokenizer_dir` is given.
     """
     root = Path(out_root)
     paths: list[Path] = []
     for seed in seeds:
-        name = f"{base_cfg.name}-{optimizer}-s{seed}"
-        cfg = base_cfg.model_copy(
-            update={"name": name, "seed": seed, "optimizer": optimizer, "weight_decay": None}
-        )
-        path = train_zoo_model(cfg, root / name, tokenizer_dir=tokenizer_dir, progress=progress)
+        cfg = base_cfg.model_copy(update={"name": f"{base_cfg.name}-s{seed}", "seed": seed})
+        path = train_zoo_model(cfg, root / cfg.name, tokenizer_dir=tokenizer_dir,
+                               progress=progress)
         tokenizer_dir = tokenizer_dir or path
         paths.append(path)
     return paths
-
-
-def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--name", required=True)
-    parser.add_argument("--n-layers", type=int, required=True)
-    parser.add_argument("--d-model", type=int, default=128)
-    parser.add_argument("--n-heads", type=int, default=4)
-    parser.add_argument("--n-ctx", type=int, default=128)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--optimizer", choices=["adamw", "adam"], default="adamw")
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--steps", type=int, default=500)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--seq-len", type=int, default=None)
-    parser.add_argument("--save-dtype", choices=["float16", "float32"], default="float16")
-    parser.add_argument("--tokenizer-dir", default=None, help="reuse a saved zoo tokenizer")
-    parser.add_argument("--out", required=True)
-    return parser.parse_args(argv)
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    """Command-line entry point (`python -m compute.zoo.train --help`)."""
-    args = _parse_args(argv)
-    cfg = ZooModelConfig(
-        name=args.name,
-        n_layers=args.n_layers,
-        d_model=args.d_model,
-        n_heads=args.n_heads,
-        n_ctx=args.n_ctx,
-        seed=args.seed,
-        optimizer=args.optimizer,
-        lr=args.lr,
-        steps=args.steps,
-        batch_size=args.batch_size,
-        seq_len=args.seq_len,
-        save_dtype=args.save_dtype,
-    )
-
-    def report(step: int, total: int, loss: float) -> None:
-        if step % 25 == 0 or step == total:
-            print(f"step {step}/{total} loss {loss:.4f}", flush=True)
-
-    path = train_zoo_model(cfg, args.out, tokenizer_dir=args.tokenizer_dir, progress=report)
-    meta = json.loads((path / ZOO_METADATA_FILE).read_text())
-    print(
-        f"wrote {path}: val_loss {meta['val_loss']} nats/token, "
-        f"train {meta['final_train_loss']}, {meta['wall_time_s']} s",
-        flush=True,
-    )
-
-
-if __name__ == "__main__":
-    main()
