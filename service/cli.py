@@ -387,6 +387,41 @@ def zoo_train(name: str | None, n_layers: int, d_model: int, n_heads: int, n_ctx
         click.echo(f"{path.name}: val_loss={meta.get('val_loss')} nats/token -> {path}")
 
 
+@main.command()
+@click.option("--host", default=None, help="address to listen on (default: STRATA_HOST, "
+              "127.0.0.1)")
+@click.option("--port", type=click.IntRange(0, 65535), default=None,
+              help="port (default: STRATA_PORT, 8000)")
+@click.option("--access-log", is_flag=True, help="log every request")
+@click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]),
+              default="info", show_default=True)
+def serve(host: str | None, port: int | None, access_log: bool, log_level: str) -> None:
+    """Serve the results over HTTP (the API). This process holds the database for as long as it
+    runs: other processes send it work instead of opening the file."""
+    import uvicorn
+
+    from service.api.app import create_app
+    from service.store import Store
+    from service.store.migrate import ensure_current
+
+    settings = get_settings()
+    try:
+        store = Store.open(settings.database, threads=settings.api.duckdb_threads)
+    except StrataError as exc:
+        fail(str(exc), exit_code_of(exc))
+    try:
+        ensure_current(store)
+        app = create_app(settings, store)
+        click.echo(f"serving {settings.database} on http://{host or settings.host}:"
+                   f"{settings.port if port is None else port} (docs: /schema)", err=True)
+        uvicorn.run(app, host=host or settings.host, port=settings.port if port is None else port,
+                    log_level=log_level, access_log=access_log, workers=1)
+    except StrataError as exc:
+        fail(str(exc), exit_code_of(exc))
+    finally:
+        store.close()
+
+
 main.add_command(db)
 
 if __name__ == "__main__":
