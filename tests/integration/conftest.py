@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
@@ -15,6 +16,9 @@ from compute.run import RunConfig, RunResult, compute_run
 from compute.tokens import TokenSpec
 from service.store import Store
 from service.store.migrate import upgrade
+
+if TYPE_CHECKING:
+    from tests.integration.test_api_harness import Api
 
 TINY_ARCHITECTURE = dict(n_layers=3, d_model=32, n_heads=4, d_head=8, d_mlp=64, d_vocab=100,
                          n_ctx=64, act_fn="gelu_new", normalization_type="LN")
@@ -44,3 +48,11 @@ def store(db_path: Path) -> Iterator[Store]:
     with Store.open(db_path, threads=1) as opened:
         upgrade(opened)
         yield opened
+
+
+@pytest.fixture(scope="module")
+def server(run_result: RunResult) -> Api:
+    """The `strata serve` process of the API tests (one per session, seeded once)."""
+    from tests.integration.test_api_harness import api
+
+    return api(run_result)

@@ -13,19 +13,11 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 import pytest
 
-from compute.run import RunResult
 from service.api.schemas.families import StabilityRow
 from service.api.schemas.neurons import NeuronCountRow, NeuronRow
 from service.api.schemas.results import CompareRow, HeadRow, MetricRow, columns
 from service.api.schemas.stages import StageRow
-from tests.integration.test_api_harness import CORS_ORIGIN, Api, api
-
-V1 = "/api/v1"
-
-
-@pytest.fixture(scope="module")
-def server(run_result: RunResult) -> Api:
-    return api(run_result)
+from tests.integration.test_api_harness import CORS_ORIGIN, V1, Api
 
 
 def records(api: Api, name: str) -> pl.DataFrame:

@@ -10,17 +10,11 @@ from urllib.parse import urlparse
 import pytest
 from litestar.testing import TestClient
 
-from compute.run import RunResult
 from service.api.app import create_app
 from service.api.schemas.results import CompareRow, MetricRow, columns
 from service.settings import ApiSettings, Settings
 from service.store import Store
-from tests.integration.test_api_harness import KEY, Api, api
-
-
-@pytest.fixture(scope="module")
-def server(run_result: RunResult) -> Api:
-    return api(run_result)
+from tests.integration.test_api_harness import KEY, Api
 
 
 def test_openapi_describes_the_real_fields(server: Api) -> None:

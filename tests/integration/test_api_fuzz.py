@@ -8,7 +8,6 @@ import contextlib
 from typing import Any
 from urllib.parse import quote
 
-import pytest
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.errors import Unsatisfiable
@@ -20,21 +19,14 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from compute.run import RunResult
-from tests.integration.test_api_harness import KEY, Api, api
-
-V1 = "/api/v1"
-
-
-@pytest.fixture(scope="module")
-def server(run_result: RunResult) -> Api:
-    return api(run_result)
+from tests.integration.test_api_harness import KEY, V1, Api
 
 
 @schemathesis.serializer("application/vnd.apache.arrow.stream")
 def _arrow_body(ctx: Any, value: Any) -> bytes:
     """Generated ingest bodies (random strings) go out as bytes: the server must refuse them."""
     return value if isinstance(value, bytes) else str(value).encode()
+
 
 HOSTILE = [
     "' OR '1'='1", "'; DROP TABLE results; --", "1; SELECT * FROM models", "\" OR \"\"=\"",

@@ -33,7 +33,6 @@ from typing import Any
 
 import httpx
 import numpy as np
-import pytest
 
 from compute.metrics.base import EngineOptions
 from compute.models import ModelSpec, Processing, resolve_model_spec, zoo_path
@@ -44,6 +43,7 @@ from service.exports import FORMATS
 from tests.integration.synthetic import variant
 
 KEY = "test-key-0123456789"
+V1 = "/api/v1"
 OTHER_KEY = "second-key"
 CORS_ORIGIN = "http://dashboard.local"
 INGEST_MAX_MB = 8
@@ -224,11 +224,6 @@ def api(run_result: RunResult) -> Api:
         _API = start_api(run_result)
         atexit.register(_API.stop)
     return _API
-
-
-@pytest.fixture(scope="module")
-def server(run_result: RunResult) -> Api:
-    return api(run_result)
 
 
 # --------------------------------------------------------------------------- the harness itself

@@ -8,27 +8,18 @@ import json
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pytest
 
-from compute.run import RunResult, result_metadata
+from compute.run import result_metadata
 from service.exports import FORMATS
 from tests.integration.test_api_harness import (
     INGEST_MAX_MB,
     KEY,
+    V1,
     Api,
-    api,
     arrow_body,
     line,
     stagey,
 )
-
-V1 = "/api/v1"
-
-
-@pytest.fixture(scope="module")
-def server(run_result: RunResult) -> Api:
-    return api(run_result)
-
 
 ARROW = {"Content-Type": FORMATS["arrow"].media_type}
 

@@ -5,17 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
-from compute.run import RunResult
-from tests.integration.test_api_harness import KEY, OTHER_KEY, Api, api
-
-V1 = "/api/v1"
-
-
-@pytest.fixture(scope="module")
-def server(run_result: RunResult) -> Api:
-    return api(run_result)
+from tests.integration.test_api_harness import KEY, OTHER_KEY, V1, Api
 
 
 def register(api: Api, body: dict[str, Any], key: str | None = KEY) -> Any:
