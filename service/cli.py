@@ -16,6 +16,7 @@ import click
 from compute.errors import SpecError, StrataError
 from service.cli_db import check_store_writable, db, store_result
 from service.cli_errors import EXIT_BAD_INPUT, exit_code_of, fail
+from service.cli_settings import settings
 from service.exports import ExportFormat, require_format
 from service.settings import get_settings
 
@@ -423,6 +424,7 @@ def serve(host: str | None, port: int | None, access_log: bool, log_level: str) 
 
 
 main.add_command(db)
+main.add_command(settings)
 
 if __name__ == "__main__":
     main()
