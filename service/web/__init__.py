@@ -1,0 +1,1 @@
+"""The dashboard page and its assets (served by service.api.controllers.dashboard)."""
