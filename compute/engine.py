@@ -19,10 +19,11 @@ from torch import Tensor
 
 from compute.errors import TokenSpecError
 from compute.metrics import families_named
-from compute.metrics.base import BatchContext, EngineOptions, FamilyOutput, NeuronTokens
+from compute.memory import ModelDims, device_free_bytes, sweep_bytes_per_sequence
+from compute.metrics.base import BatchContext, EngineOptions, Family, FamilyOutput, NeuronTokens
 from compute.models import LoadedModel
 from compute.records import Record
-from compute.reduce import MeanAccumulator, reference_from_logits
+from compute.reduce import MeanAccumulator, reference_in_chunks
 
 
 @dataclass(frozen=True)
@@ -51,12 +52,35 @@ class SweepResult:
     wall_s: float = 0.0
 
 
-def auto_batch_size(lm: LoadedModel, seq_len: int, opts: EngineOptions) -> int:
-    """Sequences per batch such that the clean [tokens, vocab] distribution fits the budget."""
+# Tokens per batch on a CPU: measured with `benchmarks/sweep.py --batch-scan` (docs/performance.md).
+# Above about a thousand tokens the per-batch temporaries ([tokens, d_mlp] activations, the
+# reference [tokens, vocab] distribution) outgrow the caches and are page-faulted in afresh on
+# every allocation; below a few hundred, matmuls are too thin to run at full rate.
+CPU_TOKENS_PER_BATCH = 1024
+
+
+def auto_batch_size(lm: LoadedModel, seq_len: int, opts: EngineOptions,
+                    families: list[Family] | None = None) -> int:
+    """Sequences per batch: the setting if given, else chosen for the device.
+
+    CPU: about `CPU_TOKENS_PER_BATCH` tokens (the measured optimum, within the logits budget).
+    GPU: as many sequences as the memory budget holds (`memory_budget_mb`, default 85% of the
+    device's free memory), from the per-sequence estimate of `compute.memory`.
+    """
     if opts.batch_size is not None:
         return opts.batch_size
-    per_sequence = seq_len * lm.d_vocab * 4
-    return max(1, opts.logits_budget_mb * 2**20 // per_sequence)
+    by_logits = max(1, opts.logits_budget_mb * 2**20 // (seq_len * lm.d_vocab * 4))
+    if not str(lm.device).startswith("cuda"):
+        tokens = opts.tokens_per_batch or CPU_TOKENS_PER_BATCH
+        return max(1, min(by_logits, round(tokens / seq_len)))
+    families = families or []
+    dims = ModelDims.of(lm)
+    per_sequence = sweep_bytes_per_sequence(
+        dims, seq_len, lm.dtype_bytes, patterns=any(f.needs_patterns for f in families),
+        z=any(f.needs_z for f in families))
+    budget = (opts.memory_budget_mb * 2**20 if opts.memory_budget_mb is not None
+              else int(0.85 * device_free_bytes(lm.device)))
+    return max(1, budget // per_sequence)
 
 
 def logit_chunk_rows(lm: LoadedModel, opts: EngineOptions) -> int:
@@ -86,12 +110,14 @@ def sweep(
         raise TokenSpecError(f"seq_len {seq_len} leaves no evaluated positions; use >= 3")
     if seq_len > lm.n_ctx:
         raise TokenSpecError(f"seq_len {seq_len} exceeds the model's context n_ctx={lm.n_ctx}")
-    batch = min(auto_batch_size(lm, seq_len, opts), n_seq)
+    batch = min(auto_batch_size(lm, seq_len, opts, families), n_seq)
     n_batches = -(-n_seq // batch)
     total = sum(f.units_per_batch(lm) for f in families) * n_batches + \
         sum(f.units_at_finish(lm, opts) for f in families)
     max_rows = logit_chunk_rows(lm, opts)
     needs_patterns = any(f.needs_patterns for f in families)
+    needs_z = any(f.needs_z for f in families)
+    names = frozenset(f.name for f in families)
     accs = {f.name: MeanAccumulator(lm.device) for f in families}
     state = {"done": 0, "tokens": 0}
     start = time.perf_counter()
@@ -108,7 +134,8 @@ def sweep(
     with torch.inference_mode():
         for first in range(0, n_seq, batch):
             chunk = tokens[first : first + batch].to(lm.device)
-            ctx = clean_pass(lm, chunk, needs_patterns, max_rows, tick)
+            ctx = clean_pass(lm, chunk, needs_patterns, max_rows, tick, capture_z=needs_z,
+                             families=names)
             state["tokens"] += chunk.shape[0] * (seq_len - 2)
             for family in families:
                 family.on_batch(ctx, accs[family.name], opts)
@@ -121,21 +148,24 @@ def sweep(
 
 
 def clean_pass(lm: LoadedModel, tokens: Int[Tensor, "batch pos"], capture_patterns: bool,
-               max_rows: int, tick: Callable[[int], None]) -> BatchContext:
+               max_rows: int, tick: Callable[[int], None], *, capture_z: bool = False,
+               families: frozenset[str] = frozenset()) -> BatchContext:
     """Run the unmodified model once, caching what every family needs."""
     resid = [lm.embed(tokens)]
-    attn_out, mlp_out, patterns = [], [], []
+    attn_out, mlp_out, patterns, zs = [], [], [], []
     for layer in range(lm.n_layers):
-        run = lm.run_block(layer, resid[-1], capture_pattern=capture_patterns)
+        run = lm.run_block(layer, resid[-1], capture_pattern=capture_patterns,
+                           capture_z=capture_z)
         resid.append(run.resid)
         attn_out.append(run.attn_out)
         mlp_out.append(run.mlp_out)
         if run.pattern is not None:
             patterns.append(run.pattern)
+        if capture_z and run.z is not None:
+            zs.append(run.z)
     final = resid[-1][:, 1:-1].reshape(-1, lm.d_model)
     targets = tokens[:, 2:].reshape(-1)
-    logits = torch.cat([lm.logits(final[i : i + max_rows]) for i in range(0, len(final), max_rows)])
-    ref = reference_from_logits(logits, targets)
-    del logits
+    ref = reference_in_chunks(lm.logits, final, targets, max_rows=max_rows)
     return BatchContext(lm, tokens, resid, attn_out, mlp_out,
-                        patterns if capture_patterns else None, ref, max_rows, tick)
+                        patterns if capture_patterns else None, ref, max_rows, tick,
+                        z=zs if capture_z and zs else None, families=families)

@@ -7,7 +7,8 @@ fix. The CLI maps them to exit codes, the service to HTTP statuses; nothing else
     ├── SpecError                 a model, token or run specification is invalid
     │   ├── UnknownModelError     no source recognises the model reference
     │   ├── UnknownMetricError    a metric family that is not registered
-    │   └── TokenSpecError        unreadable tokens, ids out of range, seq_len > n_ctx, ...
+    │   ├── TokenSpecError        unreadable tokens, ids out of range, seq_len > n_ctx, ...
+    │   └── ModelTooLargeError    the model (estimated from its config) will not fit the device
     ├── ModelLoadError            the source was recognised but loading failed
     └── ComputeError              the computation itself failed (NaN/inf, shape mismatch)
 """
@@ -33,6 +34,11 @@ class UnknownMetricError(SpecError):
 
 class TokenSpecError(SpecError):
     """Tokens cannot be produced or do not fit the model."""
+
+
+class ModelTooLargeError(SpecError):
+    """The memory a model needs, estimated from its config before loading, exceeds what the
+    device (or host) has."""
 
 
 class ModelLoadError(StrataError):

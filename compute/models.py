@@ -33,7 +33,9 @@ from jaxtyping import Float, Int
 from pydantic import BaseModel, ConfigDict
 from torch import Tensor
 
+from compute import blocks
 from compute.errors import ModelLoadError, UnknownModelError
+from compute.memory import ModelDims, check_fits
 
 DType = Literal["float32", "bfloat16", "float16"]
 TORCH_DTYPES: dict[str, torch.dtype] = {
@@ -176,12 +178,15 @@ class HFDirSource:
         tokenizer = AutoTokenizer.from_pretrained(path) if _has_tokenizer(Path(path)) else None
         if tokenizer is None:
             cfg.tokenizer_name = None  # else TransformerLens fetches one by the config's name
-        model = _hooked_transformer()(cfg, tokenizer, move_to_device=False)
+        # The model is built straight in the run's dtype on the run's device, uninitialised
+        # (its pages are never touched before the weights land): the state dict is processed
+        # in float32 on the host and each tensor is cast and copied into place, key by key.
+        # Folding in float32 and casting after keeps low-precision runs accurate.
+        cfg.dtype = TORCH_DTYPES[spec.dtype]
+        cfg.init_weights = False
+        model = _hooked_transformer()(cfg, tokenizer, move_to_device=True)
         _load_state_dict_into(model, state_dict, applied)
-        # Process in float32, then cast: folding in low precision loses accuracy for nothing.
-        model.to(TORCH_DTYPES[spec.dtype])
-        model.move_model_modules_to_device()
-        model.to(device)
+        del state_dict
         return model, tokenizer, applied
 
 
@@ -370,6 +375,7 @@ class BlockRun:
     attn_out: Float[Tensor, "batch pos d_model"]
     mlp_out: Float[Tensor, "batch pos d_model"] | None
     pattern: Float[Tensor, "batch head q k"] | None = None
+    z: Float[Tensor, "batch pos head d_head"] | None = None
 
 
 @dataclass
@@ -433,6 +439,10 @@ class LoadedModel:
         return 0
 
     @property
+    def dtype_bytes(self) -> int:
+        return int(next(self.model.parameters()).element_size())
+
+    @property
     def n_params(self) -> int:
         return int(sum(p.numel() for p in self.model.parameters()))
 
@@ -464,13 +474,20 @@ class LoadedModel:
         zero_mlp: bool = False,
         head_mask: Float[Tensor, "batch head"] | None = None,
         capture_pattern: bool = False,
+        capture_z: bool = False,
     ) -> BlockRun:
         """Run block `layer` on `resid`.
 
         `zero_attn` / `zero_mlp` zero that component's residual write (biases included);
-        `head_mask` multiplies each head's z (1 keeps, 0 ablates), row by row of the batch.
+        `head_mask` multiplies each head's z (1 keeps, 0 ablates), row by row of the batch;
+        `capture_z` returns each head's z (for ablations that subtract one head's write).
+        Supported architectures run the fast forward of `compute.blocks`; the rest run the
+        TransformerLens block with hooks.
         """
         block = self.model.blocks[layer]
+        if self.fast_path:
+            return self._run_fast_block(layer, resid, zero_attn=zero_attn, zero_mlp=zero_mlp,
+                                        head_mask=head_mask, capture_pattern=capture_pattern)
         captured: dict[str, Tensor] = {}
 
         def attn_hook(_m: Any, _i: Any, out: Tensor) -> Tensor:
@@ -485,43 +502,106 @@ class LoadedModel:
             captured["pattern"] = out
 
         def z_hook(_m: Any, _i: Any, z: Tensor) -> Tensor:
-            assert head_mask is not None
-            return z * head_mask[:, None, :, None].to(z.dtype)
+            if head_mask is not None:
+                z = z * head_mask[:, None, :, None].to(z.dtype)
+            captured["z"] = z
+            return z
 
         hooks: list[tuple[Any, Callable[..., Any]]] = [(block.hook_attn_out, attn_hook)]
         if self.has_mlp:
             hooks.append((block.hook_mlp_out, mlp_hook))
         if capture_pattern:
             hooks.append((block.attn.hook_pattern, pattern_hook))
-        if head_mask is not None:
+        if head_mask is not None or capture_z:
             hooks.append((block.attn.hook_z, z_hook))
         with _forward_hooks(hooks):
             out = block(resid, shortformer_pos_embed=self._ctx.get("shortformer"))
-        return BlockRun(out, captured["attn"], captured.get("mlp"), captured.get("pattern"))
+        return BlockRun(out, captured["attn"], captured.get("mlp"), captured.get("pattern"),
+                        captured.get("z"))
+
+    def _run_fast_block(self, layer: int, resid: Tensor, *, zero_attn: bool, zero_mlp: bool,
+                        head_mask: Tensor | None, capture_pattern: bool) -> BlockRun:
+        block = self.model.blocks[layer]
+        weights = self._fast_weights(layer)
+        attn_out, z, pattern = blocks.attention(
+            block, weights, blocks.norm(block.ln1, resid), head_mask=head_mask,
+            capture_pattern=capture_pattern)
+        if zero_attn:
+            attn_out = torch.zeros_like(attn_out)
+        if not self.has_mlp:
+            return BlockRun(resid + attn_out, attn_out, None, pattern, z)
+        mlp_in = resid if self.parallel else resid + attn_out
+        mlp_out = self.run_mlp(layer, mlp_in)
+        if zero_mlp:
+            mlp_out = torch.zeros_like(mlp_out)
+        out = resid + attn_out + mlp_out if self.parallel else mlp_in + mlp_out
+        return BlockRun(out, attn_out, mlp_out, pattern, z)
+
+    def run_mlp(self, layer: int, resid: Float[Tensor, "batch pos d_model"]
+                ) -> Float[Tensor, "batch pos d_model"]:
+        """Block `layer`'s MLP write given the residual it reads (resid_mid, or resid_pre for
+        parallel attention/MLP): its norm, the MLP, and nothing else."""
+        block = self.model.blocks[layer]
+        if self.fast_path:
+            return blocks.mlp(block, self.cfg, blocks.norm(block.ln2, resid))
+        return block.apply_mlp(block.ln2(resid))
+
+    def head_writes(self, layer: int, z: Float[Tensor, "batch pos head d_head"],
+                    heads: list[int]) -> Float[Tensor, "group batch pos d_model"]:
+        """What each of `heads` adds to the residual stream (its z through its rows of W_O).
+
+        The attention write is b_O plus the sum of these over heads, so zeroing one head's z
+        changes the write by exactly minus its term (when `attn_write_is_linear_in_z`).
+        """
+        w_o = self.model.blocks[layer].attn.W_O.detach()[heads]  # [g, d_head, d_model]
+        return torch.einsum("bphk,hkd->hbpd", z[:, :, heads], w_o)
+
+    @property
+    def attn_write_is_linear_in_z(self) -> bool:
+        """True when the attention write is b_O + sum over heads of z_h W_O[h] (no norm after
+        attention, no grouped or quantised projections)."""
+        return self.fast_path or (
+            not self.cfg.use_normalization_before_and_after and not self.cfg.load_in_4bit
+            and self.cfg.n_key_value_heads in (None, self.cfg.n_heads))
+
+    @property
+    def parallel(self) -> bool:
+        return bool(self.cfg.parallel_attn_mlp)
+
+    @property
+    def fast_path(self) -> bool:
+        """Whether every block runs the fast forward of `compute.blocks` (decided once)."""
+        if "fast_path" not in self._ctx:
+            self._ctx["fast_path"] = all(blocks.supports(self.cfg, b) for b in self.model.blocks)
+        return bool(self._ctx["fast_path"])
+
+    def _fast_weights(self, layer: int) -> blocks.FastWeights:
+        cache = self._ctx.setdefault("fast_weights", {})
+        if layer not in cache:
+            cache[layer] = blocks.fast_weights(self.model.blocks[layer])
+        return cache[layer]  # type: ignore[no-any-return]
 
     def logits(self, resid: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_vocab"]:
         """Final norm (recomputed on this residual), W_U, b_U and any logit soft-cap.
 
-        Same arithmetic as TransformerLens's Unembed, except that W_U^T is made contiguous once
-        rather than copied on every call (16 MB per call for a 256 x 16k unembedding).
+        Same arithmetic as TransformerLens's Unembed, as one `addmm` on W_U as stored
+        ([d_model, vocab]; BLAS reads it transposed in place, so no copy of W_U is made).
         """
         from transformer_lens.utilities import apply_softcap
 
         x = resid
         if self.cfg.normalization_type is not None:
-            x = self.model.ln_final(x)
+            x = blocks.norm(self.model.ln_final, x) if self.fast_path else self.model.ln_final(x)
         unembed = self.model.unembed
-        key = (unembed.W_U.data_ptr(), unembed.W_U._version)
-        if self._ctx.get("w_u_t_key") != key:
-            self._ctx["w_u_t"] = unembed.W_U.detach().T.contiguous()
-            self._ctx["w_u_t_key"] = key
-        logits = torch.nn.functional.linear(x, self._ctx["w_u_t"], unembed.b_U)
+        flat = x.reshape(-1, x.shape[-1])
+        logits = torch.addmm(unembed.b_U, flat, unembed.W_U.detach())
+        logits = logits.view(*x.shape[:-1], logits.shape[-1])
         return apply_softcap(logits, self.cfg.output_logits_soft_cap)
 
     def forget_derived_weights(self) -> None:
-        """Drop copies derived from the weights (W_U^T), e.g. after editing weights in place."""
-        self._ctx.pop("w_u_t", None)
-        self._ctx.pop("w_u_t_key", None)
+        """Drop copies derived from the weights (fused attention matrices), e.g. after editing
+        weights in place."""
+        self._ctx.pop("fast_weights", None)
 
     # ---- processed weights
     def w_out(self, layer: int) -> Float[Tensor, "d_mlp d_model"]:
@@ -550,6 +630,9 @@ def load_model(spec: ModelSpec, device: str = "cpu") -> LoadedModel:
     """Load and process the weights a spec names. The one entry point to TransformerLens."""
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ModelLoadError(f"device {device!r} requested but CUDA is not available here")
+    dims = _dims_before_loading(spec)
+    if dims is not None:  # refuse what will not fit before loading anything
+        check_fits(dims, spec.dtype, device, name=spec.name)
     source = SOURCES[spec.source]
     model, tokenizer, applied = source.load(spec, device)
     model.eval()
@@ -557,3 +640,16 @@ def load_model(spec: ModelSpec, device: str = "cpu") -> LoadedModel:
         p.requires_grad_(False)
     return LoadedModel(spec=spec, model=model, tokenizer=tokenizer, applied=applied, device=device)
 
+
+
+def _dims_before_loading(spec: ModelSpec) -> ModelDims | None:
+    """The model's dimensions from its config alone (None where that needs the network)."""
+    if spec.source == "random" and spec.architecture is not None:
+        try:
+            return ModelDims.from_tl_config(spec.architecture)
+        except (KeyError, TypeError, ValueError):
+            return None
+    if spec.source in ("zoo", "hf_dir"):
+        path = zoo_path(spec.name) if spec.source == "zoo" else Path(spec.name)
+        return ModelDims.from_hf_config(path)
+    return None

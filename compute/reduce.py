@@ -116,6 +116,31 @@ def reference_from_logits(
     return Reference(probs, z.argmax(-1), entropy, loss, targets)
 
 
+def reference_in_chunks(
+    to_logits: Callable[[Tensor], Tensor], resid: Float[Tensor, "n d_model"],
+    targets: Int[Tensor, " n"], *, max_rows: int,
+) -> Reference:
+    """`reference_from_logits` of to_logits(resid), written chunk by chunk into one [n, vocab]
+    tensor of probabilities, so only one chunk of logits exists at a time."""
+    n = resid.shape[0]
+    parts: list[Reference] = []
+    probs: Tensor | None = None
+    for start in range(0, n, max_rows):
+        part = reference_from_logits(to_logits(resid[start : start + max_rows]),
+                                     targets[start : start + max_rows])
+        if probs is None:
+            probs = torch.empty(n, part.probs.shape[-1], dtype=torch.float32,
+                                device=resid.device)
+        probs[start : start + part.probs.shape[0]] = part.probs
+        parts.append(Reference(part.probs[:0], part.argmax, part.entropy_nats, part.loss,
+                               part.targets))
+    if probs is None:
+        raise ComputeError("no evaluated positions to build the reference distribution from")
+    return Reference(probs, torch.cat([p.argmax for p in parts]),
+                     torch.cat([p.entropy_nats for p in parts]),
+                     torch.cat([p.loss for p in parts]), targets)
+
+
 def compare_distributions(
     to_logits: Callable[[Tensor], Tensor],
     resid: Float[Tensor, "g n d_model"],

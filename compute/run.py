@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict
 
 from compute.engine import ProgressFn, sweep
 from compute.metrics import DEFAULT_FAMILIES, families_named
-from compute.metrics.base import EngineOptions, NeuronTokens
+from compute.metrics.base import PERFORMANCE_OPTIONS, EngineOptions, NeuronTokens
 from compute.models import LoadedModel, ModelSpec, load_model
 from compute.records import records_to_table, validate_records
 from compute.tokens import TokenSpec, load_tokens, resolve_token_spec
@@ -48,9 +48,8 @@ class RunConfig(BaseModel):
     def canonical_json(self) -> str:
         # batch_size changes throughput, not numbers (beyond float rounding): not identity.
         data = self.model_dump(mode="json")
-        data["options"].pop("batch_size", None)
-        data["options"].pop("logits_budget_mb", None)
-        data["options"].pop("chunk_mb", None)
+        for name in PERFORMANCE_OPTIONS:
+            data["options"].pop(name, None)
         data["families"] = sorted(data["families"])
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
 

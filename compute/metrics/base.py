@@ -17,7 +17,7 @@ from jaxtyping import Float, Int
 from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor
 
-from compute.models import LoadedModel
+from compute.models import BlockRun, LoadedModel
 from compute.records import Record
 from compute.reduce import MeanAccumulator, Reference, TokenStats, compare_distributions
 
@@ -27,6 +27,12 @@ class EngineOptions(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     batch_size: int | None = Field(None, ge=1, description="sequences per batch; None = auto")
+    tokens_per_batch: int | None = Field(
+        None, ge=1, description="auto batch on a CPU: about this many tokens per batch "
+        "(None = the measured default, compute.engine.CPU_TOKENS_PER_BATCH)")
+    memory_budget_mb: int | None = Field(
+        None, ge=64, description="auto batch on a GPU: bound on the sweep's device memory beyond "
+        "the weights (None = 85% of the device's free memory)")
     logits_budget_mb: int = Field(256, ge=8, description="bound on [tokens, vocab] intermediates")
     chunk_mb: int | None = Field(None, ge=1, description="rows of logits reduced at once; auto")
     prev_ks: tuple[int, ...] = (1, 2, 4, 5, 8, 16)
@@ -35,6 +41,12 @@ class EngineOptions(BaseModel):
     induction_seed: int = 0
     top_neurons: int = Field(20, ge=0, description="top neurons per class per layer with tokens")
     top_tokens: int = Field(10, ge=1)
+
+
+# Options that change speed and memory but not the numbers (beyond float rounding): they are
+# not part of a run's identity (`RunConfig.canonical_json`).
+PERFORMANCE_OPTIONS = ("batch_size", "tokens_per_batch", "memory_budget_mb", "logits_budget_mb",
+                       "chunk_mb")
 
 
 @dataclass
@@ -70,10 +82,46 @@ class BatchContext:
     ref: Reference
     max_rows: int
     tick: Callable[[int], None]
+    z: list[Float[Tensor, "batch pos head d_head"]] | None = None
+    families: frozenset[str] = frozenset()
+    _memo: dict[tuple[object, ...], object] = field(default_factory=dict)
 
     @property
     def n_layers(self) -> int:
         return self.lm.n_layers
+
+    def point_stats(self, point: int) -> TokenStats:
+        """Q from the residual at point i (0..L) against P, computed once per batch.
+
+        Point L is the clean model itself: its statistics come from the reference P (KL 0,
+        agreement 1) without another unembedding. Points below L are shared by the logit lens
+        and by `drop` of the last block (which leaves exactly the residual at point L-1).
+        """
+        key = ("point", point)
+        if key not in self._memo:
+            if point == self.n_layers:
+                ref = self.ref
+                self._memo[key] = TokenStats(
+                    torch.zeros_like(ref.loss)[None], ref.entropy_bits[None],
+                    torch.ones_like(ref.loss)[None], ref.loss[None],
+                    (ref.argmax == ref.targets).float()[None])
+            else:
+                self._memo[key] = self.compare(self.resid[point], f"residual point {point}")
+        return self._memo[key]  # type: ignore[return-value]
+
+    def moved(self, layer: int) -> BlockRun:
+        """Block l+1 run on the clean residual before block l: the first half of the swap of
+        (l, l+1), which both `intervention` (swap) and `similarity` need. Computed once when
+        both families run, and released after its second use."""
+        users = len(self.families & {"intervention", "similarity"})
+        key = ("moved", layer)
+        if users < 2:
+            return self.lm.run_block(layer + 1, self.resid[layer])
+        if key in self._memo:
+            return self._memo.pop(key)  # type: ignore[return-value]
+        run = self.lm.run_block(layer + 1, self.resid[layer])
+        self._memo[key] = run
+        return run
 
     def at_eval(self, x: Float[Tensor, "batch pos ..."]) -> Float[Tensor, "n ..."]:
         """Flatten [batch, pos, ...] to the evaluated positions 1..T-2, batch-major."""
@@ -120,6 +168,7 @@ class FamilyBase:
 
     name: str
     needs_patterns = False
+    needs_z = False
     key_fields: tuple[str, ...] = ("metric", "layer")
 
     def units_per_batch(self, lm: LoadedModel) -> int:
@@ -141,6 +190,7 @@ class Family(Protocol):
 
     name: str
     needs_patterns: bool
+    needs_z: bool
 
     def units_per_batch(self, lm: LoadedModel) -> int: ...
     def units_at_finish(self, lm: LoadedModel, opts: EngineOptions) -> int: ...

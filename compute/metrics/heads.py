@@ -1,8 +1,9 @@
 """heads.* — per-head ablation (`ablation_kl`, `ablation_loss_delta`) and `induction`.
 
-Ablation zeroes one head's z at layer l and restarts from the cached residual before block l.
-All heads of a layer run as one batch: the batch is repeated n_heads times and variant h has head
-h zeroed, so a layer's heads cost one wide pass instead of n_heads narrow ones.
+Ablation zeroes one head's z at layer l: the cached attention write minus that head's term
+(z_h W_O[h]) gives the ablated write without recomputing attention, and blocks l+1.. restart
+from it. All heads of a layer run as one batch: the batch is repeated n_heads times and variant h
+has head h removed, so a layer's heads cost one wide pass instead of n_heads narrow ones.
 
 Induction runs the model on seeded random sequences BOS, r_1..r_n, r_1..r_n and scores each head
 by its mean attention from position n+i (the second r_i) to position i+1, over i = 1..n-1.
@@ -39,8 +40,31 @@ def induction_scores(lm: LoadedModel, opts: EngineOptions) -> torch.Tensor:
     return torch.stack(scores)
 
 
+def _ablated_block_output(ctx: BatchContext, layer: int, group: list[int]) -> torch.Tensor:
+    """Residual after block `layer` with each head of `group` zeroed in turn: [g*batch, pos, d].
+
+    The attention write is b_O + sum_h z_h W_O[h], so zeroing head h's z subtracts exactly its
+    term from the cached write: no attention is recomputed, only the MLP of the layer (which
+    reads the changed residual; parallel and attention-only blocks need not even that).
+    Architectures whose write is not linear in z rerun the block with the head masked.
+    """
+    lm, b = ctx.lm, ctx.tokens.shape[0]
+    if ctx.z is None or not lm.attn_write_is_linear_in_z:
+        mask = torch.ones(len(group), lm.n_heads, device=ctx.tokens.device)
+        mask[torch.arange(len(group)), group] = 0.0
+        mask = mask.repeat_interleave(b, dim=0)  # variant-major, like the residual
+        pre = ctx.resid[layer].repeat(len(group), 1, 1)
+        return lm.run_block(layer, pre, head_mask=mask).resid
+    delta = lm.head_writes(layer, ctx.z[layer], group)  # [g, b, pos, d]
+    if lm.has_mlp and not lm.parallel:
+        mid = ((ctx.resid[layer] + ctx.attn_out[layer])[None] - delta).flatten(0, 1)
+        return mid + lm.run_mlp(layer, mid)
+    return (ctx.resid[layer + 1][None] - delta).flatten(0, 1)
+
+
 class HeadsFamily(FamilyBase):
     name = "heads"
+    needs_z = True
     key_fields = ("metric", "layer", "head")
 
     def units_per_batch(self, lm: LoadedModel) -> int:
@@ -58,11 +82,8 @@ class HeadsFamily(FamilyBase):
         for layer in range(ctx.n_layers):
             for first in range(0, heads, chunk):
                 group = list(range(first, min(heads, first + chunk)))
-                mask = torch.ones(len(group), heads, device=ctx.tokens.device)
-                mask[torch.arange(len(group)), group] = 0.0
-                mask = mask.repeat_interleave(b, dim=0)  # variant-major, like the residual
-                pre = ctx.resid[layer].repeat(len(group), 1, 1)
-                final = ctx.run_from(layer + 1, lm.run_block(layer, pre, head_mask=mask).resid)
+                after = _ablated_block_output(ctx, layer, group)
+                final = ctx.run_from(layer + 1, after)
                 q = ctx.compare(final, f"head ablation at layer {layer}")
                 acc.add_many([("ablation_kl", layer, h) for h in group], q.kl)
                 acc.add_many([("ablation_loss_delta", layer, h) for h in group],

@@ -1,13 +1,18 @@
 """intervention.* — drop, swap, drop_attn, drop_mlp and the `none` baseline (METRICS.md).
 
 Every intervention at layer l restarts from the cached clean residual before block l: layers
-0..l-1 are never recomputed, the baseline is the shared clean pass, and a swap reorders execution
-of the existing blocks (no weights are moved or reloaded).
+0..l-1 are never recomputed, the `none` row is the clean pass's own reference (no unembedding),
+`drop_mlp` reuses the cached attention write and `drop_attn` reruns only the MLP of l, and a swap
+reorders execution of the existing blocks (no weights are moved or reloaded). FLOP counts per
+kind: docs/performance.md.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
+from torch import Tensor
 
 from compute.metrics.base import BatchContext, EngineOptions, FamilyBase
 from compute.models import LoadedModel
@@ -39,19 +44,50 @@ class InterventionFamily(FamilyBase):
 
     def on_batch(self, ctx: BatchContext, acc: MeanAccumulator, opts: EngineOptions) -> None:
         lm, n_layers = ctx.lm, ctx.n_layers
-        _add(acc, "none", None, ctx.compare(ctx.resid[n_layers], "unmodified model"), ctx)
+        _add(acc, "none", None, ctx.point_stats(n_layers), ctx)
         ctx.tick(1)
         for layer in range(n_layers):
-            pre = ctx.resid[layer]
-            runs = {"drop": lambda pre=pre, layer=layer: ctx.run_from(layer + 1, pre)}
-            runs["drop_attn"] = lambda pre=pre, layer=layer: ctx.run_from(
-                layer + 1, lm.run_block(layer, pre, zero_attn=True).resid)
-            if lm.has_mlp:
-                runs["drop_mlp"] = lambda pre=pre, layer=layer: ctx.run_from(
-                    layer + 1, lm.run_block(layer, pre, zero_mlp=True).resid)
-            if layer < n_layers - 1:
-                runs["swap"] = lambda pre=pre, layer=layer: ctx.run_from(
-                    layer + 2, lm.run_block(layer, lm.run_block(layer + 1, pre).resid).resid)
-            for kind, run in runs.items():
-                _add(acc, kind, layer, ctx.compare(run(), f"{kind} at layer {layer}"), ctx)
+            for kind, stats in _layer_runs(ctx, layer):
+                _add(acc, kind, layer, stats(), ctx)
                 ctx.tick(1)
+
+
+def _layer_runs(ctx: BatchContext, layer: int) -> list[tuple[str, Callable[[], TokenStats]]]:
+    """Each kind at `layer`, computing only what the clean cache does not already hold.
+
+    - drop: blocks l+1.. on the cached residual before l (at the last block that residual is
+      logit-lens point L-1, shared with the lens);
+    - drop_mlp: the cached residual plus the cached attention write of l (no attention rerun);
+    - drop_attn: the cached residual plus the MLP of l rerun on it (parallel models: plus the
+      cached MLP write, which reads the same residual; attention-only models: same as drop);
+    - swap: block l+1 then block l on the cached residual (the first half is shared with the
+      similarity family).
+    """
+    lm, n_layers = ctx.lm, ctx.n_layers
+    pre = ctx.resid[layer]
+
+    def finish(after_block: Tensor, what: str) -> Callable[[], TokenStats]:
+        return lambda: ctx.compare(ctx.run_from(layer + 1, after_block), f"{what} at {layer}")
+
+    def drop() -> TokenStats:
+        if layer == n_layers - 1:
+            return ctx.point_stats(layer)
+        return ctx.compare(ctx.run_from(layer + 1, pre), f"drop at layer {layer}")
+
+    def drop_attn() -> TokenStats:
+        if not lm.has_mlp:
+            return drop()
+        mlp = ctx.mlp_out[layer] if lm.parallel else lm.run_mlp(layer, pre)
+        return finish(pre + mlp, "drop_attn")()
+
+    def swap() -> TokenStats:
+        first = ctx.moved(layer).resid
+        both = lm.run_block(layer, first).resid
+        return ctx.compare(ctx.run_from(layer + 2, both), f"swap at layer {layer}")
+
+    runs: list[tuple[str, Callable[[], TokenStats]]] = [("drop", drop), ("drop_attn", drop_attn)]
+    if lm.has_mlp:
+        runs.append(("drop_mlp", finish(pre + ctx.attn_out[layer], "drop_mlp")))
+    if layer < n_layers - 1:
+        runs.append(("swap", swap))
+    return runs

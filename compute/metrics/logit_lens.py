@@ -23,7 +23,7 @@ class LogitLensFamily(FamilyBase):
 
     def on_batch(self, ctx: BatchContext, acc: MeanAccumulator, opts: EngineOptions) -> None:
         for point in range(ctx.n_layers + 1):
-            q = ctx.compare(ctx.resid[point], f"logit lens at point {point}")
+            q = ctx.point_stats(point)  # point L: the clean reference itself
             values = torch.stack([q.kl[0], q.entropy_bits[0], q.agree[0], q.loss[0]])
             acc.add_many([(m, point) for m in METRICS], values)
             ctx.tick(1)

@@ -23,7 +23,7 @@ class SimilarityFamily(FamilyBase):
 
     def on_batch(self, ctx: BatchContext, acc: MeanAccumulator, opts: EngineOptions) -> None:
         for layer in range(ctx.n_layers - 1):
-            moved = ctx.lm.run_block(layer + 1, ctx.resid[layer])
+            moved = ctx.moved(layer)  # shared with the swap intervention
             pairs = [("attn", moved.attn_out, ctx.attn_out)]
             if moved.mlp_out is not None:
                 pairs.append(("mlp", moved.mlp_out, ctx.mlp_out))  # type: ignore[arg-type]

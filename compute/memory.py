@@ -1,0 +1,175 @@
+"""Memory a model needs, estimated from its dimensions before anything is loaded.
+
+`ModelDims` holds the numbers the estimate needs (from a TransformerLens config, a Hugging Face
+config.json or a loaded model). From them:
+
+- `weight_bytes`: parameters in the run's dtype (TransformerLens keeps W_E and W_U separate even
+  when a checkpoint ties them, so both count);
+- `load_peak_bytes`: host memory while loading — the checkpoint's float32 tensors, the processed
+  float32 state dict and, on a CPU, the model itself (on a GPU the model lives on the device);
+- `sweep_bytes_per_sequence`: the clean-pass cache of one sequence (residual at every point,
+  attention and MLP writes, z and patterns when a family needs them, the reference
+  distribution) plus the working set of one intervention.
+
+`check_fits` compares these with what the device has and raises `ModelTooLargeError` with the
+figures, instead of letting a load die halfway through.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from compute.errors import ModelTooLargeError
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    n_layers: int
+    d_model: int
+    n_heads: int
+    d_head: int
+    d_mlp: int  # 0 for attention-only models
+    d_vocab: int
+    n_ctx: int
+    gated_mlp: bool = False
+    learned_positions: bool = True
+
+    @classmethod
+    def of(cls, lm: Any) -> ModelDims:
+        """From a `LoadedModel` (or anything with a TransformerLens `cfg`)."""
+        return cls.from_tl_config(lm.cfg)
+
+    @classmethod
+    def from_tl_config(cls, cfg: Any) -> ModelDims:
+        get = cfg.get if isinstance(cfg, dict) else lambda k, d=None: getattr(cfg, k, d)
+        d_model, n_heads = int(get("d_model")), int(get("n_heads", 1) or 1)
+        attn_only = bool(get("attn_only", False))
+        return cls(
+            n_layers=int(get("n_layers")), d_model=d_model, n_heads=n_heads,
+            d_head=int(get("d_head", None) or d_model // n_heads),
+            d_mlp=0 if attn_only else int(get("d_mlp", None) or 4 * d_model),
+            d_vocab=int(get("d_vocab_out", None) or get("d_vocab")),
+            n_ctx=int(get("n_ctx")), gated_mlp=bool(get("gated_mlp", False)),
+            learned_positions=get("positional_embedding_type", "standard") == "standard")
+
+    @classmethod
+    def from_hf_config(cls, path: str | Path) -> ModelDims | None:
+        """From a checkpoint's config.json (GPT-2, GPT-NeoX and Llama-style names); None when
+        the names are not recognised (the estimate is then skipped, not guessed)."""
+        try:
+            raw = json.loads((Path(path) / "config.json").read_text())
+        except (OSError, ValueError):
+            return None
+        pick = lambda *names: next((raw[n] for n in names if raw.get(n) is not None), None)  # noqa: E731
+        d_model = pick("n_embd", "hidden_size", "d_model")
+        n_layers = pick("n_layer", "num_hidden_layers", "n_layers")
+        n_heads = pick("n_head", "num_attention_heads", "n_heads")
+        vocab = pick("vocab_size")
+        if None in (d_model, n_layers, n_heads, vocab):
+            return None
+        d_mlp = pick("n_inner", "intermediate_size", "d_ff") or 4 * d_model
+        model_type = raw.get("model_type", "")
+        return cls(n_layers=n_layers, d_model=d_model, n_heads=n_heads,
+                   d_head=pick("head_dim") or d_model // n_heads, d_mlp=d_mlp, d_vocab=vocab,
+                   n_ctx=pick("n_positions", "max_position_embeddings", "n_ctx") or 2048,
+                   gated_mlp=model_type in ("llama", "mistral", "gemma", "gemma2", "qwen2"),
+                   learned_positions=model_type in ("gpt2", "gpt_neo", "opt"))
+
+    @property
+    def n_params(self) -> int:
+        """Parameters as TransformerLens holds them (untied W_E and W_U, biases included)."""
+        d, hd = self.d_model, self.n_heads * self.d_head
+        attn = 4 * d * hd + 3 * hd + d
+        mlp = 0 if self.d_mlp == 0 else (3 if self.gated_mlp else 2) * d * self.d_mlp + \
+            self.d_mlp + d
+        norms = 4 * d
+        embed = 2 * self.d_vocab * d + self.d_vocab + (self.n_ctx * d if self.learned_positions
+                                                       else 0)
+        return self.n_layers * (attn + mlp + norms) + embed + 2 * d
+
+    def weight_bytes(self, dtype: str = "float32") -> int:
+        return self.n_params * DTYPE_BYTES[dtype]
+
+    def fast_path_extra_bytes(self, dtype: str = "float32") -> int:
+        """The fused QKV and flattened W_O laid out once per layer by `compute.blocks`."""
+        return self.n_layers * 4 * self.d_model * self.n_heads * self.d_head * DTYPE_BYTES[dtype]
+
+
+def load_peak_bytes(dims: ModelDims, dtype: str, device: str) -> int:
+    """Host memory at the peak of loading: checkpoint tensors and processed state dict in
+    float32, plus the model itself when it lives on the CPU."""
+    host = 2 * dims.weight_bytes("float32")
+    if not device.startswith("cuda"):
+        host += dims.weight_bytes(dtype)
+    return host
+
+
+def sweep_bytes_per_sequence(dims: ModelDims, seq_len: int, dtype_bytes: int, *,
+                             patterns: bool, z: bool) -> int:
+    """Device memory one sequence adds to a batch of the sweep."""
+    t, d, n_layers = seq_len, dims.d_model, dims.n_layers
+    cache = (3 * n_layers + 1) * t * d * dtype_bytes  # resid 0..L, attn and MLP writes
+    if z:
+        cache += n_layers * t * dims.n_heads * dims.d_head * dtype_bytes
+    if patterns:
+        cache += n_layers * dims.n_heads * t * t * 4
+    reference = t * dims.d_vocab * 4 + 4 * t * 4
+    # One intervention in flight: a block's temporaries (QKV, MLP hidden, a few residuals) and
+    # the residual it restarts from; heads ablation widens this by its group of heads, which
+    # `logits_budget_mb` bounds separately.
+    working = t * (3 * dims.n_heads * dims.d_head + 2 * max(dims.d_mlp, d) + 6 * d) * dtype_bytes
+    return cache + reference + working
+
+
+def host_available_bytes() -> int:
+    import psutil
+
+    return int(psutil.virtual_memory().available)
+
+
+def device_free_bytes(device: str) -> int:
+    if str(device).startswith("cuda"):
+        free, _ = torch.cuda.mem_get_info(torch.device(device))
+        return int(free)
+    return host_available_bytes()
+
+
+def check_fits(dims: ModelDims, dtype: str, device: str, *, name: str,
+               seq_len: int = 128) -> None:
+    """Refuse, before loading, a model whose weights (plus one sequence of the sweep) will not
+    fit the device, or whose loading will not fit the host."""
+    weights = dims.weight_bytes(dtype) + dims.fast_path_extra_bytes(dtype)
+    one_sequence = sweep_bytes_per_sequence(dims, seq_len, DTYPE_BYTES[dtype], patterns=False,
+                                            z=False)
+    need_device = weights + one_sequence
+    host_need = load_peak_bytes(dims, dtype, device)
+    host_have = host_available_bytes()
+    figures = (f"{name}: {dims.n_params / 1e9:.2f}B parameters, {dims.n_layers} layers, "
+               f"d_model {dims.d_model}, vocabulary {dims.d_vocab}")
+    if str(device).startswith("cuda"):
+        have = device_free_bytes(device)
+        if need_device > have:
+            n_gpus = torch.cuda.device_count()
+            raise ModelTooLargeError(
+                f"{figures} needs about {need_device / GIB:.1f} GiB on {device} in {dtype} "
+                f"(weights {weights / GIB:.1f} GiB + one sequence's activations), but "
+                f"{have / GIB:.1f} GiB is free there ({n_gpus} CUDA device(s) visible). Use "
+                "bfloat16, a device with more memory, or free the device.")
+    elif host_need > host_have:
+        raise ModelTooLargeError(
+            f"{figures} needs about {host_need / GIB:.1f} GiB of host memory to load in {dtype} "
+            f"(checkpoint and processed weights in float32, then the model), but "
+            f"{host_have / GIB:.1f} GiB is available.")
+    if str(device).startswith("cuda") and host_need > host_have:
+        raise ModelTooLargeError(
+            f"{figures} needs about {host_need / GIB:.1f} GiB of host memory to process its "
+            f"weights in float32 before moving them to {device}, but {host_have / GIB:.1f} GiB "
+            "is available.")
