@@ -1,0 +1,490 @@
+"""The dashboard at `/`, end to end: a real `strata serve` seeded through the real ingest path
+with results that compute produced for two zoo models of different depths (tiny-2l-s0: 2
+layers, tiny-4l-s0: 4 layers) and a refit family's stability, driven by headless Chromium
+(Debian's chromium + chromium-driver) through Selenium.
+
+Screenshots land in build/screenshots/ (gitignored). The browser's console must stay free of
+errors in every test (a failed request shows there too).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl
+
+import httpx
+import numpy as np
+import pytest
+
+from compute.metrics.base import EngineOptions
+from compute.models import resolve_model_spec
+from compute.run import RunConfig, RunResult, compute_run
+from compute.tokens import TokenSpec
+from tests.integration.test_api_harness import arrow_body, free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+SCREENSHOTS = ROOT / "build" / "screenshots"
+KEY = "dashboard-key-0123456789"
+MEDIA = {"csv": "text/csv", "parquet": "application/vnd.apache.parquet",
+         "json": "application/json"}
+MODELS = {"tiny-2l-s0": 2, "tiny-4l-s0": 4}
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None or CHROMEDRIVER is None,
+    reason="needs Debian's chromium and chromium-driver (.ci/run installs them)")
+
+
+@dataclass
+class Service:
+    base: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+    tmp: Path
+    results: dict[str, RunResult] = field(default_factory=dict)
+    client: httpx.Client = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.client = httpx.Client(base_url=self.base, timeout=60)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.client.close()
+
+
+def zoo_result(name: str, tokens: Path) -> RunResult:
+    """Every family of a shipped zoo model on a few sequences (a few seconds on a CPU)."""
+    config = RunConfig(model=resolve_model_spec(f"zoo:{name}"),
+                       tokens=TokenSpec(source="npy", path=str(tokens), n_sequences=0,
+                                        seq_len=0),
+                       options=EngineOptions(induction_n=6, induction_sequences=2))
+    return compute_run(config)
+
+
+def service_env(db: Path) -> dict[str, str]:
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+            "STRATA_DATABASE": str(db), "STRATA_API_KEYS": KEY,
+            "STRATA_API__DUCKDB_THREADS": "1", "OMP_NUM_THREADS": "1"}
+
+
+def start_service() -> Service:
+    """Store a refit family's stability (CLI), start `strata serve`, and deliver the two zoo
+    runs over HTTP with POST /api/v1/runs/ingest, as a worker would."""
+    tmp = Path(tempfile.mkdtemp(prefix="strata-dashboard-"))
+    db = tmp / "strata.duckdb"
+    env = service_env(db)
+    stability = subprocess.Popen(
+        [sys.executable, "-m", "service.cli", "stability", "--family", "zoo:fam4l-adamw-s0",
+         "--family", "zoo:fam4l-adamw-s1", "--n-prompts", "3", "--prompt-len", "12",
+         "--n-null", "1", "--store"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    np.save(tmp / "tokens.npy", np.random.default_rng(0).integers(1, 4000, (4, 24)))
+    results = {name: zoo_result(name, tmp / "tokens.npy") for name in MODELS}
+    out, _ = stability.communicate(timeout=600)
+    assert stability.returncode == 0, out.decode()
+    port = free_port()
+    log = tmp / "serve.log"
+    with log.open("wb") as sink:
+        proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--port",
+                                 str(port)], env=env, stdout=sink, stderr=subprocess.STDOUT)
+    service = Service(f"http://127.0.0.1:{port}", proc, log, tmp, results)
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            if service.client.get("/api/v1/health").status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            service.stop()
+            raise RuntimeError(f"strata serve did not start:\n{log.read_text()}")
+        time.sleep(0.2)
+    for result in results.values():
+        response = service.client.post(
+            "/api/v1/runs/ingest", content=arrow_body(result),
+            headers={"X-API-Key": KEY, "Content-Type": "application/vnd.apache.arrow.stream"})
+        assert response.status_code == 201, response.text
+    return service
+
+
+@pytest.fixture(scope="module")
+def service() -> Iterator[Service]:
+    started = start_service()
+    yield started
+    started.stop()
+
+
+def chrome() -> Any:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service as DriverService
+
+    options = webdriver.ChromeOptions()
+    for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                "--disable-dev-shm-usage", "--window-size=1500,1100"):
+        options.add_argument(arg)
+    options.binary_location = str(CHROMIUM)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    return webdriver.Chrome(options=options, service=DriverService(str(CHROMEDRIVER)))
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    driver = chrome()
+    driver.set_script_timeout(60)
+    yield driver
+    driver.quit()
+
+
+def console_errors(driver: Any) -> list[dict[str, Any]]:
+    return [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+
+
+@pytest.fixture
+def page(browser: Any, service: Service) -> Iterator[Any]:
+    """The browser on a freshly loaded dashboard; no console error may appear."""
+    browser.get("about:blank")
+    browser.get_log("browser")  # drop what earlier tests left
+    browser.get(service.base + "/")
+    wait_for(browser, lambda: browser.execute_script("return document.body.dataset.ready"))
+    yield browser
+    errors = console_errors(browser)
+    assert not errors, errors
+
+
+def wait_for(driver: Any, check: Callable[[], Any], timeout: float = 60, what: str = "") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+            driver.save_screenshot(str(SCREENSHOTS / "timeout.png"))
+            raise AssertionError(f"timed out waiting for {what or check}")
+        time.sleep(0.1)
+
+
+def screenshot(driver: Any, name: str) -> Path:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    path = SCREENSHOTS / f"{name}.png"
+    driver.save_screenshot(str(path))
+    return path
+
+
+def select_models(driver: Any, names: list[str]) -> None:
+    """Pick models the way a user does: search, tick."""
+    from selenium.webdriver.common.by import By
+
+    search = driver.find_element(By.ID, "model-search")
+    for name in names:
+        search.clear()
+        search.send_keys(name)
+        box = wait_for(driver, lambda n=name: driver.find_elements(
+            By.CSS_SELECTOR, f'#model-list li[data-model-name="{n}"] input'), what=name)
+        box[0].click()
+    search.clear()
+    search.send_keys(" ")
+
+
+def panel_ids(driver: Any) -> list[str]:
+    return list(driver.execute_script(
+        "return [...document.querySelectorAll('section.panel')].map(s => s.dataset.panel)"))
+
+
+def drawn(driver: Any, panel: str, after: int = 0) -> dict[str, Any]:
+    """Scroll a panel into view, wait until it has drawn (after draw number `after`), and
+    return what it drew: per trace its name, x, y and number of heat-map cells."""
+    driver.execute_script(
+        "document.querySelector(`section[data-panel='${arguments[0]}']`).scrollIntoView()",
+        panel)
+
+    def state() -> Any:
+        got = driver.execute_script(
+            "const s = document.querySelector(`section[data-panel='${arguments[0]}']`);"
+            "return [s.dataset.state, Number(s.dataset.seq)];", panel)
+        return got if got[0] in ("drawn", "empty", "error") and got[1] > after else None
+
+    status, seq = wait_for(driver, state, what=f"panel {panel}")
+    assert status == "drawn", (panel, status, driver.execute_script(
+        "return document.querySelector(`section[data-panel='${arguments[0]}'] .note`)"
+        ".textContent", panel))
+    traces = driver.execute_script("""
+        const s = document.querySelector(`section[data-panel='${arguments[0]}']`);
+        const gd = s.querySelector('.plot');
+        return (gd.data || []).filter(t => t.meta !== 'boundary').map(t => ({
+          name: t.name, type: t.type, x: t.x, y: t.y,
+          cells: t.z ? t.z.flat().filter(v => v !== null).length : null}));""", panel)
+    return {"seq": seq, "traces": traces}
+
+
+def expected_points(result: RunResult, metric: str, component: str | None = None) -> int:
+    table = result.records.to_pylist()
+    return sum(1 for r in table if r["metric"] == metric and r["layer"] is not None
+               and r["head"] is None and r["neuron"] is None
+               and (component is None or r["component"] == component))
+
+
+# Line panels: (panel, metric, component) as the page draws them by default.
+LINES = [("drop", "intervention.kl", "drop"), ("swap", "intervention.kl", "swap"),
+         ("top1", "intervention.top1_agreement", "drop"),
+         ("entropy-delta", "intervention.entropy_delta", "drop"),
+         ("drop-attn", "intervention.kl", "drop_attn"),
+         ("drop-mlp", "intervention.kl", "drop_mlp"),
+         ("lens-kl", "logit_lens.kl_to_final", None), ("lens-entropy", "logit_lens.entropy", None),
+         ("n-prediction", "neurons.n_prediction", None),
+         ("n-suppression", "neurons.n_suppression", None),
+         ("n-partition", "neurons.n_partition", None), ("prev-k", "attention.prev_5", None),
+         ("sink", "attention.bos", None), ("norm-ratio", "norms.attn_mlp_ratio", None),
+         ("sim-self", "similarity.self", "attn"), ("sim-index", "similarity.index", "attn"),
+         ("sim-adjacent", "similarity.adjacent", "attn")]
+HEATMAPS = [("heads-ablation", "heads.ablation_kl"), ("heads-induction", "heads.induction")]
+
+
+def test_page_loads_from_this_service_alone(page: Any, service: Service) -> None:
+    """No console error, every model listed, and every resource from this origin."""
+    names = page.execute_script(
+        "return [...document.querySelectorAll('#model-list li')].map(l => l.dataset.modelName)")
+    assert set(MODELS) <= set(names)
+    resources = page.execute_script(
+        "return performance.getEntriesByType('resource').map(r => r.name)")
+    assert resources, "the page loaded nothing"
+    assert all(r.startswith(service.base + "/") for r in resources), resources
+    html = service.client.get("/").text
+    assert "http://" not in html and "https://" not in html
+    assert service.client.get("/static/web/vendor/LICENSE.plotly.js.txt").status_code == 200
+    screenshot(page, "empty")
+
+
+def test_two_models_draw_every_plot(page: Any, service: Service) -> None:
+    select_models(page, list(MODELS))
+    for panel, metric, component in LINES:
+        traces = drawn(page, panel)["traces"]
+        assert [t["name"] for t in traces] == list(MODELS), (panel, traces)
+        for trace, name in zip(traces, MODELS, strict=True):
+            want = expected_points(service.results[name], metric, component)
+            assert want > 0, (panel, name)
+            assert len(trace["x"]) == len(trace["y"]) == want, (panel, name, trace["x"])
+            assert trace["x"] == sorted(trace["x"])
+    for panel, metric in HEATMAPS:
+        traces = drawn(page, panel)["traces"]
+        assert [t["name"] for t in traces] == list(MODELS)
+        for trace, name in zip(traces, MODELS, strict=True):
+            heads = [r for r in service.results[name].records.to_pylist()
+                     if r["metric"] == metric and r["head"] is not None]
+            assert trace["cells"] == len(heads) > 0
+    page.execute_script("document.querySelector('#panels').scrollIntoView()")
+    screenshot(page, "two-models-by-layer")
+
+
+def test_relative_depth_realigns_the_models(page: Any, service: Service) -> None:
+    from selenium.webdriver.common.by import By
+
+    select_models(page, list(MODELS))
+    before = drawn(page, "drop")
+    lens_before = drawn(page, "lens-kl")
+    page.find_element(By.ID, "x-depth").click()
+    drop = drawn(page, "drop", after=before["seq"])["traces"]
+    for trace, (_, layers) in zip(drop, MODELS.items(), strict=True):
+        assert trace["x"] == pytest.approx([i / (layers - 1) for i in range(layers)])
+    lens = drawn(page, "lens-kl", after=lens_before["seq"])["traces"]
+    for trace, (_, layers) in zip(lens, MODELS.items(), strict=True):
+        assert trace["x"] == pytest.approx([i / layers for i in range(layers + 1)])
+    assert "x=depth" in page.execute_script("return location.hash")
+    page.execute_script("document.querySelector('#panels').scrollIntoView()")
+    screenshot(page, "two-models-by-relative-depth")
+    page.find_element(By.ID, "x-layer").click()
+    drop = drawn(page, "drop", after=before["seq"])["traces"]
+    assert drop[1]["x"] == [0, 1, 2, 3]
+
+
+def test_switching_a_metric_redraws_from_the_api(page: Any, service: Service) -> None:
+    from selenium.webdriver.support.select import Select
+
+    select_models(page, list(MODELS))
+    first = drawn(page, "drop")
+    Select(page.find_element(By_css(), "section[data-panel='drop'] select.component")
+           ).select_by_value("swap")
+    swap = drawn(page, "drop", after=first["seq"])["traces"]
+    assert [len(t["x"]) for t in swap] == [layers - 1 for layers in MODELS.values()]
+    Select(page.find_element(By_css(), "section[data-panel='drop'] select.metric")
+           ).select_by_value("intervention.loss_delta")
+    loss = drawn(page, "drop", after=first["seq"] + 1)["traces"]
+    api = service.client.get("/api/v1/models/tiny-4l-s0/metrics",
+                             params={"metric": "intervention.loss_delta",
+                                     "component": "swap"}).json()
+    assert loss[1]["y"] == pytest.approx([r["value"] for r in api["rows"]])
+
+
+def By_css() -> str:  # noqa: N802 - reads like selenium's By.CSS_SELECTOR
+    from selenium.webdriver.common.by import By
+
+    return str(By.CSS_SELECTOR)
+
+
+def test_exports_and_downloads_are_the_api_data(page: Any, service: Service) -> None:
+    select_models(page, list(MODELS))
+    drawn(page, "drop")
+    images = page.execute_async_script("""
+        const done = arguments[arguments.length - 1];
+        const gd = document.querySelector("section[data-panel='drop'] .plot");
+        Promise.all([Plotly.toImage(gd, {format: 'png', width: 800, height: 400}),
+                     Plotly.toImage(gd, {format: 'svg', width: 800, height: 400})])
+          .then(done, e => done(['error', String(e)]));""")
+    assert images[0].startswith("data:image/png;base64,"), images[0][:80]
+    assert images[1].startswith("data:image/svg+xml"), images[1][:80]
+    assert page.find_elements(By_css(), "section[data-panel='drop'] button[data-export=png]")
+    links = page.execute_script(
+        "return [...document.querySelectorAll(\"section[data-panel='drop'] .links a\")]"
+        ".map(a => [a.dataset.format, a.getAttribute('href')])")
+    assert sorted({f for f, _ in links}) == ["csv", "json", "parquet"]
+    assert len(links) == 3 * len(MODELS)
+    for fmt, href in links:
+        assert href.startswith("/api/v1/models/")
+        response = service.client.get(href)
+        assert response.status_code == 200
+        path, _, query = href.partition("?")
+        params = dict(parse_qsl(query))
+        assert params.pop("format") == fmt
+        direct = service.client.get(path, params=params, headers={"Accept": MEDIA[fmt]})
+        assert response.content == direct.content
+    csv = service.client.get(links[0][1]).text.splitlines()
+    assert csv[0].startswith("metric,component,layer,relative_depth,value,stderr")
+    assert len(csv) == 1 + MODELS["tiny-2l-s0"]
+
+
+def test_neuron_table_shows_tokens(page: Any, service: Service) -> None:
+    from selenium.webdriver.support.select import Select
+
+    select_models(page, ["tiny-4l-s0"])
+    first = drawn(page, "neurons")
+    Select(page.find_element(By_css(), "section[data-panel='neurons'] select.neuron-class")
+           ).select_by_value("partition")
+    drawn(page, "neurons", after=first["seq"])
+    rows = page.execute_script(
+        "return [...document.querySelectorAll(\"section[data-panel='neurons'] tbody tr\")]"
+        ".map(r => [...r.children].map(c => c.textContent))")
+    api = service.client.get("/api/v1/models/tiny-4l-s0/neurons",
+                             params={"class": "partition", "layer": 3, "top": 10}).json()
+    assert len(rows) == len(api["rows"]) > 0
+    assert [int(r[1]) for r in rows] == [r["neuron"] for r in api["rows"]]
+    assert rows[0][5] and rows[0][6]  # promoted and suppressed tokens shown
+    page.execute_script("document.querySelector(\"section[data-panel='neurons']\")"
+                        ".scrollIntoView()")
+    screenshot(page, "neuron-table")
+
+
+def test_stage_boundaries_with_evidence(page: Any, service: Service) -> None:
+    select_models(page, list(MODELS))
+    drawn(page, "stages")
+    api = service.client.get("/api/v1/stages", params={"models": ",".join(MODELS)}).json()
+    rows = page.execute_script(
+        "return [...document.querySelectorAll(\"section[data-panel='stages'] tbody tr\")]"
+        ".map(r => r.children[7].textContent)")
+    assert len(rows) == sum(len(m["boundaries"]) for m in api["models"]) > 0
+    assert all("metric" in r for r in rows)
+    found = [b for m in api["models"] for b in m["boundaries"] if b["found"]]
+    lines = page.execute_script(
+        "return document.querySelector(\"section[data-panel='drop'] .plot\").data"
+        ".filter(t => t.meta === 'boundary').length")
+    assert lines == len(found)
+
+
+def test_head_stability_beside_its_null_baseline(page: Any, service: Service) -> None:
+    traces = drawn(page, "stability")["traces"]
+    names = [t["name"] for t in traces]
+    assert names[:2] == ["trained refits", "null baseline (random init)"]
+    api = service.client.get("/api/v1/families").json()
+    assert page.execute_script(
+        "return document.querySelector(\"section[data-panel='stability'] select.family\").value"
+    ) == api[0]["name"]
+    assert all(len(t["x"]) == 4 for t in traces)  # the fam4l family: 4 layers
+    page.execute_script("document.querySelector(\"section[data-panel='stability']\")"
+                        ".scrollIntoView()")
+    screenshot(page, "stability")
+
+
+def test_a_write_without_a_key_shows_the_api_error(browser: Any, service: Service) -> None:
+    from selenium.webdriver.common.by import By
+
+    browser.get(service.base + "/")
+    wait_for(browser, lambda: browser.execute_script("return document.body.dataset.ready"))
+    browser.execute_script("localStorage.removeItem('strata.key')")
+    browser.find_element(By.ID, "register-name").send_keys("nokey")
+    browser.find_element(By.ID, "register-source").send_keys("zoo:tiny-2l-s0")
+    browser.find_element(By.ID, "register-submit").click()
+    out = wait_for(browser, lambda: browser.execute_script(
+        "const o = document.getElementById('register-result');"
+        "return o.dataset.state === 'error' && o.textContent"), what="register error")
+    assert out.startswith("unauthorized")
+    errors = console_errors(browser)  # the 401 itself is reported by the browser
+    assert all("401" in e["message"] for e in errors), errors
+
+
+def jobs_available(service: Service) -> bool:
+    return "/api/v1/jobs" in service.client.get("/schema/openapi.json").json()["paths"]
+
+
+def test_register_and_compute_from_the_page(page: Any, service: Service) -> None:
+    """Register a model, submit a job for it (API key entered once), watch its progress, and see
+    its results drawn without reloading. Needs the jobs API and the local worker that
+    `strata serve` starts without STRATA_BROKER_URL."""
+    from selenium.webdriver.common.by import By
+
+    if not jobs_available(service):
+        pytest.skip("this service has no jobs endpoint yet")
+    page.find_element(By.ID, "api-key").send_keys(KEY)
+    page.find_element(By.ID, "save-key").click()
+    page.find_element(By.ID, "register-name").send_keys("fresh-4l")
+    page.find_element(By.ID, "register-source").send_keys("zoo:tiny-4l-s1")
+    page.find_element(By.ID, "register-submit").click()
+    wait_for(page, lambda: page.execute_script(
+        "return document.getElementById('register-result').dataset.state === 'ok'"),
+        what="registration")
+    select_models(page, ["tiny-2l-s0"])
+    before = drawn(page, "drop")
+    page.find_element(By.ID, "job-model").send_keys("fresh-4l")
+    nseq, seqlen = page.find_element(By.ID, "job-nseq"), page.find_element(By.ID, "job-seqlen")
+    nseq.clear()
+    nseq.send_keys("2")
+    seqlen.clear()
+    seqlen.send_keys("16")
+    page.find_element(By.ID, "job-submit").click()
+    job = wait_for(page, lambda: page.execute_script(
+        "const j = document.querySelector('#jobs li.job'); return j && j.dataset.jobId"),
+        what="the job in the list")
+    seen: set[str] = set()
+
+    def finished() -> bool:
+        state = page.execute_script(
+            f"return document.getElementById('job-{job}').dataset.state")
+        seen.add(state)
+        return state in ("succeeded", "failed", "cancelled")
+
+    wait_for(page, finished, timeout=300, what="the job to finish")
+    assert page.execute_script(f"return document.getElementById('job-{job}').dataset.state") \
+        == "succeeded", page.execute_script(
+        f"return document.getElementById('job-{job}').textContent")
+    assert seen & {"queued", "running", "succeeded"}
+    screenshot(page, "job-finished")
+    # its results appear: the model joined the selection and the plots redrew with it
+    traces = wait_for(page, lambda: (lambda t: t if len(t) == 2 else None)(
+        drawn(page, "drop", after=before["seq"])["traces"]), what="the new model's curve")
+    assert [t["name"] for t in traces] == ["tiny-2l-s0", "fresh-4l"]
+    assert len(traces[1]["x"]) == 4
+    screenshot(page, "job-results")
