@@ -16,7 +16,9 @@ import click
 from compute.errors import SpecError, StrataError
 from service.cli_db import check_store_writable, db, store_result
 from service.cli_errors import EXIT_BAD_INPUT, exit_code_of, fail
+from service.cli_jobs import jobs, models
 from service.cli_settings import settings
+from service.cli_worker import beat, worker
 from service.exports import ExportFormat, require_format
 from service.settings import get_settings
 
@@ -393,37 +395,31 @@ def zoo_train(name: str | None, n_layers: int, d_model: int, n_heads: int, n_ctx
               "127.0.0.1)")
 @click.option("--port", type=click.IntRange(0, 65535), default=None,
               help="port (default: STRATA_PORT, 8000)")
+@click.option("--local-worker/--no-local-worker", default=None,
+              help="also run a worker and beat here, on Celery's filesystem broker (default: "
+                   "on when STRATA_BROKER_URL is empty)")
 @click.option("--access-log", is_flag=True, help="log every request")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]),
               default="info", show_default=True)
-def serve(host: str | None, port: int | None, access_log: bool, log_level: str) -> None:
-    """Serve the results over HTTP (the API). This process holds the database for as long as it
-    runs: other processes send it work instead of opening the file."""
-    import uvicorn
+def serve(host: str | None, port: int | None, local_worker: bool | None, access_log: bool,
+          log_level: str) -> None:
+    """Serve the results over HTTP (the API) and run the job system. This process holds the
+    database for as long as it runs: workers and other processes send it work instead of
+    opening the file. With no broker configured it also starts a local worker and beat."""
+    from service.serve import run_service
 
-    from service.api.app import create_app
-    from service.store import Store
-    from service.store.migrate import ensure_current
-
-    settings = get_settings()
     try:
-        store = Store.open(settings.database, threads=settings.api.duckdb_threads)
+        run_service(get_settings(), host=host, port=port, local_worker=local_worker,
+                    access_log=access_log, log_level=log_level)
     except StrataError as exc:
         fail(str(exc), exit_code_of(exc))
-    try:
-        ensure_current(store)
-        app = create_app(settings, store)
-        click.echo(f"serving {settings.database} on http://{host or settings.host}:"
-                   f"{settings.port if port is None else port} (docs: /schema)", err=True)
-        uvicorn.run(app, host=host or settings.host, port=settings.port if port is None else port,
-                    log_level=log_level, access_log=access_log, workers=1)
-    except StrataError as exc:
-        fail(str(exc), exit_code_of(exc))
-    finally:
-        store.close()
 
 
 main.add_command(db)
+main.add_command(jobs)
+main.add_command(models)
+main.add_command(worker)
+main.add_command(beat)
 main.add_command(settings)
 
 if __name__ == "__main__":

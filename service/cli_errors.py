@@ -2,7 +2,8 @@
 
 0 ok; 1 anything else; 2 bad input (unknown model, unreadable tokens, bad options, a schema that
 needs `strata db upgrade`, ...); 3 the model could not be loaded; 4 the computation failed
-(NaN/inf, shape mismatch); 5 the database is held by another process.
+(NaN/inf, shape mismatch); 5 the database is held by another process; 6 the service (or
+its job broker) cannot be reached; 7 the job ended failed or cancelled (`strata jobs watch`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import click
 from compute.errors import ComputeError, ModelLoadError, SpecError, StrataError
 from service.store.errors import DatabaseHeldError, SchemaOutOfDateError
 
-EXIT_BAD_INPUT, EXIT_LOAD, EXIT_COMPUTE, EXIT_HELD = 2, 3, 4, 5
+EXIT_BAD_INPUT, EXIT_LOAD, EXIT_COMPUTE, EXIT_HELD, EXIT_UNREACHABLE, EXIT_JOB = 2, 3, 4, 5, 6, 7
 
 
 def exit_code_of(exc: StrataError) -> int:

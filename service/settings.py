@@ -40,19 +40,102 @@ class ApiSettings(BaseModel):
                                                                "(default: all cores)")
 
 
+class WorkerSettings(BaseModel):
+    """A Celery worker (`strata worker`): what it runs on and how it is recycled."""
+
+    device: str = Field("cpu", description="device of a worker started without --gpus "
+                                           "(cpu; `strata worker --gpus 0,1` sets cuda)")
+    dtype: str = Field("float32", description="dtype of jobs that name none "
+                                              "(float32, bfloat16, float16)")
+    model_cache_size: int = Field(2, ge=0, description="loaded models kept per worker process "
+                                                       "(LRU by model spec)")
+    max_tasks_per_child: int = Field(20, ge=1, description="a worker process is replaced after "
+                                                           "this many jobs (frees GPU memory)")
+    max_memory_mb: int = Field(0, ge=0, description="a worker process is replaced after a job "
+                                                    "that left it above this resident size, "
+                                                    "MiB (0: no bound)")
+    soft_time_limit_s: int = Field(6 * 3600, ge=1, description="a job running longer fails "
+                                                              "(cleanly)")
+    time_limit_s: int = Field(6 * 3600 + 300, ge=1, description="a job running longer is "
+                                                               "killed with its process")
+    heartbeat_s: float = Field(5.0, gt=0, description="seconds between a worker's heartbeats "
+                                                      "(progress and lease) to the API")
+    delivery_timeout_s: int = Field(7 * 24 * 3600, ge=1, description="how long a worker keeps "
+                                    "retrying to deliver finished results while the API is "
+                                    "unreachable")
+
+
+class JobsSettings(BaseModel):
+    """Jobs, their leases, and the default run that reconciliation computes for every model."""
+
+    lease_s: float = Field(30.0, gt=0, description="a running job whose worker sent no "
+                           "heartbeat for this long is re-queued (its worker is presumed lost)")
+    max_attempts: int = Field(3, ge=1, description="a job whose worker was lost this many "
+                                                   "times fails")
+    maintenance_interval_s: float = Field(2.0, gt=0, description="how often the API checks "
+                                          "leases, undelivered dispatches and the watch folder")
+    reconcile_interval_s: float = Field(60.0, gt=0, description="how often beat asks for "
+                                        "reconciliation (missing or outdated default results)")
+    reconcile: bool = Field(True, description="queue the default run of every registered model "
+                            "that lacks current results: at start, at each registration, and on "
+                            "beat's schedule (false: only what is submitted is computed)")
+    families: list[str] = Field(
+        default_factory=lambda: ["intervention", "logit_lens", "neurons", "similarity",
+                                 "attention", "norms", "heads"],
+        description="metric families of the default run")
+    tokens: str = Field("builtin", description="token source of the default run")
+    n_sequences: int = Field(32, ge=1, description="sequences of the default run")
+    seq_len: int = Field(128, ge=3, description="tokens per sequence of the default run "
+                                                "(capped at the model's context)")
+    dtype: str = Field("float32", description="dtype of the default run and of jobs that name "
+                                              "none")
+    devices: list[str] = Field(default_factory=list, description="devices the deployment's "
+                               "workers have (empty: learnt from worker heartbeats)")
+    corpus_roots: list[Path] = Field(default_factory=list, description="folders under which a "
+                                     "job may name a corpus path (empty: none)")
+    watch_dir: Path | None = Field(None, description="checkpoint folders appearing here are "
+                                   "registered (under their folder name) and computed")
+    publish_timeout_s: float = Field(3.0, gt=0, description="how long submitting waits for the "
+                                     "broker before answering 503")
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="STRATA_", env_nested_delimiter="__")
 
     database: Path = Field(Path("strata.duckdb"), description="the DuckDB file (one writer)")
-    device: str = "cpu"
     api_keys: str = Field("", description="comma-separated keys allowed to write")
     host: str = "127.0.0.1"
     port: int = 8000
     api: ApiSettings = Field(default_factory=ApiSettings)
+    broker_url: str = Field("", description="Celery broker (redis://..., amqp://...); empty: "
+                            "Celery's filesystem broker under data_dir, and `strata serve` "
+                            "starts a local worker and beat")
+    data_dir: Path = Field(Path(".strata"), description="local state: the filesystem broker, "
+                           "beat's schedule, the generated API key")
+    api_url: str = Field("http://127.0.0.1:8000", description="where workers, beat and the "
+                         "CLI reach the API")
+    api_key: str = Field("", description="the key workers and the CLI send (default: the key "
+                         "file in data_dir that `strata serve` writes when no keys are set)")
+    worker: WorkerSettings = Field(default_factory=WorkerSettings)
+    jobs: JobsSettings = Field(default_factory=JobsSettings)
 
     def write_keys(self) -> tuple[str, ...]:
         """The API keys from `api_keys`, blanks dropped."""
         return tuple(k.strip() for k in self.api_keys.split(",") if k.strip())
+
+    @property
+    def key_file(self) -> Path:
+        """Where `strata serve` keeps the key it generates when no keys are configured."""
+        return self.data_dir / "api-key"
+
+    def client_key(self) -> str | None:
+        """The key this process sends: `api_key`, else the generated key file, else none."""
+        if self.api_key:
+            return self.api_key
+        try:
+            return self.key_file.read_text().strip() or None
+        except OSError:
+            return None
 
 
 @lru_cache(maxsize=1)

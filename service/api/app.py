@@ -8,6 +8,8 @@ failing the first request.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 from litestar import Litestar, Router
 from litestar.config.compression import CompressionConfig
 from litestar.config.cors import CORSConfig
@@ -19,11 +21,14 @@ from service.api.controllers.across import AcrossModelsController
 from service.api.controllers.dashboard import web_routes
 from service.api.controllers.families import FamiliesController
 from service.api.controllers.health import HealthController
+from service.api.controllers.jobs import JobsController, WorkersController
 from service.api.controllers.models import ModelsController
 from service.api.controllers.runs import RunsController
 from service.api.docs import asset_routers, openapi_config
 from service.api.errors import EXCEPTION_HANDLERS
 from service.api.respond import ApiContext
+from service.jobs.service import JobService
+from service.jobs.upkeep import Upkeep
 from service.settings import Settings
 from service.store import Store
 
@@ -31,17 +36,21 @@ from service.store import Store
 MAX_BODY_BYTES = 1 << 20
 
 
-def create_app(settings: Settings, store: Store) -> Litestar:
-    ctx = ApiContext.build(store, settings)
+def create_app(settings: Settings, store: Store, *, jobs: JobService | None = None,
+               upkeep: Upkeep | None = None,
+               on_shutdown: Sequence[Callable[[], None]] = ()) -> Litestar:
+    ctx = ApiContext.build(store, settings, jobs)
 
     def provide_ctx() -> ApiContext:
         return ctx
 
     data = Router(path="/", guards=[require_read_access], route_handlers=[
-        ModelsController, RunsController, AcrossModelsController, FamiliesController])
+        ModelsController, RunsController, AcrossModelsController, FamiliesController,
+        JobsController, WorkersController])
     cors = None
     if settings.api.cors_origins:
-        cors = CORSConfig(allow_origins=settings.api.cors_origins, allow_methods=["GET", "POST"],
+        cors = CORSConfig(allow_origins=settings.api.cors_origins,
+                          allow_methods=["GET", "POST", "DELETE"],
                           allow_headers=["X-API-Key", "Authorization", "Content-Type",
                                          "If-None-Match"],
                           expose_headers=["ETag"])
@@ -56,4 +65,6 @@ def create_app(settings: Settings, store: Store) -> Litestar:
         cors_config=cors,
         state=State({"settings": settings, "ctx": ctx}),
         request_max_body_size=MAX_BODY_BYTES,
+        on_startup=[upkeep.start] if upkeep is not None else [],
+        on_shutdown=[*([upkeep.stop] if upkeep is not None else []), *on_shutdown],
     )

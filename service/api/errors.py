@@ -9,12 +9,14 @@
         ├── NotAcceptableError       406   none of the formats the client accepts
         ├── ConflictError            409   the request contradicts what is stored
         ├── PayloadTooLargeError     413   an ingest body over the configured size
-        └── UnprocessableError       422   well-formed but meaningless (unknown metric, source, ...)
+        ├── UnprocessableError       422   well-formed but meaningless (unknown metric, source, ...)
+        └── ServiceUnavailableError  503   a part of the service it needs is not running
 
 Every error answer has one body, `{"error": <code>, "detail": <what to fix>, "status": <int>}`
 (`ErrorBody`). Other exceptions are mapped in `exception_handlers`: Litestar's own HTTP
 exceptions keep their status (400 for a parameter or body that fails the schema, 404 for an
-unknown path, 405, 413); `SpecError` (an `IngestError` too) is 422; `DatabaseHeldError` 503; any
+unknown path, 405, 413); `SpecError` (an `IngestError` too) is 422; the job errors
+(`service.jobs.errors`) 404, 409 and 503; `DatabaseHeldError` 503; any
 other exception is a 500 whose detail says nothing about internals (it is logged instead).
 """
 
@@ -83,6 +85,10 @@ class UnprocessableError(ApiError):
     status = 422
 
 
+class ServiceUnavailableError(ApiError):
+    status = 503
+
+
 def error_code(status: int) -> str:
     """`not_found`, `unprocessable_content`, ...: the HTTP reason, as a stable identifier."""
     try:
@@ -129,8 +135,14 @@ def handle_api_error(_: Request[Any, Any, Any], exc: ApiError) -> Response[bytes
 
 
 def handle_strata_error(request: Request[Any, Any, Any], exc: StrataError) -> Response[bytes]:
+    from service.jobs.errors import BrokerUnavailableError, JobConflictError, JobNotFoundError
+
     if isinstance(exc, SpecError):
         return error_response(422, str(exc))
+    for kind, status in ((JobNotFoundError, 404), (JobConflictError, 409),
+                         (BrokerUnavailableError, 503)):
+        if isinstance(exc, kind):
+            return error_response(status, str(exc))
     if isinstance(exc, DatabaseHeldError):
         return error_response(503, "the database is not available")
     return handle_internal_error(request, exc)

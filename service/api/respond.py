@@ -16,6 +16,7 @@ from service.api.formats import MEDIA_TYPES, encode, negotiate
 from service.api.queries.answers import Answer
 from service.api.queries.cache import Reader, Responses, RunRows
 from service.api.queries.index import Snapshot, StoreIndex
+from service.jobs.service import JobService
 from service.settings import Settings
 from service.store import Store
 
@@ -28,6 +29,7 @@ _REASONS = {
     409: "the request contradicts what is stored",
     413: "the body is too large",
     422: "well-formed but not meaningful (unknown metric, component, source, ...)",
+    503: "a service it needs (the job broker) is unavailable; nothing was changed",
 }
 
 
@@ -51,12 +53,14 @@ class ApiContext:
     index: StoreIndex
     reader: Reader
     responses: Responses
+    jobs: JobService | None = None
 
     @classmethod
-    def build(cls, store: Store, settings: Settings) -> ApiContext:
+    def build(cls, store: Store, settings: Settings, jobs: JobService | None = None
+              ) -> ApiContext:
         return cls(store, settings, StoreIndex(store),
                    Reader(store, RunRows(settings.api.row_cache_rows)),
-                   Responses(settings.api.response_cache_mb * 2**20))
+                   Responses(settings.api.response_cache_mb * 2**20), jobs)
 
     def snapshot(self) -> Snapshot:
         return self.index.snapshot()

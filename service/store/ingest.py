@@ -60,11 +60,14 @@ class IngestSummary:
     stage_boundaries: int = 0
 
 
-def ingest_result(store: Store, result: RunResult, *, run_id: int | None = None) -> IngestSummary:
+def ingest_result(store: Store, result: RunResult, *, run_id: int | None = None,
+                  also: Callable[[Session, IngestSummary], None] | None = None) -> IngestSummary:
     """Store a computed run. Same configuration hash and metric version -> the run is replaced.
 
     With `run_id`, the results are for that (queued or running) run, which must exist and have
-    been created for the same configuration. Raises `IngestError` (nothing stored) on bad input.
+    been created for the same configuration. `also` runs inside the same transaction once the
+    rows are written (a job marked succeeded with its results, or neither); an exception from it
+    rolls everything back. Raises `IngestError` (nothing stored) on bad input.
     """
     if result.config.config_hash() != result.config_hash:
         raise IngestError(
@@ -93,10 +96,14 @@ def ingest_result(store: Store, result: RunResult, *, run_id: int | None = None)
             bulk_insert(raw, table, columns, run.id, data)
         store_boundaries(session, run.id, model.id, boundaries)
         session.flush()
+        summary = IngestSummary(run.id, model.id, replaced, rows.results.num_rows,
+                                rows.neurons.num_rows, rows.neuron_tokens.num_rows,
+                                len(boundaries))
+        if also is not None:
+            also(session, summary)
         if before_commit is not None:
             before_commit()
-        return IngestSummary(run.id, model.id, replaced, rows.results.num_rows,
-                             rows.neurons.num_rows, rows.neuron_tokens.num_rows, len(boundaries))
+        return summary
 
 
 def _target_run(session: Session, result: RunResult, run_id: int | None) -> Run | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
@@ -40,6 +41,14 @@ def token_spec_hash(spec: TokenSpec) -> str:
     return _sha256(spec.model_dump(mode="json"))
 
 
+def default_model_name(spec: ModelSpec) -> str:
+    """The name a model is registered under when none is given: a checkpoint directory's
+    folder name (not its absolute path, which no URL can carry); otherwise the spec's name."""
+    if spec.source == "hf_dir":
+        return Path(spec.name).name or spec.name
+    return spec.name
+
+
 def find_model(session: Session, spec: ModelSpec) -> RegisteredModel | None:
     """The model registered for `spec` (same identity: spec without dtype), if any."""
     return session.scalars(sa.select(RegisteredModel)
@@ -57,7 +66,8 @@ def register_model(session: Session, spec: ModelSpec, info: ModelInfo | None, *,
     """
     model = find_model(session, spec)
     if model is None:
-        model = RegisteredModel(spec_hash=model_spec_hash(spec), name=name or spec.name,
+        model = RegisteredModel(spec_hash=model_spec_hash(spec),
+                                name=name or default_model_name(spec),
                                 source=spec.source, revision=spec.revision,
                                 spec=model_identity(spec))
         session.add(model)

@@ -170,7 +170,9 @@ def _env(db: Path, tmp: Path) -> dict[str, str]:
             "STRATA_API__CHECKPOINT_ROOTS": f'["{tmp / "checkpoints"}"]',
             "STRATA_API__CORS_ORIGINS": f'["{CORS_ORIGIN}"]',
             "STRATA_API__INGEST_MAX_MB": str(INGEST_MAX_MB),
-            "STRATA_API__DUCKDB_THREADS": "1", "OMP_NUM_THREADS": "1"}
+            "STRATA_API__DUCKDB_THREADS": "1", "OMP_NUM_THREADS": "1",
+            # No worker, no reconciliation: these tests read what they seeded, nothing more.
+            "STRATA_JOBS__RECONCILE": "false", "STRATA_DATA_DIR": str(tmp / "state")}
 
 
 def start_api(run_result: RunResult) -> Api:
@@ -191,7 +193,7 @@ def start_api(run_result: RunResult) -> Api:
     log = tmp / "serve.log"
     with log.open("wb") as sink:  # the child keeps its own copy of the descriptor
         proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--port",
-                                 str(port)], env=env, stdout=sink, stderr=subprocess.STDOUT)
+                                 str(port), "--no-local-worker"], env=env, stdout=sink, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     client = httpx.Client(base_url=base, timeout=60)
     api = Api(base, client, db, tmp, proc, log)

@@ -61,10 +61,13 @@ class ModelsController(Controller):
     @post("/", sync_to_thread=True, guards=[require_write_key], security=SECURITY,
           status_code=201, responses=errors(400, 401, 403, 409, 422))
     def register(self, ctx: ApiContext, data: RegisterModel) -> Response[Model]:
-        """Register a model without computing anything (API key). 201 when new; 200 with the
-        existing model when the same registration exists; 409 when its source is registered
-        under another name."""
+        """Register a model (API key). 201 when new; 200 with the existing model when the same
+        registration exists; 409 when its source is registered under another name. `name`
+        defaults to the checkpoint folder's name (or the source's). A new model's default run
+        is queued at once when reconciliation is on (`STRATA_JOBS__RECONCILE`)."""
         model, created = registration.register(ctx.store, ctx.settings, data)
+        if created and ctx.jobs is not None and ctx.settings.jobs.reconcile:
+            ctx.jobs.reconcile_soon()
         return Response(registration.as_model(model), status_code=201 if created else 200)
 
     @get("/{model:str}", sync_to_thread=True, responses=errors(400, 404))

@@ -11,6 +11,7 @@ from litestar.openapi.spec import OpenAPIMediaType, OpenAPIType, Operation, Requ
 from litestar.params import Parameter
 
 from service.api.auth import SECURITY, require_write_key
+from service.api.controllers.jobs import jobs_of
 from service.api.controllers.params import MetricVersion, ModelId
 from service.api.errors import BadRequestError, PayloadTooLargeError
 from service.api.formats import MEDIA_TYPES
@@ -67,12 +68,15 @@ class RunsController(Controller):
         return catalog.get_run(ctx.store, ctx.snapshot(), run_id)
 
     @post("/ingest", guards=[require_write_key], security=SECURITY, status_code=201,
-          responses=errors(400, 401, 403, 404, 413, 422), request_max_body_size=None,
+          responses=errors(400, 401, 403, 404, 409, 413, 422, 503), request_max_body_size=None,
           operation_class=IngestOperation)
     async def ingest(
         self, request: Request[Any, Any, Any], ctx: ApiContext,
         run_id: Annotated[int | None, Parameter(query="run_id", ge=0, description=(
             "deliver to this queued run"))] = None,
+        job_id: Annotated[int | None, Parameter(query="job_id", ge=1, le=2**62, description=(
+            "these are the results of this job: it succeeds in the same transaction (409 if "
+            "it was cancelled: nothing is stored)"))] = None,
     ) -> Response[IngestSummary]:
         """Store a run's results (API key): atomic per run, idempotent by configuration hash
         (201 new, 200 replaced). Stage boundaries are inferred in the same transaction.
@@ -81,7 +85,14 @@ class RunsController(Controller):
         schema metadata `strata` is the run (as `strata compute --out run.arrow` writes it),
         optionally followed by a second stream of the neuron top tokens."""
         body = await read_limited(request, ctx.settings.api.ingest_max_mb)
-        s = await anyio.to_thread.run_sync(ingest_queries.ingest, ctx.store, body, run_id)
+        if job_id is not None:
+            if run_id is not None:
+                raise BadRequestError("give run_id or job_id, not both")
+            jobs = jobs_of(ctx)
+            s = await anyio.to_thread.run_sync(
+                lambda: jobs.deliver(ingest_queries.decode(body), job_id))
+        else:
+            s = await anyio.to_thread.run_sync(ingest_queries.ingest, ctx.store, body, run_id)
         return Response(IngestSummary(s.run_id, s.model_id, s.replaced, s.results, s.neurons,
                                       s.neuron_tokens, s.stage_boundaries),
                         status_code=200 if s.replaced else 201)

@@ -29,6 +29,7 @@ from service.api.schemas.models import Model, RegisterModel
 from service.settings import Settings
 from service.store import Store
 from service.store.registry import (
+    default_model_name,
     fill_known_numbers,
     find_model,
     register_model,
@@ -119,10 +120,11 @@ def register(store: Store, settings: Settings, request: RegisterModel
     from service.store.models import RegisteredModel
 
     spec = resolve(request, settings)
+    name = request.name or usable_name(default_model_name(spec))
     with store.read() as conn, Session(bind=conn) as session:
         existing = find_model(session, spec)
         if existing is not None:
-            if existing.name != request.name:
+            if existing.name != name:
                 raise ConflictError(f"{request.source!r} with this processing and revision is "
                                     f"registered already, as {existing.name!r} (id {existing.id})")
             return existing, False
@@ -131,15 +133,24 @@ def register(store: Store, settings: Settings, request: RegisterModel
     with store.write() as conn, Session(bind=conn, expire_on_commit=False) as session:
         existing = find_model(session, spec)  # registered meanwhile by another request
         if existing is not None:
-            if existing.name != request.name:
+            if existing.name != name:
                 raise ConflictError(f"{request.source!r} was registered meanwhile as "
                                     f"{existing.name!r} (id {existing.id})")
             return existing, False
-        model: RegisteredModel = register_model(session, spec, info, name=request.name)
+        model: RegisteredModel = register_model(session, spec, info, name=name)
         if numbers:
             fill_known_numbers(model, numbers)
         session.flush()
         return model, True
+
+
+def usable_name(name: str) -> str:
+    """`name` made addressable in a URL: characters other than letters, digits and `._+-`
+    become `-`; an all-digit name (ids are numbers) gets a `model-` prefix."""
+    import re
+
+    cleaned = re.sub(r"[^A-Za-z0-9._+-]", "-", name).lstrip("._+-")[:200] or "model"
+    return f"model-{cleaned}" if cleaned.isdigit() else cleaned
 
 
 def as_model(model: Any) -> Model:

@@ -74,10 +74,10 @@ ModelName = Annotated[str, msgspec.Meta(
 class RegisterModel(msgspec.Struct, forbid_unknown_fields=True):
     """Register a model without computing anything."""
 
-    name: ModelName
     source: Annotated[str, msgspec.Meta(
         min_length=1, max_length=1000,
         description="a TransformerLens official name (e.g. gpt2), a zoo model (zoo:tiny-4l-s0) "
                     "or a checkpoint directory under a configured checkpoint root")]
+    name: ModelName | None = None  # default: the checkpoint folder's name, or the source's
     revision: str | None = None
     processing: ProcessingRequest | None = None

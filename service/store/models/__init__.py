@@ -3,6 +3,7 @@ that the migrations must produce; `tests/integration/test_store_migrations.py` c
 
 from service.store.models.base import Base, utcnow
 from service.store.models.family import RefitFamily, RefitFamilyMember
+from service.store.models.job import FINAL_STATES, JOB_STATES, LIVE_STATES, Job, JobState
 from service.store.models.neuron import NEURON_COLUMNS, NEURON_TOKEN_COLUMNS, NeuronRow, NeuronToken
 from service.store.models.registered_model import RegisteredModel
 from service.store.models.result import RESULT_COLUMNS, Result
@@ -11,7 +12,8 @@ from service.store.models.stage import StageBoundary
 from service.store.models.token_source import TokenSource
 
 __all__ = [
-    "NEURON_COLUMNS", "NEURON_TOKEN_COLUMNS", "RESULT_COLUMNS", "RUN_STATUSES", "Base",
-    "NeuronRow", "NeuronToken", "RefitFamily", "RefitFamilyMember", "RegisteredModel", "Result",
-    "Run", "RunStatus", "StageBoundary", "TokenSource", "utcnow",
+    "FINAL_STATES", "JOB_STATES", "LIVE_STATES", "NEURON_COLUMNS", "NEURON_TOKEN_COLUMNS",
+    "RESULT_COLUMNS", "RUN_STATUSES", "Base", "Job", "JobState", "NeuronRow", "NeuronToken",
+    "RefitFamily", "RefitFamilyMember", "RegisteredModel", "Result", "Run", "RunStatus",
+    "StageBoundary", "TokenSource", "utcnow",
 ]

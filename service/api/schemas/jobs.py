@@ -1,0 +1,124 @@
+"""Jobs: submissions, their state and live progress; what workers send and are told."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any
+
+import msgspec
+
+Family = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
+
+
+class SubmitJob(msgspec.Struct, forbid_unknown_fields=True):
+    """Compute a registered model's metrics. Omitted fields take the deployment's defaults
+    (`STRATA_JOBS__*`)."""
+
+    model: Annotated[str, msgspec.Meta(min_length=1, max_length=1000,
+                                       description="registered model name or id")]
+    metrics: Annotated[list[Family], msgspec.Meta(min_length=1, max_length=32, description=(
+        "metric families (default: all)"))] | None = None
+    tokens: Annotated[str, msgspec.Meta(min_length=1, max_length=4096, description=(
+        "builtin, corpus:<path under a configured root>, source:<stored token source id>, or "
+        "pile"))] | None = None
+    n_sequences: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] | None = None
+    seq_len: Annotated[int, msgspec.Meta(ge=3, le=1_000_000, description=(
+        "tokens per sequence, BOS included; at most the model's context"))] | None = None
+    device: Annotated[str, msgspec.Meta(max_length=16, description=(
+        "cpu or cuda (default: whichever worker takes it)"))] | None = None
+    dtype: Annotated[str, msgspec.Meta(max_length=16, description=(
+        "float32, bfloat16 or float16"))] | None = None
+    force: bool = False
+
+
+class JobProgress(msgspec.Struct):
+    """Units of work done of total, throughput and the time left, as the worker last said."""
+
+    done: int
+    total: int
+    fraction: float
+    tokens_per_s: float
+    eta_s: float | None
+
+
+class Job(msgspec.Struct):
+    id: int
+    state: str
+    model: str
+    model_id: int
+    run_id: int | None
+    config_hash: str
+    metric_version: str
+    families: list[str]
+    device: str | None
+    dtype: str
+    reason: str
+    forced: bool
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    wall_s: float | None
+    progress: JobProgress | None
+    worker: str | None
+    attempts: int
+    error: str | None
+    config: dict[str, Any]
+
+
+class JobPage(msgspec.Struct):
+    items: list[Job]
+    total: int
+
+
+class Claim(msgspec.Struct, forbid_unknown_fields=True):
+    dispatch: Annotated[int, msgspec.Meta(ge=0)]
+    worker: Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
+    device: Annotated[str, msgspec.Meta(min_length=1, max_length=32)]
+
+
+class Claimed(msgspec.Struct):
+    config: dict[str, Any]
+    device: str | None
+    attempt: int
+
+
+class Heartbeat(msgspec.Struct, forbid_unknown_fields=True):
+    dispatch: Annotated[int, msgspec.Meta(ge=0)]
+    worker: Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
+    done: Annotated[int, msgspec.Meta(ge=0)] = 0
+    total: Annotated[int, msgspec.Meta(ge=0)] = 0
+    tokens_per_s: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    elapsed_s: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+
+
+class HeartbeatAnswer(msgspec.Struct):
+    stop: bool
+
+
+class Failure(msgspec.Struct, forbid_unknown_fields=True):
+    dispatch: Annotated[int, msgspec.Meta(ge=0)]
+    worker: Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
+    error: Annotated[str, msgspec.Meta(min_length=1, max_length=100_000)]
+
+
+class Reconciled(msgspec.Struct):
+    queued: list[int]
+
+
+class WorkerBeat(msgspec.Struct, forbid_unknown_fields=True):
+    name: Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
+    device: Annotated[str, msgspec.Meta(min_length=1, max_length=32)]
+    dtype: Annotated[str, msgspec.Meta(min_length=1, max_length=16)]
+    queues: list[Annotated[str, msgspec.Meta(max_length=64)]]
+    host: Annotated[str, msgspec.Meta(max_length=255)]
+    pid: int
+
+
+class Worker(msgspec.Struct):
+    name: str
+    device: str
+    dtype: str
+    queues: list[str]
+    host: str
+    pid: int
+    seen_s_ago: float

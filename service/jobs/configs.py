@@ -1,0 +1,105 @@
+"""A submission -> the run configuration it means, checked before anything is queued.
+
+The configuration (and so its hash) is fixed here, in the API process: the worker computes
+exactly this configuration and the results must carry the same hash. Token sources are resolved
+here too (their content fingerprint is part of the identity).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from compute.errors import SpecError
+from compute.metrics import families_named
+from compute.models import ModelSpec
+from compute.run import RunConfig
+from compute.tokens import TokenSpec, resolve_token_spec
+from service.settings import Settings
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """What a client asks to compute. None: the deployment's default (`STRATA_JOBS__*`)."""
+
+    model: str
+    metrics: tuple[str, ...] | None = None
+    tokens: str | None = None
+    n_sequences: int | None = None
+    seq_len: int | None = None
+    device: str | None = None
+    dtype: str | None = None
+    force: bool = False
+
+
+@lru_cache(maxsize=64)
+def _resolved(spec: TokenSpec) -> TokenSpec:
+    # The built-in corpus's fingerprint reads ~2 MB of text: once per process is enough.
+    return resolve_token_spec(spec)
+
+
+def token_spec(ref: str, n_sequences: int, seq_len: int, settings: Settings,
+               stored: dict[str, Any] | None = None) -> TokenSpec:
+    """The token spec a job's `tokens` names:
+
+    - `builtin`: the built-in offline corpus;
+    - `corpus:<path>`: a text file or folder under one of `STRATA_JOBS__CORPUS_ROOTS`;
+    - `source:<id>`: a token source already stored with a run (used exactly as stored);
+    - `pile`: the Pile through `datasets` (the worker needs network).
+    """
+    kind, _, rest = ref.partition(":")
+    if kind == "source":
+        if stored is None:
+            raise SpecError(f"tokens {ref!r}: no stored token source has id {rest!r}; list them "
+                            "with GET /api/v1/runs (token_source_id)")
+        return _resolved(TokenSpec.model_validate(stored))
+    if kind == "builtin" and not rest:
+        return _resolved(TokenSpec(source="builtin", n_sequences=n_sequences, seq_len=seq_len))
+    if kind == "pile" and not rest:
+        return TokenSpec(source="pile", n_sequences=n_sequences, seq_len=seq_len)
+    if kind == "corpus" and rest:
+        path = Path(rest)
+        if not any(path.resolve().is_relative_to(root.resolve())
+                   for root in settings.jobs.corpus_roots):
+            raise SpecError(f"tokens {ref!r}: corpus paths must lie under a configured root "
+                            "(STRATA_JOBS__CORPUS_ROOTS); this one does not")
+        if not path.exists():
+            raise SpecError(f"tokens {ref!r}: {path} does not exist")
+        return _resolved(TokenSpec(source="corpus", path=str(path.resolve()),
+                                   n_sequences=n_sequences, seq_len=seq_len))
+    raise SpecError(f"tokens {ref!r} is not a token source: give builtin, corpus:<path>, "
+                    "source:<stored token source id> or pile")
+
+
+def run_config(request: JobRequest, model_spec: dict[str, Any], n_ctx: int | None,
+               settings: Settings, stored_tokens: dict[str, Any] | None = None) -> RunConfig:
+    """The run configuration of a request for a registered model (its stored spec and context
+    length). Raises `SpecError` naming the problem: unknown family or dtype, a seq_len beyond
+    the model's context, bad counts, a token source that is not allowed."""
+    defaults = settings.jobs
+    families = list(request.metrics) if request.metrics is not None else list(defaults.families)
+    families_named(families)
+    dtype = request.dtype or defaults.dtype
+    if dtype not in DTYPES:
+        raise SpecError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    n_sequences = request.n_sequences if request.n_sequences is not None else defaults.n_sequences
+    if request.seq_len is not None:
+        seq_len = request.seq_len
+        if n_ctx is not None and seq_len > n_ctx:
+            raise SpecError(f"seq_len {seq_len} is beyond the model's context of {n_ctx} "
+                            "tokens; give seq_len <= n_ctx")
+    else:
+        seq_len = min(defaults.seq_len, n_ctx) if n_ctx is not None else defaults.seq_len
+    if n_sequences < 1:
+        raise SpecError(f"n_sequences must be at least 1, got {n_sequences}")
+    if seq_len < 3:
+        raise SpecError(f"seq_len must be at least 3 (BOS, one evaluated position, its "
+                        f"target), got {seq_len}")
+    tokens = token_spec(request.tokens or defaults.tokens, n_sequences, seq_len, settings,
+                        stored_tokens)
+    spec = ModelSpec.model_validate({**model_spec, "dtype": dtype})
+    return RunConfig(model=spec, tokens=tokens, families=tuple(dict.fromkeys(families)))

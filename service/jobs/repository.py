@@ -1,0 +1,74 @@
+"""Job rows: the queries the job service makes (SQL lives here, decisions in `service.py`)."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from service.store.models import LIVE_STATES, Job, RegisteredModel, Run, TokenSource
+
+
+def get(session: Session, job_id: int) -> Job | None:
+    return session.get(Job, job_id)
+
+
+def live_for(session: Session, config_hash: str, metric_version: str) -> Job | None:
+    """The queued or running job of a configuration, if any."""
+    return session.scalars(sa.select(Job).where(
+        Job.config_hash == config_hash, Job.metric_version == metric_version,
+        Job.state.in_(LIVE_STATES)).order_by(Job.id.desc()).limit(1)).first()
+
+
+def latest_for(session: Session, config_hash: str, metric_version: str,
+               states: tuple[str, ...] | None = None) -> Job | None:
+    query = sa.select(Job).where(Job.config_hash == config_hash,
+                                 Job.metric_version == metric_version)
+    if states is not None:
+        query = query.where(Job.state.in_(states))
+    return session.scalars(query.order_by(Job.id.desc()).limit(1)).first()
+
+
+def succeeded_run(session: Session, config_hash: str, metric_version: str) -> Run | None:
+    return session.scalars(sa.select(Run).where(
+        Run.config_hash == config_hash, Run.metric_version == metric_version,
+        Run.status == "succeeded")).first()
+
+
+def model(session: Session, ref: str) -> RegisteredModel | None:
+    """A registered model by id, or by name (the latest registration of that name)."""
+    if ref.isdigit():
+        found = session.get(RegisteredModel, int(ref))
+        if found is not None:
+            return found
+    return session.scalars(sa.select(RegisteredModel).where(RegisteredModel.name == ref)
+                           .order_by(RegisteredModel.id.desc()).limit(1)).first()
+
+
+def model_names(session: Session) -> dict[int, str]:
+    return dict(session.execute(sa.select(RegisteredModel.id, RegisteredModel.name)).all())
+
+
+def all_models(session: Session) -> list[RegisteredModel]:
+    return list(session.scalars(sa.select(RegisteredModel).order_by(RegisteredModel.id)))
+
+
+def token_source(session: Session, ref: str) -> TokenSource | None:
+    return session.get(TokenSource, int(ref)) if ref.isdigit() else None
+
+
+def page(session: Session, *, state: str | None, model_id: int | None, limit: int,
+         offset: int) -> tuple[list[Job], int]:
+    """Jobs, newest first, filtered; and how many match."""
+    where = []
+    if state is not None:
+        where.append(Job.state == state)
+    if model_id is not None:
+        where.append(Job.model_id == model_id)
+    total = session.scalar(sa.select(sa.func.count()).select_from(Job).where(*where)) or 0
+    rows = session.scalars(sa.select(Job).where(*where).order_by(Job.id.desc())
+                           .limit(limit).offset(offset))
+    return list(rows), int(total)
+
+
+def in_state(session: Session, state: str) -> list[Job]:
+    return list(session.scalars(sa.select(Job).where(Job.state == state).order_by(Job.id)))

@@ -1,0 +1,381 @@
+"""The job service: every decision about a job, made in the API process (the one writer).
+
+    submit  ──► queued ──claim──► running ──deliver──► succeeded
+                  │                  │  └──fail────► failed
+                  │                  └──lease lost──► queued again (dispatch + 1), or failed
+                  └──cancel──► cancelled ◄──cancel── running (the worker stops at its next
+                                                              heartbeat; nothing is stored)
+
+A configuration (config hash + metric version) has at most one live job. Workers reach these
+methods over HTTP; a message whose dispatch number is not the job's current one is refused,
+so a lost-and-requeued job never runs twice, and results delivered late are stored once
+(ingest is idempotent by configuration hash).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from compute.errors import SpecError
+from compute.run import METRIC_VERSION, RunConfig, RunResult
+from service.jobs import repository as repo
+from service.jobs.board import Board, Live
+from service.jobs.broker import Broker
+from service.jobs.configs import JobRequest, run_config
+from service.jobs.errors import JobConflictError, JobNotFoundError
+from service.settings import Settings
+from service.store import Store
+from service.store.errors import IngestError
+from service.store.ingest import IngestSummary, ingest_result
+from service.store.models import FINAL_STATES, JOB_STATES, Job, RegisteredModel, utcnow
+
+log = logging.getLogger("strata.jobs")
+
+
+@dataclass(frozen=True)
+class JobView:
+    """A job as the API shows it: its row, its live progress, its model's name."""
+
+    job: Job
+    live: Live | None
+    model: str
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """What a worker needs to run a job it was allowed to start."""
+
+    config: dict[str, Any]
+    device: str | None
+    attempt: int
+
+
+def device_matches(requested: str | None, worker_device: str) -> bool:
+    if requested is None:
+        return True
+    kind = requested.split(":")[0]
+    return worker_device.split(":")[0] == kind
+
+
+class JobService:
+    def __init__(self, store: Store, settings: Settings, broker: Broker, board: Board) -> None:
+        self.store = store
+        self.settings = settings
+        self.broker = broker
+        self.board = board
+        self._reconcile_lock = threading.Lock()
+
+    # ------------------------------------------------------------------ reads
+    def view(self, job: Job, names: dict[int, str] | None = None) -> JobView:
+        live = self.board.live(job.id) if job.state == "running" else None
+        if names is None:
+            with self.store.read() as conn, Session(bind=conn) as session:
+                names = repo.model_names(session)
+        return JobView(job, live, names.get(job.model_id, str(job.model_id)))
+
+    def get(self, job_id: int) -> JobView:
+        with self.store.read() as conn, Session(bind=conn, expire_on_commit=False) as session:
+            job = repo.get(session, job_id)
+            if job is None:
+                raise JobNotFoundError(f"job {job_id} does not exist")
+            session.expunge(job)
+        return self.view(job)
+
+    def page(self, *, state: str | None, model: str | None, limit: int, offset: int
+             ) -> tuple[list[JobView], int]:
+        if state is not None and state not in JOB_STATES:
+            raise SpecError(f"state {state!r} is not one of {', '.join(JOB_STATES)}")
+        with self.store.read() as conn, Session(bind=conn, expire_on_commit=False) as session:
+            model_id = None
+            if model is not None:
+                found = repo.model(session, model)
+                if found is None:
+                    raise JobNotFoundError(f"no registered model is named {model!r}")
+                model_id = found.id
+            jobs, total = repo.page(session, state=state, model_id=model_id, limit=limit,
+                                    offset=offset)
+            names = repo.model_names(session)
+            session.expunge_all()
+        return [self.view(j, names) for j in jobs], total
+
+    # ------------------------------------------------------------------ submit
+    def _check_device(self, device: str | None) -> None:
+        if device is None:
+            return
+        if device.split(":")[0] not in ("cpu", "cuda", "mps"):
+            raise SpecError(f"device {device!r} is not cpu, cuda or cuda:<n>")
+        known = set(self.settings.jobs.devices)
+        known |= {w.device for w in self.board.workers(within_s=self.worker_window())}
+        if known and not any(device_matches(device, d) for d in known):
+            raise SpecError(f"no worker has device {device!r}: the workers have "
+                            f"{', '.join(sorted(known))}")
+
+    def worker_window(self) -> float:
+        return max(6 * self.settings.worker.heartbeat_s, 60.0)
+
+    def configure(self, request: JobRequest) -> tuple[RegisteredModel, RunConfig]:
+        """The model and run configuration a request means; `SpecError` naming what is wrong."""
+        with self.store.read() as conn, Session(bind=conn, expire_on_commit=False) as session:
+            model = repo.model(session, request.model)
+            if model is None:
+                raise SpecError(f"unknown model {request.model!r}: register it first "
+                                "(POST /api/v1/models or `strata models add`)")
+            stored_tokens = None
+            if request.tokens and request.tokens.startswith("source:"):
+                source = repo.token_source(session, request.tokens.removeprefix("source:"))
+                stored_tokens = source.spec if source is not None else None
+            session.expunge(model)
+        self._check_device(request.device)
+        config = run_config(request, model.spec, model.n_ctx, self.settings, stored_tokens)
+        return model, config
+
+    def submit(self, request: JobRequest, *, reason: str = "api") -> tuple[JobView, bool]:
+        """The job for a request, and whether it is new. Raises `SpecError` before anything is
+        stored or sent, `BrokerUnavailableError` if the broker does not take it (nothing kept)."""
+        model, config = self.configure(request)
+        job, new = self._create(model, config, request, reason)
+        if new and job.state == "queued":
+            self._dispatch_new(job)
+        return self.view(job), new
+
+    def _create(self, model: RegisteredModel, config: RunConfig, request: JobRequest,
+                reason: str) -> tuple[Job, bool]:
+        config_hash, version = config.config_hash(), config.metric_version
+        with self.store.write() as conn, Session(bind=conn, expire_on_commit=False) as session:
+            live = repo.live_for(session, config_hash, version)
+            if live is not None:
+                return live, False
+            state, run_id = "queued", None
+            if not request.force:
+                done = repo.latest_for(session, config_hash, version, ("succeeded",))
+                if done is not None:
+                    return done, False
+                run = repo.succeeded_run(session, config_hash, version)
+                if run is not None:  # computed elsewhere (`strata compute --store`): one run
+                    state, run_id, reason = "succeeded", run.id, "stored"
+            job = Job(model_id=model.id, config_hash=config_hash, metric_version=version,
+                      config=json.loads(config.canonical_json()), families=sorted(
+                          config.families), device=request.device, dtype=config.model.dtype,
+                      state=state, reason=reason, forced=request.force, dispatch=0, attempts=0,
+                      run_id=run_id, created_at=utcnow())
+            if state == "succeeded":
+                job.finished_at = job.created_at
+            session.add(job)
+            session.flush()
+            return job, True
+
+    def _dispatch_new(self, job: Job) -> None:
+        try:
+            self.broker.send(job.id, job.dispatch)
+        except Exception:
+            with self.store.write() as conn, Session(bind=conn) as session:
+                stored = repo.get(session, job.id)
+                if stored is not None and stored.state == "queued":
+                    session.delete(stored)
+                    session.flush()
+            raise
+        self._set(job.id, dispatched_at=utcnow())
+        job.dispatched_at = utcnow()
+
+    def _set(self, job_id: int, *, only_if: Callable[[Job], bool] | None = None,
+             **values: Any) -> Job | None:
+        """Update a job's row (if `only_if` holds for it); the updated job, detached."""
+        with self.store.write() as conn, Session(bind=conn, expire_on_commit=False) as session:
+            job = repo.get(session, job_id)
+            if job is None or (only_if is not None and not only_if(job)):
+                return None
+            for key, value in values.items():
+                setattr(job, key, value)
+            session.flush()
+            session.expunge(job)
+            return job
+
+    # ------------------------------------------------------------------ cancel
+    def cancel(self, job_id: int) -> JobView:
+        job = self._set(job_id, only_if=lambda j: j.state not in FINAL_STATES,
+                        state="cancelled", finished_at=utcnow(), error="cancelled by request")
+        if job is None:
+            current = self.get(job_id).job  # 404 if it does not exist
+            raise JobConflictError(f"job {job_id} has already {current.state}; only queued or "
+                                   "running jobs can be cancelled")
+        self.board.forget(job_id)
+        return self.view(job)
+
+    # ------------------------------------------------------------------ the worker's side
+    def claim(self, job_id: int, dispatch: int, worker: str, device: str) -> Claimed:
+        """Start a job on a worker. Refused (`JobConflictError`) unless the job is queued under
+        this dispatch number; a job asking for a device the worker lacks fails, clearly."""
+        with self.store.write() as conn, Session(bind=conn, expire_on_commit=False) as session:
+            job = repo.get(session, job_id)
+            if job is None:
+                raise JobNotFoundError(f"job {job_id} does not exist")
+            if job.state != "queued" or job.dispatch != dispatch:
+                raise JobConflictError(f"job {job_id} is {job.state} (dispatch {job.dispatch}); "
+                                       f"message {dispatch} is stale: not started")
+            if not device_matches(job.device, device):
+                job.state, job.finished_at, job.worker = "failed", utcnow(), worker
+                job.error = (f"job asks for device {job.device!r} but worker {worker} runs on "
+                             f"{device!r}; submit it with a device the workers have")
+                session.flush()
+                raise JobConflictError(job.error)
+            job.state, job.worker, job.started_at = "running", worker, utcnow()
+            job.attempts += 1
+            session.flush()
+            claimed = Claimed(dict(job.config), job.device, job.attempts)
+        self.board.start(job_id, dispatch, worker)
+        return claimed
+
+    def heartbeat(self, job_id: int, dispatch: int, worker: str, *, done: int = 0,
+                  total: int = 0, tokens_per_s: float = 0.0, elapsed_s: float = 0.0) -> bool:
+        """Record a running job's progress and renew its lease. True: the worker must stop (the
+        job was cancelled, finished, or handed to another dispatch)."""
+        with self.store.read() as conn, Session(bind=conn) as session:
+            job = repo.get(session, job_id)
+            if job is None:
+                raise JobNotFoundError(f"job {job_id} does not exist")
+            current = job.state == "running" and job.dispatch == dispatch
+        if not current:
+            return True
+        self.board.beat(job_id, dispatch, worker, done=done, total=total,
+                        tokens_per_s=tokens_per_s, elapsed_s=elapsed_s)
+        return False
+
+    def fail(self, job_id: int, dispatch: int, worker: str, error: str) -> JobView:
+        job = self._set(job_id, only_if=lambda j: j.state == "running" and j.dispatch == dispatch,
+                        state="failed", error=error[:4000], finished_at=utcnow(), worker=worker)
+        if job is None:
+            current = self.get(job_id).job
+            raise JobConflictError(f"job {job_id} is {current.state} (dispatch "
+                                   f"{current.dispatch}): this failure report is stale")
+        self.board.forget(job_id)
+        log.info("job %s failed on %s: %s", job_id, worker, error)
+        return self.view(job)
+
+    def deliver(self, result: RunResult, job_id: int) -> IngestSummary:
+        """Store a job's results and mark it succeeded, in one transaction. Results of a
+        cancelled job are refused (nothing stored)."""
+
+        def mark(session: Session, summary: IngestSummary) -> None:
+            job = repo.get(session, job_id)
+            if job is None:
+                raise JobNotFoundError(f"job {job_id} does not exist")
+            if job.state == "cancelled":
+                raise JobConflictError(f"job {job_id} was cancelled; its results are not stored")
+            if (job.config_hash, job.metric_version) != (result.config_hash,
+                                                         result.config.metric_version):
+                raise IngestError(f"these results are for configuration "
+                                  f"{result.config_hash[:12]}…, not job {job_id}'s "
+                                  f"{job.config_hash[:12]}…")
+            job.state, job.run_id, job.error = "succeeded", summary.run_id, None
+            job.finished_at = utcnow()
+            session.flush()
+
+        summary = ingest_result(self.store, result, also=mark)
+        self.board.forget(job_id)
+        return summary
+
+    # ------------------------------------------------------------------ upkeep
+    def requeue_lost(self) -> list[int]:
+        """Running jobs whose worker stopped sending heartbeats: queued again under a new
+        dispatch number (or failed after `max_attempts`). Returns the re-sent job ids."""
+        resent = []
+        for job_id, dispatch in self.board.expired():
+            self.board.forget(job_id)
+            max_attempts = self.settings.jobs.max_attempts
+
+            def lost(j: Job, dispatch: int = dispatch) -> bool:
+                return j.state == "running" and j.dispatch == dispatch
+
+            with self.store.write() as conn, Session(bind=conn, expire_on_commit=False) as s:
+                job = repo.get(s, job_id)
+                if job is None or not lost(job):
+                    continue
+                if job.attempts >= max_attempts:
+                    job.state, job.finished_at = "failed", utcnow()
+                    job.error = (f"the worker was lost {job.attempts} times (last: "
+                                 f"{job.worker}); giving up (STRATA_JOBS__MAX_ATTEMPTS)")
+                    s.flush()
+                    log.warning("job %s: %s", job_id, job.error)
+                    continue
+                job.state, job.dispatch, job.dispatched_at = "queued", job.dispatch + 1, None
+                s.flush()
+                log.warning("job %s: worker %s lost, re-queued (dispatch %s)", job_id,
+                            job.worker, job.dispatch)
+            resent.append(job_id)
+        self.dispatch_pending()
+        return resent
+
+    def dispatch_pending(self) -> None:
+        """Send queued jobs that no message was sent for (a re-queue, or a crash between
+        storing and sending). A broker that is down is tried again on the next round."""
+        with self.store.read() as conn, Session(bind=conn) as session:
+            pending = [(j.id, j.dispatch) for j in repo.in_state(session, "queued")
+                       if j.dispatched_at is None]
+        for job_id, dispatch in pending:
+            try:
+                self.broker.send(job_id, dispatch)
+            except Exception as exc:
+                log.warning("job %s not re-sent: %s", job_id, exc)
+                return
+            self._set(job_id, only_if=lambda j, d=dispatch: j.state == "queued"
+                      and j.dispatch == d, dispatched_at=utcnow())
+
+    def grace_running(self) -> None:
+        """After a restart: every running job gets a fresh lease (its worker may still be at
+        it, and could not send heartbeats while the API was down)."""
+        with self.store.read() as conn, Session(bind=conn) as session:
+            running = [(j.id, j.dispatch, j.worker or "?")
+                       for j in repo.in_state(session, "running")]
+        self.board.grace(running)
+
+    def reconcile_soon(self) -> None:
+        """Reconcile in the background (after a registration: the answer need not wait)."""
+        def run() -> None:
+            try:
+                self.reconcile()
+            except Exception:  # logged; the next scheduled reconciliation tries again
+                log.exception("reconciliation failed")
+
+        threading.Thread(target=run, name="strata-reconcile", daemon=True).start()
+
+    def reconcile(self, *, reason: str = "reconcile") -> list[int]:
+        """Queue the default run of every registered model that lacks it under the current
+        metric version, once: a model whose default run was ever queued (even if it failed or
+        was cancelled) is not queued again. Returns the new job ids. Serialised: two
+        reconciliations never queue one configuration twice."""
+        queued = []
+        with self._reconcile_lock:
+            with self.store.read() as conn, Session(bind=conn, expire_on_commit=False) as session:
+                models = repo.all_models(session)
+                session.expunge_all()
+            for model in models:
+                try:
+                    _, config = self.configure(JobRequest(model=str(model.id)))
+                except SpecError as exc:
+                    log.warning("model %s (%s) has no default run: %s", model.id, model.name, exc)
+                    continue
+                config_hash = config.config_hash()
+                with self.store.read() as conn, Session(bind=conn) as session:
+                    known = (repo.latest_for(session, config_hash, METRIC_VERSION) is not None
+                             or repo.succeeded_run(session, config_hash, METRIC_VERSION)
+                             is not None)
+                if known:
+                    continue
+                job, new = self._create(model, config, JobRequest(model=str(model.id)), reason)
+                if new and job.state == "queued":
+                    try:
+                        self.broker.send(job.id, job.dispatch)
+                        self._set(job.id, dispatched_at=utcnow())
+                    except Exception as exc:  # left queued: dispatch_pending sends it later
+                        log.warning("job %s not sent yet: %s", job.id, exc)
+                    queued.append(job.id)
+        if queued:
+            log.info("reconcile queued jobs %s", queued)
+        return queued

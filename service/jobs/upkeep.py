@@ -1,0 +1,45 @@
+"""The API process's upkeep thread: every few seconds, re-queue jobs whose worker was lost,
+send jobs no message was sent for, and look at the watch folder."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from service.jobs.service import JobService
+from service.jobs.watch import WatchFolder
+
+log = logging.getLogger("strata.jobs")
+
+
+class Upkeep:
+    def __init__(self, jobs: JobService, watch: WatchFolder | None) -> None:
+        self.jobs = jobs
+        self.watch = watch
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self.jobs.grace_running()
+        if self.jobs.settings.jobs.reconcile:
+            self.jobs.reconcile_soon()
+        self._thread = threading.Thread(target=self._loop, name="strata-upkeep", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def tick(self) -> None:
+        self.jobs.requeue_lost()
+        if self.watch is not None and self.watch.scan() and self.jobs.settings.jobs.reconcile:
+            self.jobs.reconcile()
+
+    def _loop(self) -> None:
+        interval = self.jobs.settings.jobs.maintenance_interval_s
+        while not self._stop.wait(interval):
+            try:
+                self.tick()
+            except Exception:  # logged; the next round tries again
+                log.exception("job upkeep failed")

@@ -1,0 +1,123 @@
+"""`strata serve`: the service process — the API, the job system's upkeep and, on the
+one-machine default, a local worker and beat.
+
+    store (opened here: this process is the database's one writer)
+      └── JobService (decisions) ── CeleryBroker (sends) ── Board (progress, leases, workers)
+      └── Upkeep thread (lost workers, unsent jobs, the watch folder)
+      └── Litestar app (HTTP)
+    LocalProcesses (no STRATA_BROKER_URL): `strata worker` + `strata beat`, restarted if they die
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import sys
+from pathlib import Path
+
+import click
+
+from service.settings import Settings
+
+log = logging.getLogger("strata.serve")
+
+
+def ensure_key(settings: Settings) -> Settings:
+    """With no API keys configured, the one-machine default makes one (kept in the data folder,
+    readable only by its owner) so the local worker and the CLI can write; said on the console."""
+    if settings.write_keys():
+        return settings
+    key_file = settings.key_file
+    key = key_file.read_text().strip() if key_file.is_file() else ""
+    if not key:
+        key_file.parent.mkdir(parents=True, exist_ok=True)
+        key = secrets.token_urlsafe(24)
+        key_file.write_text(key + "\n")
+        key_file.chmod(0o600)
+    return settings.model_copy(update={"api_keys": key})
+
+
+def run_service(settings: Settings, *, host: str | None, port: int | None,
+                local_worker: bool | None, access_log: bool, log_level: str) -> None:
+    import uvicorn
+
+    from service.api.app import create_app
+    from service.api.queries.registration import register
+    from service.api.schemas.models import RegisterModel
+    from service.jobs.board import Board
+    from service.jobs.broker import CeleryBroker
+    from service.jobs.service import JobService
+    from service.jobs.upkeep import Upkeep
+    from service.jobs.watch import WatchFolder
+    from service.store import Store
+    from service.store.migrate import ensure_current
+    from service.worker.app import make_app
+    from service.worker.launch import LocalProcesses
+
+    logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    host = host or settings.host
+    port = settings.port if port is None else port
+    local = (not settings.broker_url) if local_worker is None else local_worker
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    if local:
+        settings = ensure_key(settings)
+    store = Store.open(settings.database, threads=settings.api.duckdb_threads)
+    processes: LocalProcesses | None = None
+    try:
+        ensure_current(store)
+        board = Board(settings.jobs.lease_s)
+        jobs = JobService(store, settings,
+                          CeleryBroker(make_app(settings), settings.jobs.publish_timeout_s), board)
+        watch = None
+        if settings.jobs.watch_dir is not None:
+            watch_root = settings.jobs.watch_dir
+            roots = [*settings.api.checkpoint_roots, watch_root]
+            watch_settings = settings.model_copy(update={"api": settings.api.model_copy(
+                update={"checkpoint_roots": roots})})
+
+            def register_folder(folder: Path) -> bool:
+                from service.api.queries.registration import usable_name
+
+                _, created = register(store, watch_settings, RegisterModel(
+                    source=str(folder.resolve()), name=usable_name(folder.name)))
+                if created:
+                    log.info("watch folder: registered %s", folder.name)
+                return created
+
+            watch = WatchFolder(watch_root, register_folder)
+        upkeep = Upkeep(jobs, watch)
+        url = f"http://{host}:{port}"
+        if local:
+            processes = LocalProcesses(api_url=url, api_key=settings.write_keys()[0],
+                                       device=settings.worker.device,
+                                       log_dir=str(settings.data_dir / "logs"))
+        # Stopped from the app's shutdown hook: uvicorn re-raises SIGTERM/SIGINT once it has
+        # shut down, so code after uvicorn.run() does not run on a signal.
+        app = create_app(settings, store, jobs=jobs, upkeep=upkeep,
+                         on_shutdown=[processes.stop] if processes is not None else [])
+        if processes is not None:
+            processes.start()
+        _announce(settings, url, local)
+        uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=access_log,
+                    workers=1)
+    finally:
+        if processes is not None:
+            processes.stop()
+        store.close()
+
+
+def _announce(settings: Settings, url: str, local: bool) -> None:
+    lines = [f"Strata: serving {settings.database} on {url}",
+             f"  web page:  {url}/", f"  API docs:  {url}/schema",
+             f"  jobs:      {url}/api/v1/jobs  (strata jobs list)"]
+    if local:
+        lines += [f"  broker:    filesystem, {settings.data_dir.resolve() / 'broker'} (a local "
+                  "worker and beat run beside the API)",
+                  f"  logs:      {settings.data_dir.resolve() / 'logs'}"]
+        if settings.key_file.is_file() and not settings.api_key:
+            lines.append(f"  API key:   in {settings.key_file} (the CLI reads it from there)")
+    else:
+        lines.append(f"  broker:    {settings.broker_url.split('@')[-1]} (start workers with "
+                     "`strata worker`, one `strata beat`)")
+    click.echo("\n".join(lines), err=True)
+    sys.stderr.flush()

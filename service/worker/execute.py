@@ -1,0 +1,141 @@
+"""Running one job on this worker: claim it, load the model (cached), compute with progress,
+deliver the results to the API.
+
+The engine's progress callback is the one progress mechanism: each report updates what the
+heartbeat thread sends to the API every `heartbeat_s` seconds (which also renews the job's
+lease), and a `stop` answer (the job was cancelled) makes the next report raise `JobCancelledError`,
+which ends the computation with nothing stored.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+from compute.engine import Progress
+from compute.errors import StrataError
+from service.settings import Settings
+from service.worker.cache import ModelCache
+from service.worker.client import ApiClient, RefusedError, UnreachableError
+
+log = logging.getLogger("strata.worker")
+
+
+class JobCancelledError(Exception):
+    """The job was cancelled (or handed to another dispatch) while this worker ran it."""
+
+
+@dataclass
+class Identity:
+    """Who this worker is: its name (in job records) and the device its jobs run on."""
+
+    name: str
+    device: str
+
+
+class Reporter:
+    """Sends a running job's progress as heartbeats from a background thread."""
+
+    def __init__(self, client: ApiClient, job_id: int, dispatch: int, worker: str,
+                 every_s: float) -> None:
+        self.client, self.job_id, self.dispatch, self.worker = client, job_id, dispatch, worker
+        self.every_s = every_s
+        self.latest: Progress | None = None
+        self.stop_requested = threading.Event()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="strata-heartbeat", daemon=True)
+
+    def __enter__(self) -> Reporter:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._done.set()
+        self._thread.join(timeout=10)
+
+    def progress(self, report: Progress) -> None:
+        """The engine's progress callback."""
+        self.latest = report
+        if self.stop_requested.is_set():
+            raise JobCancelledError(f"job {self.job_id} was cancelled")
+
+    def _beat(self) -> None:
+        p = self.latest
+        fields: dict[str, Any] = {}
+        if p is not None:
+            fields = {"done": p.done, "total": p.total, "tokens_per_s": max(p.tokens_per_s, 0.0),
+                      "elapsed_s": max(p.elapsed_s, 0.0)}
+        try:
+            if self.client.heartbeat(self.job_id, self.dispatch, self.worker, **fields):
+                self.stop_requested.set()
+        except RefusedError as exc:
+            if exc.status in (404, 409):
+                self.stop_requested.set()
+        except UnreachableError as exc:  # the API is down: keep computing, try again next beat
+            log.info("heartbeat of job %s not delivered: %s", self.job_id, exc)
+
+    def _loop(self) -> None:
+        while True:
+            self._beat()
+            if self._done.wait(self.every_s):
+                return
+
+
+def run_job(job_id: int, dispatch: int, *, settings: Settings, client: ApiClient,
+            me: Identity, cache: ModelCache) -> str:
+    """Run one job to its end; returns what happened: succeeded, failed, cancelled, refused."""
+    from compute.run import RunConfig, compute_run, result_metadata
+    from service.exports import FORMATS
+
+    try:
+        claimed = client.claim(job_id, dispatch, me.name, me.device)
+    except RefusedError as exc:  # stale message, cancelled job, wrong device: the API decided
+        log.info("job %s (dispatch %s) not started: %s", job_id, dispatch, exc.detail)
+        return "refused"
+    deadline = settings.worker.delivery_timeout_s
+    with Reporter(client, job_id, dispatch, me.name, settings.worker.heartbeat_s) as reporter:
+        try:
+            config = RunConfig.model_validate(claimed["config"])
+            lm = cache.get(config.model, me.device)
+            result = compute_run(config, device=me.device, progress=reporter.progress, lm=lm)
+            if reporter.stop_requested.is_set():
+                raise JobCancelledError(f"job {job_id} was cancelled")
+            body = FORMATS["arrow"].encode(result.records, result_metadata(result))
+            if result.neuron_tokens.num_rows:
+                body += FORMATS["arrow"].encode(result.neuron_tokens, None)
+            client.deliver(job_id, body, deadline_s=deadline)
+            log.info("job %s succeeded: %s records", job_id, result.records.num_rows)
+            return "succeeded"
+        except JobCancelledError:
+            log.info("job %s cancelled: stopped, nothing stored", job_id)
+            return "cancelled"
+        except RefusedError as exc:  # the API refused the results (cancelled meanwhile, or invalid)
+            if exc.status == 409:
+                log.info("job %s: results not stored: %s", job_id, exc.detail)
+                return "cancelled"
+            return _fail(client, job_id, dispatch, me, f"results refused: {exc.detail}",
+                         deadline)
+        except StrataError as exc:  # bad spec, model not loadable, NaN/inf: the job's fault
+            return _fail(client, job_id, dispatch, me, f"{type(exc).__name__}: {exc}", deadline)
+        except Exception as exc:
+            if type(exc).__name__ == "SoftTimeLimitExceeded":
+                message = (f"the job ran past the soft time limit of "
+                           f"{settings.worker.soft_time_limit_s} s (STRATA_WORKER__"
+                           "SOFT_TIME_LIMIT_S)")
+            else:
+                message = f"{type(exc).__name__}: {exc}"
+                log.error("job %s crashed:\n%s", job_id, traceback.format_exc())
+            return _fail(client, job_id, dispatch, me, message, deadline)
+
+
+def _fail(client: ApiClient, job_id: int, dispatch: int, me: Identity, message: str,
+          deadline: float) -> str:
+    log.warning("job %s failed: %s", job_id, message)
+    try:
+        client.fail(job_id, dispatch, me.name, message, deadline_s=deadline)
+    except RefusedError as exc:
+        log.info("failure of job %s not recorded: %s", job_id, exc.detail)
+    return "failed"

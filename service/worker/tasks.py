@@ -1,0 +1,75 @@
+"""The Celery tasks: thin, everything else is in `execute.py` and `compute`."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+
+from celery import signals
+
+from service.jobs.broker import COMPUTE_TASK, RECONCILE_TASK
+from service.settings import get_settings
+from service.worker.app import app
+from service.worker.cache import process_cache
+from service.worker.client import ApiClient, RefusedError, UnreachableError
+from service.worker.execute import Identity, run_job
+
+log = logging.getLogger("strata.worker")
+
+
+def client() -> ApiClient:
+    settings = get_settings()
+    return ApiClient(settings.api_url, settings.client_key())
+
+
+def identity() -> Identity:
+    """This worker: `strata worker` sets STRATA_WORKER_NAME; the device is its settings'."""
+    settings = get_settings()
+    name = os.environ.get("STRATA_WORKER_NAME") or f"worker@{socket.gethostname()}"
+    return Identity(name, settings.worker.device)
+
+
+@app.task(name=COMPUTE_TASK, bind=True, acks_late=True, reject_on_worker_lost=True)
+def compute_job(self: object, job_id: int, dispatch: int) -> str:
+    settings = get_settings()
+    return run_job(job_id, dispatch, settings=settings, client=client(), me=identity(),
+                   cache=process_cache(settings.worker.model_cache_size))
+
+
+@app.task(name=RECONCILE_TASK)
+def reconcile() -> list[int]:
+    """Ask the API (the database's owner) to queue what registered models lack."""
+    return client().reconcile()
+
+
+@signals.worker_init.connect
+def _preload(sender: object = None, **_: object) -> None:
+    """Import the engine before the pool forks: every child (a fresh one after each recycling
+    too) starts with torch and TransformerLens loaded instead of spending seconds on its first
+    job. Quiet the per-request log of the HTTP client."""
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    import compute.run  # noqa: F401
+    import service.exports  # noqa: F401
+
+
+@signals.worker_ready.connect
+def _announce(sender: object = None, **_: object) -> None:
+    """While this worker runs, tell the API every few seconds that it is alive and what it runs
+    on (the API refuses jobs for devices no worker has)."""
+    settings = get_settings()
+    me, api = identity(), client()
+    queues = [q.name for q in app.amqp.queues.consume_from.values()] if \
+        app.amqp.queues.consume_from else []
+
+    def loop() -> None:
+        while True:
+            try:
+                api.worker_alive(name=me.name, device=me.device, dtype=settings.worker.dtype,
+                                 queues=queues, host=socket.gethostname(), pid=os.getpid())
+            except (RefusedError, UnreachableError) as exc:
+                log.debug("worker heartbeat not delivered: %s", exc)
+            threading.Event().wait(settings.worker.heartbeat_s)
+
+    threading.Thread(target=loop, name="strata-worker-alive", daemon=True).start()
