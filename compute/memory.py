@@ -90,7 +90,7 @@ class ModelDims:
         attn = 4 * d * hd + 3 * hd + d
         mlp = 0 if self.d_mlp == 0 else (3 if self.gated_mlp else 2) * d * self.d_mlp + \
             self.d_mlp + d
-        norms = 4 * d
+        norms = (4 if self.d_mlp else 2) * d  # gain and bias of each norm
         embed = 2 * self.d_vocab * d + self.d_vocab + (self.n_ctx * d if self.learned_positions
                                                        else 0)
         return self.n_layers * (attn + mlp + norms) + embed + 2 * d

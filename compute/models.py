@@ -224,17 +224,41 @@ class ZooSource(HFDirSource):
     def recognises(self, ref: str) -> bool:
         if ref.startswith("zoo:"):
             return True
-        return "/" not in ref and (ZOO_DIR / ref / "config.json").is_file()
+        return "/" not in ref and ((ZOO_DIR / ref / "config.json").is_file()
+                                   or _is_planted(ref))
 
     def canonical_name(self, ref: str) -> str:
         return ref.removeprefix("zoo:")
 
     def load(self, spec: ModelSpec, device: str) -> tuple[Any, Any, AppliedProcessing]:
+        if _is_planted(spec.name):
+            return _load_planted(spec, device)
         path = zoo_path(spec.name)
         if not (path / "config.json").is_file():
             available = ", ".join(zoo_names()) or "none built yet (run `strata zoo train`)"
             raise UnknownModelError(f"no zoo model named {spec.name!r}; available: {available}")
         return super().load(spec.model_copy(update={"name": str(path)}), device)
+
+
+def _is_planted(name: str) -> bool:
+    from compute.zoo.planted import PLANTED
+
+    return name in PLANTED
+
+
+def _load_planted(spec: ModelSpec, device: str) -> tuple[Any, Any, AppliedProcessing]:
+    """A planted-structure control (`compute.zoo.planted`): built from explicit weights."""
+    from transformer_lens import HookedTransformerConfig
+
+    from compute.zoo.planted import planted_weights
+
+    fields, state, tokenizer = planted_weights(spec.name)
+    applied = effective_processing(spec.processing, None)
+    model = _hooked_transformer()(HookedTransformerConfig(**fields, device=device), tokenizer,
+                                  move_to_device=True)
+    _load_state_dict_into(model, {**model.state_dict(), **state}, applied)
+    model.to(TORCH_DTYPES[spec.dtype])
+    return model, tokenizer, applied
 
 
 class TransformerLensSource:
@@ -325,9 +349,12 @@ def zoo_path(name: str) -> Path:
 
 
 def zoo_names() -> list[str]:
-    if not ZOO_DIR.is_dir():
-        return []
-    return sorted(p.name for p in ZOO_DIR.iterdir() if (p / "config.json").is_file())
+    """Shipped checkpoints and the planted controls built by code (`compute.zoo.planted`)."""
+    from compute.zoo.planted import PLANTED
+
+    shipped = [p.name for p in ZOO_DIR.iterdir()
+               if (p / "config.json").is_file()] if ZOO_DIR.is_dir() else []
+    return sorted({*shipped, *PLANTED})
 
 
 def resolve_model_spec(
@@ -352,6 +379,10 @@ def resolve_model_spec(
 
 def _checksum(source: str, ref: str) -> str | None:
     """A content checksum for local weights, so a run can tell when a checkpoint changed."""
+    if source == "zoo" and _is_planted(ref.removeprefix("zoo:")):
+        from compute.zoo.planted import planted_checksum
+
+        return planted_checksum(ref.removeprefix("zoo:"))
     if source == "zoo":
         ref = str(zoo_path(ref.removeprefix("zoo:")))
     elif source != "hf_dir":
@@ -531,7 +562,7 @@ class LoadedModel:
         if not self.has_mlp:
             return BlockRun(resid + attn_out, attn_out, None, pattern, z)
         mlp_in = resid if self.parallel else resid + attn_out
-        mlp_out = self.run_mlp(layer, mlp_in)
+        mlp_out = blocks.mlp(block, self.cfg, blocks.norm(block.ln2, mlp_in))
         if zero_mlp:
             mlp_out = torch.zeros_like(mlp_out)
         out = resid + attn_out + mlp_out if self.parallel else mlp_in + mlp_out

@@ -69,10 +69,13 @@ def _layer_runs(ctx: BatchContext, layer: int) -> list[tuple[str, Callable[[], T
     def finish(after_block: Tensor, what: str) -> Callable[[], TokenStats]:
         return lambda: ctx.compare(ctx.run_from(layer + 1, after_block), f"{what} at {layer}")
 
+    dropped: list[TokenStats] = []
+
     def drop() -> TokenStats:
-        if layer == n_layers - 1:
-            return ctx.point_stats(layer)
-        return ctx.compare(ctx.run_from(layer + 1, pre), f"drop at layer {layer}")
+        if not dropped:  # attention-only models: drop_attn is the same run
+            dropped.append(ctx.point_stats(layer) if layer == n_layers - 1 else
+                           ctx.compare(ctx.run_from(layer + 1, pre), f"drop at layer {layer}"))
+        return dropped[0]
 
     def drop_attn() -> TokenStats:
         if not lm.has_mlp:

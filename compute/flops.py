@@ -1,0 +1,92 @@
+"""Dense FLOPs of each family, as a formula of the model's dimensions (docs/performance.md).
+
+Counted: the matrix multiplications the engine asks for (2 FLOPs per multiply-add) — the block
+projections, attention scores and mixing, the MLP and the unembedding. Softmax, norms, KL and the
+other reductions are memory-bound elementwise work and count as zero. Per sequence of T tokens
+(blocks run on all T positions, the unembedding on the T-2 evaluated ones):
+
+    A   = 2T(4 d hd) + 4 T^2 hd        attention of one block (QKV + output, scores + mixing)
+    M   = 4T d d_mlp (6T d d_mlp gated) MLP of one block
+    B   = A + M                        one block
+    U   = 2 (T-2) d V                  one unembedding of the evaluated positions
+    O_h = 2 T d_head d                 one head's write (its z through its rows of W_O)
+
+    clean pass    L B + U
+    intervention  (2L^2 - L - 1) B + L M + (4L - 1) U      [-U when logit_lens runs too: drop of
+                  the last block is lens point L-1]
+    logit_lens    L U
+    similarity    (L-1) B                                  [0 when intervention runs too: it
+                  is the first half of each swap, computed once for both]
+    heads         H (L M + L(L-1)/2 B + L U) + L H O_h      [+ induction: L B on its own tokens]
+    attention, norms   0 beyond the clean pass;  neurons: 2 L d_mlp d V (weights only, once)
+
+Parallel attention/MLP blocks drop the `L M` of intervention (drop_attn reuses the cached MLP
+write) and of heads; attention-only models have M = 0, no drop_mlp, and drop_attn is drop:
+their intervention is (L^2 - 1) B + (2L - 1) U.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from compute.memory import ModelDims
+
+
+def block_parts(dims: ModelDims, seq_len: int) -> tuple[float, float, float]:
+    """(A, M, U) for one sequence of `seq_len` tokens."""
+    t, d, hd = seq_len, dims.d_model, dims.n_heads * dims.d_head
+    attn = 2 * t * 4 * d * hd + 4 * t * t * hd
+    mlp = 2 * t * d * dims.d_mlp * (3 if dims.gated_mlp else 2)
+    unembed = 2 * (t - 2) * d * dims.d_vocab
+    return float(attn), float(mlp), float(unembed)
+
+
+def intervention_flops(dims: ModelDims, seq_len: int, *, parallel: bool = False,
+                       with_lens: bool = False) -> float:
+    a, m, u = block_parts(dims, seq_len)
+    b, n = a + m, dims.n_layers
+    tail = n * (n - 1) / 2  # sum over l of the L-1-l blocks after l
+    has_mlp = dims.d_mlp > 0
+    drop = tail * b + n * u - (u if with_lens else 0.0)
+    drop_attn = 0.0 if not has_mlp else tail * b + n * u + (0.0 if parallel else n * m)
+    drop_mlp = tail * b + n * u if has_mlp else 0.0
+    swap = (n * (n + 1) / 2 - 1) * b + (n - 1) * u
+    return drop + drop_attn + drop_mlp + swap
+
+
+def family_flops(dims: ModelDims, seq_len: int, families: Iterable[str], *,
+                 parallel: bool = False) -> dict[str, float]:
+    """FLOPs per sequence of each family beyond the clean pass, plus `clean` (the shared pass).
+
+    Sharing between families is charged to the first in registry order (intervention before
+    logit_lens and similarity), matching what the engine computes.
+    """
+    names = set(families)
+    a, m, u = block_parts(dims, seq_len)
+    b, n, h = a + m, dims.n_layers, dims.n_heads
+    out = {"clean": n * b + u}
+    if "intervention" in names:
+        out["intervention"] = intervention_flops(dims, seq_len, parallel=parallel,
+                                                 with_lens="logit_lens" in names)
+    if "logit_lens" in names:
+        out["logit_lens"] = n * u
+    if "similarity" in names:
+        out["similarity"] = 0.0 if "intervention" in names else (n - 1) * b
+    if "heads" in names:
+        per_head_mlp = 0.0 if parallel else n * m
+        out["heads"] = h * (per_head_mlp + n * (n - 1) / 2 * b + n * u) + \
+            n * h * 2 * seq_len * dims.d_head * dims.d_model
+    for name in ("attention", "norms", "neurons"):
+        if name in names:
+            out[name] = 0.0
+    return out
+
+
+def neurons_flops(dims: ModelDims, vocab_real: int | None = None) -> float:
+    """Once per run, from the weights: every neuron's cosine with every vocabulary direction."""
+    return 2.0 * dims.n_layers * dims.d_mlp * dims.d_model * (vocab_real or dims.d_vocab)
+
+
+def induction_flops(dims: ModelDims, n: int = 64, sequences: int = 32) -> float:
+    a, m, _ = block_parts(dims, 2 * n + 1)
+    return float(sequences * dims.n_layers * (a + m))

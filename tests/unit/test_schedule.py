@@ -1,0 +1,152 @@
+"""The FLOP-minimal schedule: it does exactly the work `compute.flops` counts, and its records
+equal those of the hooked TransformerLens path (the schedule before issue 11 ran every
+intervention through hooked blocks; `tests/unit/test_reference_engine.py` holds both to the
+reference at 1e-4)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any
+
+import pytest
+import torch
+
+from compute.engine import auto_batch_size, sweep
+from compute.errors import ModelTooLargeError
+from compute.flops import family_flops
+from compute.memory import ModelDims
+from compute.metrics.base import EngineOptions
+from compute.models import ModelSpec, load_model
+from tests import reference
+
+pytestmark = pytest.mark.usefixtures("single_torch_thread")
+OPTS = dict(induction_n=8, induction_sequences=3, top_neurons=3, top_tokens=4)
+ARCHS: dict[str, dict[str, Any]] = {
+    "sequential": {},
+    "parallel-rotary": dict(positional_embedding_type="rotary", parallel_attn_mlp=True,
+                            rotary_dim=4),
+    "attn-only": dict(attn_only=True),
+}
+
+
+class Counter:
+    """Counts the dense FLOPs of every model call the engine makes."""
+
+    def __init__(self, lm: Any) -> None:
+        self.flops = 0.0
+        dims = ModelDims.of(lm)
+        hd, d = dims.n_heads * dims.d_head, dims.d_model
+        mlp_per_token = 4 * d * dims.d_mlp
+        orig_block, orig_mlp, orig_logits, orig_heads = (lm.run_block, lm.run_mlp, lm.logits,
+                                                         lm.head_writes)
+
+        def run_block(layer: int, resid: torch.Tensor, **kw: Any) -> Any:
+            b, t, _ = resid.shape
+            self.flops += b * (2 * t * 4 * d * hd + 4 * t * t * hd + t * mlp_per_token)
+            return orig_block(layer, resid, **kw)
+
+        def run_mlp(layer: int, resid: torch.Tensor) -> Any:
+            self.flops += resid[..., 0].numel() * mlp_per_token
+            return orig_mlp(layer, resid)
+
+        def logits(resid: torch.Tensor) -> Any:
+            self.flops += resid[..., 0].numel() * 2 * d * dims.d_vocab
+            return orig_logits(resid)
+
+        def head_writes(layer: int, z: torch.Tensor, heads: list[int]) -> Any:
+            self.flops += len(heads) * z.shape[0] * z.shape[1] * 2 * dims.d_head * d
+            return orig_heads(layer, z, heads)
+
+        lm.run_block, lm.run_mlp, lm.logits, lm.head_writes = run_block, run_mlp, logits, \
+            head_writes
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+@pytest.mark.parametrize("families", [["intervention"], ["heads"], ["logit_lens"],
+                                      ["intervention", "logit_lens", "similarity"]])
+def test_engine_does_the_counted_work(arch: str, families: list[str],
+                                      tiny_factories: dict[str, Callable[..., Any]]) -> None:
+    lm = tiny_factories["random"](seed=3, n_layers=4, **ARCHS[arch])
+    if "heads" in families and not lm.has_mlp:
+        pytest.skip("heads on attention-only is covered by the reference test")
+    n_seq, seq_len = 3, 12
+    tokens = tiny_factories["tokens"](n_seq, seq_len, lm.d_vocab_real, lm.bos_token_id, seed=2)
+    counter = Counter(lm)
+    sweep(lm, tokens, families, EngineOptions(batch_size=2, **OPTS))
+    if "heads" in families:  # induction's forward on its own tokens, counted separately
+        n = min(OPTS["induction_n"], (lm.n_ctx - 1) // 2)
+        from compute.flops import induction_flops
+        counter.flops -= induction_flops(ModelDims.of(lm), n, OPTS["induction_sequences"])
+    expected = sum(family_flops(ModelDims.of(lm), seq_len, families, parallel=lm.parallel)
+                   .values()) * n_seq
+    assert counter.flops == pytest.approx(expected, rel=1e-9)
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_fast_blocks_give_the_hooked_blocks_records(
+        arch: str, tiny_factories: dict[str, Callable[..., Any]]) -> None:
+    """Every family through the fast forward and through TransformerLens's hooked blocks."""
+    lm = tiny_factories["random"](seed=4, **ARCHS[arch])
+    tokens = tiny_factories["tokens"](3, 16, lm.d_vocab_real, lm.bos_token_id, seed=1)
+    opts = EngineOptions(batch_size=2, **OPTS)
+    assert lm.fast_path
+    fast = {(r.metric, r.layer, r.component, r.head, r.neuron): r.value
+            for r in sweep(lm, tokens, list(reference.FAMILIES), opts).records}
+    lm._ctx["fast_path"] = False
+    hooked = {(r.metric, r.layer, r.component, r.head, r.neuron): r.value
+              for r in sweep(lm, tokens, list(reference.FAMILIES), opts).records}
+    assert fast.keys() == hooked.keys()
+    for key, value in hooked.items():
+        assert fast[key] == pytest.approx(value, abs=1e-5, rel=1e-5), key
+
+
+def test_cpu_auto_batch_is_about_a_thousand_tokens(
+        tiny_factories: dict[str, Callable[..., Any]]) -> None:
+    lm = tiny_factories["random"](seed=5)
+    assert auto_batch_size(lm, 128, EngineOptions()) == 8
+    assert auto_batch_size(lm, 64, EngineOptions(tokens_per_batch=256)) == 4
+    assert auto_batch_size(lm, 2048, EngineOptions()) == 1
+    assert auto_batch_size(lm, 128, EngineOptions(batch_size=96)) == 96
+
+
+def test_auto_batch_gives_the_fixed_batch_records(
+        tiny_factories: dict[str, Callable[..., Any]]) -> None:
+    lm = tiny_factories["random"](seed=6)
+    tokens = tiny_factories["tokens"](5, 40, lm.d_vocab_real, lm.bos_token_id, seed=8)
+    auto = sweep(lm, tokens, ["intervention"], EngineOptions(tokens_per_batch=80, **OPTS))
+    fixed = sweep(lm, tokens, ["intervention"], EngineOptions(batch_size=5, **OPTS))
+    for a, f in zip(auto.records, fixed.records, strict=True):
+        assert (a.metric, a.layer, a.component) == (f.metric, f.layer, f.component)
+        assert a.value == pytest.approx(f.value, abs=1e-6, rel=1e-5)
+
+
+def test_estimate_counts_the_parameters(tiny_factories: dict[str, Callable[..., Any]]) -> None:
+    """Exactly, but for the norm gains and biases that processing folds away."""
+    for arch in ARCHS.values():
+        lm = tiny_factories["random"](seed=7, **arch)
+        dims = ModelDims.of(lm)
+        norms = (4 * dims.n_layers + 2) * dims.d_model if dims.d_mlp else \
+            (2 * dims.n_layers + 2) * dims.d_model
+        assert dims.n_params - lm.n_params in (0, norms)
+
+
+def test_a_model_that_will_not_fit_is_refused_before_loading() -> None:
+    huge = dict(n_layers=400, d_model=16384, n_heads=128, d_head=128, d_mlp=65536,
+                d_vocab=256_000, n_ctx=4096, act_fn="gelu_new", normalization_type="LN")
+    spec = ModelSpec(source="random", name="huge", architecture=huge, seed=0)
+    with pytest.raises(ModelTooLargeError, match=r"needs about .* GiB .* available"):
+        load_model(spec)
+
+
+def test_records_are_unchanged_by_the_shared_work(
+        tiny_factories: dict[str, Callable[..., Any]]) -> None:
+    """Families run together share work (lens point L-1, the first half of swaps); alone they
+    compute it themselves. Both give the same records."""
+    lm = tiny_factories["random"](seed=8)
+    tokens = tiny_factories["tokens"](2, 14, lm.d_vocab_real, lm.bos_token_id, seed=3)
+    opts = EngineOptions(batch_size=2, **OPTS)
+    together = sweep(lm, tokens, ["intervention", "logit_lens", "similarity"], opts).records
+    alone = [r for f in ("intervention", "logit_lens", "similarity")
+             for r in sweep(lm, tokens, [f], opts).records]
+    assert [asdict(r) for r in together] == [asdict(r) for r in alone]
