@@ -78,6 +78,9 @@ class ZooModelConfig(BaseModel):
     batch_size: int = Field(default=32, ge=1)
     seq_len: int | None = None  # None: n_ctx (BOS included)
     save_dtype: Literal["float16", "float32"] = "float16"
+    # Fraction of each batch replaced by synthetic repeated sequences (see `repeated_rows`):
+    # the signal that lets induction heads form in a few CPU minutes. 0 = corpus text only.
+    repeat_fraction: float = Field(default=0.0, ge=0.0, lt=1.0)
 
     @model_validator(mode="after")
     def _check_shapes(self) -> ZooModelConfig:
@@ -175,6 +178,23 @@ def _windows_with_bos(stream: torch.Tensor, starts: torch.Tensor, length: int) -
     return torch.cat([bos, body], dim=1)
 
 
+def repeated_rows(n_rows: int, seq_len: int, vocab_size: int,
+                  generator: torch.Generator) -> torch.Tensor:
+    """Synthetic rows BOS, r_1..r_m, r_1..r_m, ... (a random segment tiled to seq_len - 1).
+
+    Per row the period m is uniform in [4, (seq_len - 1) // 2] and r is uniform over the
+    vocabulary without BOS: everything after the first period is predictable only by copying
+    (the induction probe of `heads.induction` is the m = n case of these rows).
+    """
+    body = seq_len - 1
+    periods = torch.randint(4, max(5, body // 2 + 1), (n_rows,), generator=generator)
+    segments = torch.randint(1, vocab_size, (n_rows, body), generator=generator)
+    position = torch.arange(body)[None, :] % periods[:, None]
+    rows = torch.gather(segments, 1, position)
+    bos = torch.full((n_rows, 1), SPECIAL_TOKEN_ID, dtype=torch.long)
+    return torch.cat([bos, rows], dim=1)
+
+
 def validation_loss(
     model: GPT2LMHeadModel, stream: torch.Tensor, seq_len: int, batch_size: int = 64
 ) -> float:
@@ -257,6 +277,9 @@ def train_zoo_model(
     for step in range(cfg.steps):
         starts = torch.randint(0, max_start, (cfg.batch_size,), generator=sampler)
         batch = _windows_with_bos(train_stream, starts, seq_len)
+        n_repeated = round(cfg.repeat_fraction * cfg.batch_size)
+        if n_repeated:
+            batch[-n_repeated:] = repeated_rows(n_repeated, seq_len, len(tokenizer), sampler)
         # Labels = inputs: HF shifts them, so position p predicts token p+1 (BOS predicts text).
         loss = model(batch, labels=batch).loss
         optimizer.zero_grad(set_to_none=True)
