@@ -9,6 +9,7 @@ Kubernetes OpenAPI-derived JSON schemas shipped by `kubernetes-validate`.
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 import shlex
@@ -132,13 +133,18 @@ def test_strata_command_help(command: str) -> None:
     assert result.exit_code == 0, result.output
 
 
-def test_celery_commands_name_the_app() -> None:
+def test_celery_commands_name_the_app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`celery -A service.worker.app ...`: that module exists and holds the Celery app."""
+    from service.settings import get_settings
+
+    # building the app makes the filesystem broker's folders: keep them out of the checkout
+    monkeypatch.setenv("STRATA_DATA_DIR", str(tmp_path))
+    get_settings.cache_clear()
     for where, argv in deploy_commands():
         if Path(argv[0]).name != "celery":
             continue
         module = argv[argv.index("-A") + 1]
-        imported = __import__(module, fromlist=["app"])
+        imported = importlib.import_module(module)
         from celery import Celery
 
         assert isinstance(imported.app, Celery), f"{where}: {module}.app is not a Celery app"
@@ -359,3 +365,13 @@ def test_worker_image_is_cuda() -> None:
     assert re.search(r"^VOLUME .*/cache/huggingface", text, re.M), "model-cache volume"
     api = _dockerfile("Dockerfile.api")
     assert re.search(r"^ARG TORCH_INDEX=\S+/whl/cpu", api, re.M)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_settings() -> Iterator[None]:
+    """Tests here change STRATA_* variables: never leave a cached settings object behind."""
+    from service.settings import get_settings
+
+    get_settings.cache_clear()
+    yield
+    get_settings.cache_clear()
