@@ -125,6 +125,15 @@ def test_strata_commands_parse(where: str, argv: list[str]) -> None:
             pytest.fail(f"{where}: `{' '.join(argv)}`: {exc.format_message()}")
 
 
+def test_the_command_check_has_teeth() -> None:
+    """An option the CLI lacks, or a bad value, is caught the same way."""
+    for args in (["serve", "--no-such-option"], ["worker", "--max-tasks-per-child", "many"]):
+        command, path, rest = _resolve(args)
+        with click.Context(main, info_name="strata") as parent, \
+                pytest.raises(click.ClickException):
+            command.make_context(path[-1], rest, parent=parent)
+
+
 @pytest.mark.parametrize("command", STRATA_COMMANDS)
 def test_strata_command_help(command: str) -> None:
     from click.testing import CliRunner
@@ -312,6 +321,17 @@ def test_manifest_secrets_come_from_secrets() -> None:
             for env in c.get("env", []):
                 if any(w in env["name"] for w in SECRET_WORDS):
                     assert "secretKeyRef" in env.get("valueFrom", {}), f"{fname}: {env['name']}"
+
+
+def test_manifest_env_references_are_defined_first() -> None:
+    """`$(NAME)` in an env value expands only if NAME is defined earlier in the same list."""
+    for fname, doc in manifests():
+        for c in pod_containers(doc):
+            defined: set[str] = set()
+            for env in c.get("env", []):
+                for ref in re.findall(r"\$\((\w+)\)", env.get("value", "")):
+                    assert ref in defined, f"{fname}:{c['name']}: {env['name']} uses $({ref})"
+                defined.add(env["name"])
 
 
 def test_kustomization_lists_every_manifest_but_the_example_secret() -> None:
