@@ -32,6 +32,7 @@ Models:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -480,6 +481,7 @@ def planted_weights(name: str) -> tuple[dict[str, Any], dict[str, Tensor], Any]:
     return weights.config(name), state, tokenizer
 
 
+@functools.lru_cache(maxsize=None)
 def planted_checksum(name: str) -> str:
     """A content hash of the built weights: a run can tell when a planted model changed."""
     _, state, _ = planted_weights(name)
