@@ -49,7 +49,8 @@ log = logging.getLogger(__name__)
 
 
 class Processing(BaseModel):
-    """TransformerLens weight processing requested for a run (METRICS.md: shared conventions)."""
+    """TransformerLens weight processing requested for a run (docs/metrics.md, shared
+    conventions)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     fold_ln: bool = True

@@ -189,7 +189,7 @@ def _check_finite(x: Tensor, what: str) -> None:
 
 
 def eval_mask(seq_len: int, device: torch.device | str = "cpu") -> Bool[Tensor, " pos"]:
-    """Evaluated positions 1 .. seq_len-2 (METRICS.md: shared conventions)."""
+    """Evaluated positions 1 .. seq_len-2 (docs/metrics.md: shared conventions)."""
     mask = torch.zeros(seq_len, dtype=torch.bool, device=device)
     mask[1 : seq_len - 1] = True
     return mask

@@ -24,7 +24,7 @@ from compute.models import LoadedModel, ModelSpec, load_model
 from compute.records import records_to_table, validate_records
 from compute.tokens import TokenSpec, load_tokens, resolve_token_spec
 
-# Bumped whenever a definition in METRICS.md changes meaning.
+# Bumped whenever a definition in docs/metrics.md changes meaning.
 METRIC_VERSION = "1"
 CODE_VERSION = "0.1.0"
 
@@ -106,7 +106,7 @@ def compute_run(
 
 
 def result_metadata(result: RunResult) -> dict[str, Any]:
-    """Run and model identity, which travel beside the rows (METRICS.md: record format)."""
+    """Run and model identity, which travel beside the rows (docs/metrics.md: record format)."""
     return {
         "config": json.loads(result.config.canonical_json()),
         "config_hash": result.config_hash, "model": result.model_info,

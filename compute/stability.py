@@ -1,4 +1,4 @@
-"""heads.stability and heads.residual_cka across independently trained refits (METRICS.md).
+"""heads.stability and heads.residual_cka across independently trained refits (docs/metrics.md).
 
 Attention patterns and residual streams are computed once per model on one fixed prompt set;
 every pairwise comparison is then batched matrix work:

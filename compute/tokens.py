@@ -11,7 +11,7 @@ For text sources every document is tokenized with the model's tokenizer, documen
 with the BOS/EOS id between them, the stream is cut into non-overlapping windows of seq_len-1
 tokens, `n_sequences` windows are chosen with `numpy.random.default_rng(seed)` (a permutation,
 no replacement), and BOS is prepended: `seq_len` counts the BOS. Evaluated positions are
-1..seq_len-2 (METRICS.md), so seq_len must be at least 3.
+1..seq_len-2 (docs/metrics.md), so seq_len must be at least 3.
 
 >>> spec = TokenSpec(source="builtin", n_sequences=8, seq_len=128)
 >>> spec = resolve_token_spec(spec)        # fills in the corpus fingerprint

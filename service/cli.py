@@ -66,7 +66,8 @@ def compute(model_ref: str, tokens_path: str | None, corpus_path: str | None, pi
             n_sequences: int, seq_len: int, seed: int, metrics: str, device: str, dtype: str,
             batch_size: int | None, no_processing: bool, out_path: str | None, store: bool,
             quiet: bool) -> None:
-    """Compute per-layer metrics of a model and write them in the METRICS.md record format."""
+    """Compute per-layer metrics of a model and write them in the record format of
+    docs/metrics.md."""
     if out_path is None and not store:
         fail("give --out FILE (.parquet, .json, .csv, .arrow) and/or --store", EXIT_BAD_INPUT)
     out = Path(out_path) if out_path else None

@@ -1,7 +1,8 @@
 """Export formats of record tables: one registry shared by the CLI and the API.
 
-Every format carries the same columns (METRICS.md: record format). Files are written atomically:
-to a temporary file beside the target, then renamed, so a failed run leaves no partial output.
+Every format carries the same columns (docs/metrics.md: record format). Files are written
+atomically: to a temporary file beside the target, then renamed, so a failed run leaves no
+partial output.
 """
 
 from __future__ import annotations

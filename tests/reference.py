@@ -1,4 +1,4 @@
-"""A slow, obvious reference implementation of the sweep's metric families (METRICS.md).
+"""A slow, obvious reference implementation of the sweep's metric families (docs/metrics.md).
 
 It exists to check `compute.engine.sweep` (tests/unit/test_reference_*.py) and to stand in for
 the original study's code in `benchmarks/sweep.py`. It is written independently of the engine: it
@@ -22,7 +22,7 @@ engine's model layer (`LoadedModel.embed / run_block / logits`); it talks to the
 
 Distributions are compared in float64 (from the model's float32 logits).
 
-Record conventions shared with the engine (where METRICS.md leaves a choice):
+Record conventions shared with the engine (where the definitions leave a choice):
 - `intervention.*`: one row per (kind, layer); the `none` row has layer None.
 - `logit_lens.*`: `layer` is the residual point 0..L.
 - `neurons.vocab_*`: n = number of real vocabulary tokens, stderr None; `n_<class>` /
@@ -58,7 +58,7 @@ SCHEMA = {"metric": pl.String, "layer": pl.Int64, "component": pl.String, "head"
           "neuron": pl.Int64, "value": pl.Float64, "stderr": pl.Float64, "n": pl.Int64,
           "unit": pl.String}
 
-# Units, written out from METRICS.md (and, where it is silent, the catalog's choice).
+# Units, written out from docs/metrics.md.
 UNITS = {
     "intervention.kl": "nats", "intervention.top1_agreement": "fraction",
     "intervention.entropy": "bits", "intervention.entropy_delta": "bits",

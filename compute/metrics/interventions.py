@@ -1,4 +1,4 @@
-"""intervention.* — drop, swap, drop_attn, drop_mlp and the `none` baseline (METRICS.md).
+"""intervention.* — drop, swap, drop_attn, drop_mlp and the `none` baseline (docs/metrics.md).
 
 Every intervention at layer l restarts from the cached clean residual before block l: layers
 0..l-1 are never recomputed, the `none` row is the clean pass's own reference (no unembedding),

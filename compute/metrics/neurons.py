@@ -1,4 +1,4 @@
-"""neurons.* — prediction / suppression / partition neurons from output weights (METRICS.md).
+"""neurons.* — prediction / suppression / partition neurons from output weights (docs/metrics.md).
 
 For each MLP neuron, the cosine between its output weight row (centered over d_model) and the
 unembedding column of every real vocabulary token (W_U with the final-norm gain folded in,

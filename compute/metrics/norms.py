@@ -1,4 +1,4 @@
-"""norms.* — L2 norms of component writes and of the residual, per layer (METRICS.md).
+"""norms.* — L2 norms of component writes and of the residual, per layer (docs/metrics.md).
 
 Norms are of the processed model, so with centered writing weights the writes are centered over
 d_model. `attn_mlp_ratio` is a ratio of means (mean ||attn_out|| / mean ||mlp_out||); it has no

@@ -1,4 +1,4 @@
-"""similarity.* — cosines of component outputs under adjacent swaps (METRICS.md).
+"""similarity.* — cosines of component outputs under adjacent swaps (docs/metrics.md).
 
 For the swap of blocks (l, l+1), block l+1 runs first, on the clean residual before block l; its
 attention and MLP writes there are compared with the clean writes of blocks l+1 (`self`) and l

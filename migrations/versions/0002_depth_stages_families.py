@@ -5,9 +5,9 @@ Revises: 0001
 Create Date: 2026-02-01
 
 Written by hand. `relative_depth` makes "compare models at the same depth" a filter instead of a
-join: l/(L-1) for block metrics, i/L for logit-lens points (METRICS.md: depth). Existing rows are
-backfilled from their run's model. Stage boundaries and refit families are filled by later steps;
-the tables exist now so the API can be built against them.
+join: l/(L-1) for block metrics, i/L for logit-lens points (docs/metrics.md: depth). Existing
+rows are backfilled from their run's model. Stage boundaries and refit families are filled by
+later steps; the tables exist now so the API can be built against them.
 """
 
 from __future__ import annotations

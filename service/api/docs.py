@@ -32,7 +32,7 @@ Layer-level interpretability results of transformer language models, as computed
 Every data endpoint answers JSON by default, and CSV, Parquet or Arrow IPC (stream) with the same
 columns through `?format=` or the `Accept` header. Errors have one body:
 `{"error": ..., "detail": ..., "status": ...}`. Reads are public unless configured otherwise;
-writes need an API key in the `X-API-Key` header. Metric names and units: METRICS.md.
+writes need an API key in the `X-API-Key` header. Metric names and units: docs/metrics.md.
 """
 
 

@@ -243,7 +243,7 @@ def cross_model(conn: sa.Connection, metric: str, *, component: str | None = Non
 
 
 def run_records(conn: sa.Connection, run_id: int) -> pa.Table:
-    """Every record of a run in the METRICS.md record format (`RECORD_SCHEMA`), for exports:
+    """Every record of a run in the record format (docs/metrics.md) (`RECORD_SCHEMA`), for exports:
     the record rows and the per-neuron moments turned back into records."""
     moments = " UNION ALL ".join(
         f"SELECT 'neurons.{m}' AS metric, layer, NULL::VARCHAR AS component, NULL::INTEGER AS "

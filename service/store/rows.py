@@ -81,7 +81,7 @@ class PreparedRows:
 
 def relative_depth(layer: pa.ChunkedArray | pa.Array, lens: pa.ChunkedArray | pa.Array | bool,
                    n_layers: int) -> pa.Array:
-    """l/(L-1) for block metrics, i/L for logit-lens points (METRICS.md: depth); null layer ->
+    """l/(L-1) for block metrics, i/L for logit-lens points (docs/metrics.md: depth); null layer ->
     null."""
     layers = pc.cast(layer, pa.float64())
     block = pc.divide(layers, float(max(n_layers - 1, 1)))

@@ -1,4 +1,4 @@
-"""Head stability of a refit family in the store (METRICS.md: heads.stability, residual CKA).
+"""Head stability of a refit family in the store (docs/metrics.md: heads.stability, residual CKA).
 
 A stability computation (`compute.stability.stability_records`) compares an anchor model with
 independently trained refits of its architecture. It is stored as a run like any other:

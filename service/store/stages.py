@@ -1,4 +1,4 @@
-"""Stage boundaries of a run, inferred at ingest from its own records (METRICS.md: stages.*).
+"""Stage boundaries of a run, inferred at ingest from its own records (docs/metrics.md: stages.*).
 
 The rule is `compute.stages.infer_stages` (the one definition); this module only decides when it
 applies and shapes its answer for `stage_boundaries`. A run that computed the three families the

@@ -34,7 +34,7 @@ class Answer:
 def check_metric(metric: str) -> str:
     if unit_of(metric) is None:
         raise UnprocessableError(f"unknown metric {metric!r}: names are family.metric as in "
-                                 "METRICS.md, e.g. intervention.kl, logit_lens.kl_to_final")
+                                 "docs/metrics.md, e.g. intervention.kl, logit_lens.kl_to_final")
     return metric
 
 

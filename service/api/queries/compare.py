@@ -1,6 +1,6 @@
 """One metric across models, aligned on relative depth (Polars).
 
-Models of different depth line up on relative depth (METRICS.md: l/(L-1) for blocks, i/L for
+Models of different depth line up on relative depth (docs/metrics.md: l/(L-1) for blocks, i/L for
 logit-lens points). [0, 1] is cut into `bins` equal bins [lo, hi) (the last one closed), and each
 model's per-layer curve gives one value per bin, by one of two methods:
 

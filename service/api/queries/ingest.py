@@ -3,7 +3,7 @@
 The body is one Arrow IPC stream, or two back to back (`Content-Type:
 application/vnd.apache.arrow.stream`):
 
-1. the run's records (METRICS.md record format), whose schema metadata key `strata` holds the
+1. the run's records (docs/metrics.md record format), whose schema metadata key `strata` holds the
    run's identity as JSON — exactly what `strata compute --out run.arrow` writes (`config`,
    `config_hash`, `model`, `tokens_evaluated`, `device`, `wall_s`, `environment`);
 2. optionally, the neurons family's top tokens (`run.neuron_tokens.arrow` beside it).

@@ -1,5 +1,5 @@
 """`refit_families` and `refit_family_members`: independently trained refits of one
-architecture, compared against an anchor (METRICS.md: heads.stability, residual CKA).
+architecture, compared against an anchor (docs/metrics.md: heads.stability, residual CKA).
 The anchor is one of the members."""
 
 from __future__ import annotations

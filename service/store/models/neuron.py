@@ -1,5 +1,5 @@
 """`neurons` and `neuron_tokens`: per-neuron moments and class, and the top tokens of the top
-neurons of each class (METRICS.md: neurons.*).
+neurons of each class (docs/metrics.md: neurons.*).
 
 A neuron's four `neurons.vocab_*` records become one row here (and nowhere else); the class flags
 are computed at ingest with `compute.metrics.neurons.classify`, the one definition of the classes.

@@ -37,7 +37,8 @@ class RegisteredModel(Base):
     n_params: Mapped[int | None] = mapped_column(sa.BigInteger)
     normalization_type: Mapped[str | None]
     parallel_attn_mlp: Mapped[bool | None]
-    # Processing actually applied (METRICS.md: shared conventions); requested flags are in `spec`.
+    # Processing actually applied (docs/metrics.md: shared conventions); requested flags are
+    # in `spec`.
     fold_ln: Mapped[bool | None]
     center_writing_weights: Mapped[bool | None]
     center_unembed: Mapped[bool | None]

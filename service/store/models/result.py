@@ -1,4 +1,4 @@
-"""`results`: a run's rows in the METRICS.md record format (per-neuron moments excepted).
+"""`results`: a run's rows in the record format (docs/metrics.md) (per-neuron moments excepted).
 
 The table has no primary key in the database: a unique index would make every bulk insert pay for
 an ART index. Rows of a run are written together, in one transaction, sorted by metric, so DuckDB's
@@ -6,7 +6,7 @@ min/max zone maps on `run_id` and `metric` skip the row groups of other runs. Th
 duplicate keys before anything is written. The mapper's key is the record key.
 
 `relative_depth` (revision 0002) is l/(L-1) for block metrics and i/L for logit-lens points
-(METRICS.md: depth).
+(docs/metrics.md: depth).
 """
 
 from __future__ import annotations

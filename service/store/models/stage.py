@@ -1,4 +1,4 @@
-"""`stage_boundaries`: where a model's stages meet, with the evidence (METRICS.md: stages.*).
+"""`stage_boundaries`: where a model's stages meet, with the evidence (docs/metrics.md: stages.*).
 
 Boundary k (1..3) ends stage k. A boundary the rule could not place is stored with `found` false
 and no layer, so "no clear boundary" is an answer, not a missing row. Filled by the stages step
