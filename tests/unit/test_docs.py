@@ -150,3 +150,30 @@ def test_documented_variables_are_settings() -> None:
             if name not in known and not prefix:
                 problems.append(f"{path.relative_to(ROOT)}: {name}")
     assert not problems, problems
+
+
+def test_every_api_endpoint_is_documented(tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/api.md lists every method and path the app serves under /api/v1."""
+    from service.api.app import create_app
+    from service.settings import Settings
+    from service.store import Store
+    from service.store.migrate import ensure_current
+
+    monkeypatch.setenv("STRATA_DATA_DIR", str(tmp_path / "state"))
+    settings = Settings(database=tmp_path / "docs.duckdb")
+    store = Store.open(settings.database)
+    try:
+        ensure_current(store)
+        app = create_app(settings, store)
+        served = {(method, re.sub(r"\{[^}]*\}", "{}", route.path.removeprefix("/api/v1")))
+                  for route in app.routes if route.path.startswith("/api/v1/")
+                  for method in getattr(route, "methods", ()) if method not in {"OPTIONS",
+                                                                                "HEAD"}}
+    finally:
+        store.close()
+    text = (ROOT / "docs" / "api.md").read_text()
+    documented = {(m, re.sub(r"\{[^}]*\}", "{}", p.rstrip("/")))
+                  for m, p in re.findall(r"`(GET|POST|PUT|PATCH|DELETE) (/[^`?\s]*)", text)}
+    missing = sorted(f"{m} /api/v1{p}" for m, p in served - documented)
+    assert not missing, f"document these in docs/api.md: {missing}"
