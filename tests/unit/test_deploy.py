@@ -244,6 +244,17 @@ def test_compose_secrets_come_from_the_environment() -> None:
             assert "change-me" not in str(value), f"{name}: {key}"
 
 
+def test_compose_variables_are_in_the_example_env() -> None:
+    """Every ${VAR} the compose file interpolates is explained in compose.env.example."""
+    used = set(re.findall(r"\$\{(\w+)", COMPOSE.read_text()))
+    example = (DEPLOY / "compose.env.example").read_text()
+    listed = set(re.findall(r"^#? ?(\w+)=", example, re.M))
+    assert used <= listed, sorted(used - listed)
+    required = set(re.findall(r"\$\{(\w+):\?", COMPOSE.read_text()))
+    uncommented = set(re.findall(r"^(\w+)=", example, re.M))
+    assert required <= uncommented, f"required but commented out: {sorted(required - uncommented)}"
+
+
 # --------------------------------------------------------------------------- Kubernetes
 
 
