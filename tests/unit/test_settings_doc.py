@@ -102,3 +102,19 @@ def test_plain_listing_hides_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
     rows = [json.loads(line) for line in lines]
     assert {r["env"] for r in rows} == {s.env[0] for s in iter_settings(Settings)}
     assert all("very-secret-value" not in line for line in lines)
+
+
+def test_broker_password_is_masked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STRATA_BROKER_URL", "redis://:hunter2-secret@redis:6379/0")
+    result = CliRunner().invoke(main, ["settings"])
+    assert result.exit_code == 0, result.output
+    assert "hunter2-secret" not in result.output
+    assert "redis://:***@redis:6379/0" in result.output
+
+
+def test_an_invalid_environment_still_lists_the_settings(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STRATA_PORT", "not-a-port")
+    result = CliRunner().invoke(main, ["settings"])
+    assert result.exit_code == 0, result.output
+    assert "STRATA_DATABASE=" in result.output
