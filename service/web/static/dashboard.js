@@ -79,7 +79,7 @@ const state = {
   key: localStorage.getItem("strata.key") || "",
   models: [], byId: new Map(), runs: [], runIndex: new Map(), runsSignature: "",
   selected: [], xmode: "layer", showErr: true, stageModel: null, stages: null,
-  families: [], jobsAvailable: false, jobs: new Map(), panels: new Map(), drawSeq: 0,
+  families: [], jobsAvailable: false, jobs: new Map(), ownJobs: new Set(), panels: new Map(), drawSeq: 0,
 };
 window.strata = { state, firstPlotAt: null };
 
@@ -773,7 +773,8 @@ function wireKey() {
   const show = () => {
     document.getElementById("key-state").textContent = state.key ? "a key is saved in this browser" : "no key saved";
   };
-  document.getElementById("save-key").addEventListener("click", () => {
+  document.getElementById("key-form").addEventListener("submit", (event) => {
+    event.preventDefault();
     state.key = input.value.trim();
     if (state.key) localStorage.setItem("strata.key", state.key);
     else localStorage.removeItem("strata.key");
@@ -817,6 +818,7 @@ function wireJobs() {
       const job = await request("POST", url("/jobs"), body);
       out.textContent = `job ${job.id} ${job.state}`;
       out.dataset.state = "ok";
+      state.ownJobs.add(job.id);
       trackJob(job);
     } catch (error) {
       out.textContent = error.message;
@@ -838,6 +840,9 @@ function renderJob(job) {
   const detail = p ? `${p.done}/${p.total} · ${Math.round(100 * p.fraction)}%` +
     `${p.tokens_per_s ? ` · ${fmt(p.tokens_per_s, 3)} tok/s` : ""}` +
     `${p.eta_s !== null && p.eta_s !== undefined && ACTIVE.has(job.state) ? ` · ETA ${Math.round(p.eta_s)} s` : ""}` : "";
+  if (state.ownJobs.has(job.id)) {
+    document.getElementById("job-result").textContent = `job ${job.id} ${job.state}`;
+  }
   item.dataset.jobId = job.id;
   item.dataset.state = job.state;
   item.dataset.runId = job.run_id ?? "";
@@ -871,11 +876,12 @@ async function pollJob(id) {
   }
 }
 
-/* New results: reread models and runs; the job's model joins the selection; panels redraw
- * from the new run ids (cached answers of older runs stay valid). */
+/* New results: reread models and runs; the model of a job submitted here joins the selection;
+ * panels redraw from the new run ids (cached answers of older runs stay valid). */
 async function resultsArrived(job) {
   await loadCatalog();
-  if (job && job.model_id !== undefined && state.byId.has(job.model_id) && !state.selected.includes(job.model_id)) {
+  if (job && state.ownJobs.has(job.id) && state.byId.has(job.model_id)
+      && !state.selected.includes(job.model_id)) {
     state.selected.push(job.model_id);
     renderSelection();
     renderModelList();
