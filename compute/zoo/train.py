@@ -33,7 +33,14 @@ import numpy as np
 import torch
 import transformers
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    GPTNeoXConfig,
+    GPTNeoXForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+)
 
 from compute.corpus import (
     BUILTIN_CORPUS_NAME,
@@ -81,6 +88,10 @@ class ZooModelConfig(BaseModel):
     # Fraction of each batch replaced by synthetic repeated sequences (see `repeated_rows`):
     # the signal that lets induction heads form in a few CPU minutes. 0 = corpus text only.
     repeat_fraction: float = Field(default=0.0, ge=0.0, lt=1.0)
+    # learned: GPT-2 (learned absolute positions). rotary: GPT-NeoX with rotary positions on
+    # every head dimension and a sequential (not parallel) residual: previous-token heads need
+    # no learned position table, so induction circuits form in fewer steps.
+    positional: Literal["learned", "rotary"] = "learned"
 
     @model_validator(mode="after")
     def _check_shapes(self) -> ZooModelConfig:
@@ -144,6 +155,24 @@ def token_stream(tokenizer: PreTrainedTokenizerFast, documents: Sequence[str]) -
     return np.fromiter((t for p in pieces for t in p), dtype=np.int64)
 
 
+def neox_config(cfg: ZooModelConfig) -> GPTNeoXConfig:
+    """The Hugging Face configuration of a rotary zoo model (GPT-NeoX, sequential residual)."""
+    return GPTNeoXConfig(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers,
+        num_attention_heads=cfg.n_heads, intermediate_size=cfg.resolved_d_mlp,
+        max_position_embeddings=cfg.n_ctx, rotary_pct=1.0, use_parallel_residual=False,
+        hidden_act="gelu_new", attention_dropout=0.0, hidden_dropout=0.0,
+        bos_token_id=SPECIAL_TOKEN_ID, eos_token_id=SPECIAL_TOKEN_ID,
+        pad_token_id=SPECIAL_TOKEN_ID, tie_word_embeddings=True)
+
+
+def new_model(cfg: ZooModelConfig) -> PreTrainedModel:
+    """A freshly initialised zoo model of the configured architecture."""
+    if cfg.positional == "rotary":
+        return GPTNeoXForCausalLM(neox_config(cfg))
+    return GPT2LMHeadModel(gpt2_config(cfg))
+
+
 def _lr_factor(step: int, cfg: ZooModelConfig) -> float:
     """Linear warmup to 1, then cosine decay to `min_lr_fraction`."""
     warmup = cfg.resolved_warmup_steps
@@ -154,7 +183,7 @@ def _lr_factor(step: int, cfg: ZooModelConfig) -> float:
     return cfg.min_lr_fraction + (1.0 - cfg.min_lr_fraction) * cosine
 
 
-def _make_optimizer(model: GPT2LMHeadModel, cfg: ZooModelConfig) -> torch.optim.Optimizer:
+def _make_optimizer(model: PreTrainedModel, cfg: ZooModelConfig) -> torch.optim.Optimizer:
     """Weight decay on matrices only (not on biases, LayerNorm gains or position embeddings)."""
     decay: list[torch.nn.Parameter] = []
     no_decay: list[torch.nn.Parameter] = []
@@ -196,7 +225,7 @@ def repeated_rows(n_rows: int, seq_len: int, vocab_size: int,
 
 
 def validation_loss(
-    model: GPT2LMHeadModel, stream: torch.Tensor, seq_len: int, batch_size: int = 64
+    model: PreTrainedModel, stream: torch.Tensor, seq_len: int, batch_size: int = 64
 ) -> float:
     """Mean next-token loss (nats/token) over non-overlapping BOS-prefixed windows of `stream`.
 
@@ -222,7 +251,7 @@ def validation_loss(
     return total / count
 
 
-def _round_trip_dtype(model: GPT2LMHeadModel, dtype: str) -> None:
+def _round_trip_dtype(model: PreTrainedModel, dtype: str) -> None:
     """Round the weights to the save dtype in place, so reported losses are those shipped."""
     if dtype == "float32":
         return
@@ -266,7 +295,7 @@ def train_zoo_model(
     started = time.perf_counter()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
-        model = GPT2LMHeadModel(gpt2_config(cfg))
+        model = new_model(cfg)
     model.train()
     optimizer = _make_optimizer(model, cfg)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _lr_factor(s, cfg))
