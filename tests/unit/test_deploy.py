@@ -354,6 +354,16 @@ def test_manifest_env_references_are_defined_first() -> None:
                 defined.add(env["name"])
 
 
+def test_pods_run_unprivileged() -> None:
+    for fname, doc in manifests():
+        if doc["kind"] != "Deployment":
+            continue
+        assert doc["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True, fname
+        for c in pod_containers(doc):
+            assert c["securityContext"]["allowPrivilegeEscalation"] is False, c["name"]
+            assert c["securityContext"]["capabilities"]["drop"] == ["ALL"], c["name"]
+
+
 def test_kustomization_lists_every_manifest_but_the_example_secret() -> None:
     listed = set(yaml.safe_load((K8S / "kustomization.yaml").read_text())["resources"])
     present = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
