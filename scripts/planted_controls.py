@@ -17,14 +17,14 @@ import torch
 from compute.engine import sweep
 from compute.metrics.base import EngineOptions
 from compute.models import LoadedModel, load_model, resolve_model_spec
-from compute.records import records_to_table
+from compute.records import Record, records_to_table
 from compute.stability import StabilityOptions, stability_records
 from compute.stages import infer_stages
 from compute.tokens import TokenSpec, load_tokens, random_repeated_tokens, resolve_token_spec
 from compute.zoo import planted as P
 
 
-def frame(records: list) -> pl.DataFrame:  # type: ignore[type-arg]
+def frame(records: list[Record]) -> pl.DataFrame:
     return pl.from_arrow(records_to_table(records))  # type: ignore[return-value]
 
 

@@ -481,7 +481,7 @@ def planted_weights(name: str) -> tuple[dict[str, Any], dict[str, Tensor], Any]:
     return weights.config(name), state, tokenizer
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def planted_checksum(name: str) -> str:
     """A content hash of the built weights: a run can tell when a planted model changed."""
     _, state, _ = planted_weights(name)

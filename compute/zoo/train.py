@@ -160,7 +160,9 @@ def neox_config(cfg: ZooModelConfig) -> GPTNeoXConfig:
     return GPTNeoXConfig(
         vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers,
         num_attention_heads=cfg.n_heads, intermediate_size=cfg.resolved_d_mlp,
-        max_position_embeddings=cfg.n_ctx, rotary_pct=1.0, use_parallel_residual=False,
+        max_position_embeddings=cfg.n_ctx, use_parallel_residual=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                         "partial_rotary_factor": 1.0},
         hidden_act="gelu_new", attention_dropout=0.0, hidden_dropout=0.0,
         bos_token_id=SPECIAL_TOKEN_ID, eos_token_id=SPECIAL_TOKEN_ID,
         pad_token_id=SPECIAL_TOKEN_ID, tie_word_embeddings=True)
