@@ -9,35 +9,22 @@ errors in every test (a failed request shows there too).
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
-import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl
 
-import httpx
-import numpy as np
 import pytest
 
-from compute.metrics.base import EngineOptions
-from compute.models import resolve_model_spec
-from compute.run import RunConfig, RunResult, compute_run
-from compute.tokens import TokenSpec
-from tests.integration.test_api_harness import arrow_body, free_port
+from compute.run import RunResult
+from tests.integration.web_harness import KEY, MODELS, Service, web_service
 
 ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOTS = ROOT / "build" / "screenshots"
-KEY = "dashboard-key-0123456789"
 MEDIA = {"csv": "text/csv", "parquet": "application/vnd.apache.parquet",
          "json": "application/json"}
-MODELS = {"tiny-2l-s0": 2, "tiny-4l-s0": 4}
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
 
@@ -46,90 +33,9 @@ pytestmark = pytest.mark.skipif(
     reason="needs Debian's chromium and chromium-driver (.ci/run installs them)")
 
 
-@dataclass
-class Service:
-    base: str
-    proc: subprocess.Popen[bytes]
-    log: Path
-    tmp: Path
-    results: dict[str, RunResult] = field(default_factory=dict)
-    client: httpx.Client = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.client = httpx.Client(base_url=self.base, timeout=60)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.client.close()
-
-
-def zoo_result(name: str, tokens: Path) -> RunResult:
-    """Every family of a shipped zoo model on a few sequences (a few seconds on a CPU)."""
-    config = RunConfig(model=resolve_model_spec(f"zoo:{name}"),
-                       tokens=TokenSpec(source="npy", path=str(tokens), n_sequences=0,
-                                        seq_len=0),
-                       options=EngineOptions(induction_n=6, induction_sequences=2))
-    return compute_run(config)
-
-
-def service_env(db: Path) -> dict[str, str]:
-    return {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-            "STRATA_DATABASE": str(db), "STRATA_API_KEYS": KEY,
-            "STRATA_API__DUCKDB_THREADS": "1", "OMP_NUM_THREADS": "1",
-            # only what a test submits is computed (no default runs of registered models)
-            "STRATA_JOBS__RECONCILE": "false", "STRATA_JOBS__RECONCILE_INTERVAL_S": "86400"}
-
-
-def start_service() -> Service:
-    """Store a refit family's stability (CLI), start `strata serve`, and deliver the two zoo
-    runs over HTTP with POST /api/v1/runs/ingest, as a worker would."""
-    tmp = Path(tempfile.mkdtemp(prefix="strata-dashboard-"))
-    db = tmp / "strata.duckdb"
-    env = service_env(db)
-    stability = subprocess.Popen(
-        [sys.executable, "-m", "service.cli", "stability", "--family", "zoo:fam4l-adamw-s0",
-         "--family", "zoo:fam4l-adamw-s1", "--n-prompts", "3", "--prompt-len", "12",
-         "--n-null", "1", "--store"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    np.save(tmp / "tokens.npy", np.random.default_rng(0).integers(1, 4000, (4, 24)))
-    results = {name: zoo_result(name, tmp / "tokens.npy") for name in MODELS}
-    out, _ = stability.communicate(timeout=600)
-    assert stability.returncode == 0, out.decode()
-    port = free_port()
-    log = tmp / "serve.log"
-    with log.open("wb") as sink:
-        proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--port",
-                                 str(port)], env=env, stdout=sink, stderr=subprocess.STDOUT)
-    service = Service(f"http://127.0.0.1:{port}", proc, log, tmp, results)
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            if service.client.get("/api/v1/health").status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            service.stop()
-            raise RuntimeError(f"strata serve did not start:\n{log.read_text()}")
-        time.sleep(0.2)
-    for result in results.values():
-        response = service.client.post(
-            "/api/v1/runs/ingest", content=arrow_body(result),
-            headers={"X-API-Key": KEY, "Content-Type": "application/vnd.apache.arrow.stream"})
-        assert response.status_code == 201, response.text
-    return service
-
-
 @pytest.fixture(scope="module")
-def service() -> Iterator[Service]:
-    started = start_service()
-    yield started
-    started.stop()
+def service() -> Service:
+    return web_service()
 
 
 def chrome() -> Any:
@@ -268,7 +174,8 @@ def test_page_loads_from_this_service_alone(page: Any, service: Service) -> None
     assert resources, "the page loaded nothing"
     assert all(r.startswith(service.base + "/") for r in resources), resources
     html = service.client.get("/").text
-    assert "http://" not in html and "https://" not in html
+    assert "http://" not in html
+    assert "https://" not in html
     assert service.client.get("/static/web/vendor/LICENSE.plotly.js.txt").status_code == 200
     screenshot(page, "empty")
 
@@ -385,7 +292,8 @@ def test_neuron_table_shows_tokens(page: Any, service: Service) -> None:
                              params={"class": "partition", "layer": 3, "top": 10}).json()
     assert len(rows) == len(api["rows"]) > 0
     assert [int(r[1]) for r in rows] == [r["neuron"] for r in api["rows"]]
-    assert rows[0][5] and rows[0][6]  # promoted and suppressed tokens shown
+    assert rows[0][5], "promoted tokens"
+    assert rows[0][6], "suppressed tokens"
     page.execute_script("document.querySelector(\"section[data-panel='neurons']\")"
                         ".scrollIntoView()")
     screenshot(page, "neuron-table")
@@ -468,7 +376,7 @@ def test_register_and_compute_from_the_page(page: Any, service: Service) -> None
     seqlen.send_keys("16")
     page.find_element(By.ID, "job-submit").click()
     job = wait_for(page, lambda: page.execute_script(
-        "const j = document.querySelector('#jobs li.job'); return j && j.dataset.jobId"),
+        "const j = document.querySelector('#jobs li.job[data-own]'); return j && j.dataset.jobId"),
         what="the job in the list")
     seen: set[str] = set()
 

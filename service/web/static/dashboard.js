@@ -844,6 +844,7 @@ function renderJob(job) {
     document.getElementById("job-result").textContent = `job ${job.id} ${job.state}`;
   }
   item.dataset.jobId = job.id;
+  if (state.ownJobs.has(job.id)) item.dataset.own = "true";
   item.dataset.state = job.state;
   item.dataset.runId = job.run_id ?? "";
   item.replaceChildren(el("div", {}, el("b", { text: `#${job.id} ${job.model}` }), " ",

@@ -1,0 +1,127 @@
+"""The service behind the dashboard and client tests: a real `strata serve` (with the local
+worker it starts when no broker is configured) on a real DuckDB file, seeded through the real
+ingest path with results that compute produced for two zoo models of different depths
+(tiny-2l-s0: 2 layers, tiny-4l-s0: 4 layers), plus a refit family's head stability stored by
+`strata stability --store` (fam4l-adamw-s0 vs s1).
+
+`web_service()` starts it once per test session (and stops it at exit). Reconciliation is off,
+so the store holds only what was seeded and what the tests submit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from compute.metrics.base import EngineOptions
+from compute.models import resolve_model_spec
+from compute.run import RunConfig, RunResult, compute_run
+from compute.tokens import TokenSpec
+from tests.integration.test_api_harness import arrow_body, free_port
+
+KEY = "dashboard-key-0123456789"
+MODELS = {"tiny-2l-s0": 2, "tiny-4l-s0": 4}
+FAMILY = "fam4l-adamw"
+
+
+@dataclass
+class Service:
+    base: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+    tmp: Path
+    results: dict[str, RunResult] = field(default_factory=dict)
+    client: httpx.Client = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.client = httpx.Client(base_url=self.base, timeout=60)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.client.close()
+
+
+def zoo_result(name: str, tokens: Path) -> RunResult:
+    """Every family of a shipped zoo model on a few sequences (a few seconds on a CPU)."""
+    config = RunConfig(model=resolve_model_spec(f"zoo:{name}"),
+                       tokens=TokenSpec(source="npy", path=str(tokens), n_sequences=0,
+                                        seq_len=0),
+                       options=EngineOptions(induction_n=6, induction_sequences=2))
+    return compute_run(config)
+
+
+def service_env(db: Path) -> dict[str, str]:
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+            "STRATA_DATABASE": str(db), "STRATA_API_KEYS": KEY,
+            "STRATA_API__DUCKDB_THREADS": "1", "OMP_NUM_THREADS": "1",
+            # only what a test submits is computed (no default runs of registered models)
+            "STRATA_JOBS__RECONCILE": "false", "STRATA_JOBS__RECONCILE_INTERVAL_S": "86400"}
+
+
+def start_service() -> Service:
+    """Store a refit family's stability (CLI), start `strata serve`, and deliver the two zoo
+    runs over HTTP with POST /api/v1/runs/ingest, as a worker would."""
+    tmp = Path(tempfile.mkdtemp(prefix="strata-dashboard-"))
+    db = tmp / "strata.duckdb"
+    env = service_env(db)
+    stability = subprocess.Popen(
+        [sys.executable, "-m", "service.cli", "stability", "--family", "zoo:fam4l-adamw-s0",
+         "--family", "zoo:fam4l-adamw-s1", "--n-prompts", "3", "--prompt-len", "12",
+         "--n-null", "1", "--store"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    np.save(tmp / "tokens.npy", np.random.default_rng(0).integers(1, 4000, (4, 24)))
+    results = {name: zoo_result(name, tmp / "tokens.npy") for name in MODELS}
+    out, _ = stability.communicate(timeout=600)
+    assert stability.returncode == 0, out.decode()
+    port = free_port()
+    log = tmp / "serve.log"
+    with log.open("wb") as sink:
+        proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--port",
+                                 str(port)], env=env, stdout=sink, stderr=subprocess.STDOUT)
+    service = Service(f"http://127.0.0.1:{port}", proc, log, tmp, results)
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            if service.client.get("/api/v1/health").status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            service.stop()
+            raise RuntimeError(f"strata serve did not start:\n{log.read_text()}")
+        time.sleep(0.2)
+    for result in results.values():
+        response = service.client.post(
+            "/api/v1/runs/ingest", content=arrow_body(result),
+            headers={"X-API-Key": KEY, "Content-Type": "application/vnd.apache.arrow.stream"})
+        assert response.status_code == 201, response.text
+    return service
+
+
+
+
+_SERVICE: Service | None = None
+
+
+def web_service() -> Service:
+    """The session's service (started on first use)."""
+    global _SERVICE
+    if _SERVICE is None:
+        _SERVICE = start_service()
+        atexit.register(_SERVICE.stop)
+    return _SERVICE
