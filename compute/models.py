@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict
 from torch import Tensor
 
 from compute import blocks
-from compute.errors import ModelLoadError, UnknownModelError
+from compute.errors import ModelLoadError, StrataError, UnknownModelError
 from compute.memory import ModelDims, check_fits
 
 DType = Literal["float32", "bfloat16", "float16"]
@@ -666,7 +666,13 @@ def load_model(spec: ModelSpec, device: str = "cpu") -> LoadedModel:
     if dims is not None:  # refuse what will not fit before loading anything
         check_fits(dims, spec.dtype, device, name=spec.name)
     source = SOURCES[spec.source]
-    model, tokenizer, applied = source.load(spec, device)
+    try:
+        model, tokenizer, applied = source.load(spec, device)
+    except StrataError:
+        raise
+    except Exception as exc:  # a loader's own error (corrupt weights, ...): one type for callers
+        raise ModelLoadError(f"{spec.name} could not be loaded: {type(exc).__name__}: {exc}"
+                             ) from exc
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)

@@ -117,7 +117,9 @@ def _announce(settings: Settings, url: str, local: bool) -> None:
         if settings.key_file.is_file() and not settings.api_key:
             lines.append(f"  API key:   in {settings.key_file} (the CLI reads it from there)")
     else:
-        lines.append(f"  broker:    {settings.broker_url.split('@')[-1]} (start workers with "
-                     "`strata worker`, one `strata beat`)")
+        where = settings.broker_url.split("@")[-1] or \
+            f"filesystem, {settings.data_dir.resolve() / 'broker'}"
+        lines.append(f"  broker:    {where} (start workers with `strata worker`, one "
+                     "`strata beat`)")
     click.echo("\n".join(lines), err=True)
     sys.stderr.flush()

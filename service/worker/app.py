@@ -46,6 +46,8 @@ def filesystem_broker_dir(settings: Settings) -> Path:
 def make_app(settings: Settings) -> Celery:
     url, options = broker_options(settings)
     app = Celery("strata", broker=url, include=["service.worker.tasks"])
+    if url == "filesystem://":
+        app.conf.broker_transport = "service.worker.transport:Transport"
     app.conf.update(
         broker_transport_options=options,
         broker_connection_timeout=settings.jobs.publish_timeout_s,
