@@ -176,7 +176,10 @@ def test_page_loads_from_this_service_alone(page: Any, service: Service) -> None
     html = service.client.get("/").text
     assert "http://" not in html
     assert "https://" not in html
-    assert service.client.get("/static/web/vendor/LICENSE.plotly.js.txt").status_code == 200
+    assert service.client.get("/static/vendor/LICENSE.plotly.js.txt").status_code == 200
+    plotly = service.client.get("/static/vendor/plotly-cartesian-4.1.1.min.js")
+    assert plotly.status_code == 200
+    assert "immutable" in plotly.headers["cache-control"]
     screenshot(page, "empty")
 
 

@@ -78,7 +78,7 @@ const PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b
 const state = {
   key: localStorage.getItem("strata.key") || "",
   models: [], byId: new Map(), runs: [], runIndex: new Map(), runsSignature: "",
-  selected: [], xmode: "layer", showErr: true, stageModel: null, stages: null,
+  selected: [], xmode: "layer", stagesReady: Promise.resolve(), showErr: true, stageModel: null, stages: null,
   families: [], jobsAvailable: false, jobs: new Map(), ownJobs: new Set(), panels: new Map(), drawSeq: 0,
 };
 window.strata = { state, firstPlotAt: null };
@@ -307,12 +307,14 @@ function renderSelection() {
 }
 
 function writeHash() {
+  if (!state.hashRead) return;  // the hash still says what to select on load
   const names = state.selected.map((id) => state.byId.get(id)?.name ?? id);
   const hash = `#models=${names.map(encodeURIComponent).join(",")}&x=${state.xmode}`;
   if (location.hash !== hash) history.replaceState(null, "", hash);
 }
 
 function readHash() {
+  state.hashRead = true;
   const params = new URLSearchParams(location.hash.slice(1));
   if (params.get("x") === "depth") state.xmode = "depth";
   const wanted = (params.get("models") || "").split(",").filter(Boolean).map(decodeURIComponent);
@@ -322,6 +324,12 @@ function readHash() {
 }
 
 /* ------------------------------------------------------------------ stages */
+
+/* plotly.js loads after this script (see index.html); drawing waits for it. */
+const plotlyReady = new Promise((resolve) => {
+  if (window.Plotly) resolve();
+  else document.getElementById("plotly-script").addEventListener("load", () => resolve());
+});
 
 async function loadStages() {
   const ids = state.selected.filter((id) => runFor(state.byId.get(id), "intervention"));
@@ -469,19 +477,23 @@ function finish(panel, stateName, note = "") {
   panel.section.dataset.drawnAt = String(performance.now());
   if (stateName === "drawn" && window.strata.firstPlotAt === null) {
     window.strata.firstPlotAt = performance.now();
+    performance.mark("strata:first-plot");
   }
 }
 
 function familyOf(metric) { return metric.split(".")[0]; }
 
 async function drawLine(panel) {
+  const ticket = panel.ticket;
   const family = familyOf(panel.metric);
   const models = state.selected.map((id) => state.byId.get(id)).filter(Boolean);
   const have = models.filter((m) => runFor(m, family) !== undefined);
   const missing = models.filter((m) => runFor(m, family) === undefined).map((m) => m.name);
   const targets = have.map((m) => url(`/models/${m.id}/metrics`, { metric: panel.metric,
     component: panel.def.components ? panel.component : null, run_id: runFor(m, family) }));
-  const answers = await Promise.all(targets.map((t) => get(t, true)));
+  const [answers] = await Promise.all([Promise.all(targets.map((t) => get(t, true))),
+    state.stagesReady, plotlyReady]);
+  if (ticket !== panel.ticket) return;
   const traces = [];
   let unit = "";
   answers.forEach((answer, i) => {
@@ -524,13 +536,16 @@ async function drawLine(panel) {
 function r0unit(rows) { return rows.length ? rows[0].unit : ""; }
 
 async function drawHeatmap(panel) {
+  const ticket = panel.ticket;
   const family = familyOf(panel.metric);
   const models = state.selected.map((id) => state.byId.get(id))
     .filter((m) => m && runFor(m, family) !== undefined);
   const shown = models.slice(0, MAX_HEATMAPS);
   const targets = shown.map((m) => url(`/models/${m.id}/heads`, { metric: panel.metric,
     run_id: runFor(m, family) }));
-  const answers = await Promise.all(targets.map((t) => get(t, true)));
+  const [answers] = await Promise.all([Promise.all(targets.map((t) => get(t, true))),
+    plotlyReady]);
+  if (ticket !== panel.ticket) return;
   let lo = Infinity, hi = -Infinity, unit = "";
   for (const a of answers) for (const r of a.rows) { lo = Math.min(lo, r.value); hi = Math.max(hi, r.value); unit = r.unit; }
   const traces = answers.map((answer, i) => {
@@ -592,6 +607,8 @@ function fillFamilies(panel) {
 }
 
 async function drawStability(panel) {
+  const ticket = panel.ticket;
+  await plotlyReady;
   fillFamilies(panel);
   const family = panel.extra.family;
   if (!family) {
@@ -602,6 +619,7 @@ async function drawStability(panel) {
   }
   const target = url(`/families/${encodeURIComponent(family)}/stability`);
   const answer = await get(target, true);
+  if (ticket !== panel.ticket) return;
   const by = (metric) => answer.rows.filter((r) => r.metric === metric && r.head === null)
     .sort((a, b) => a.layer - b.layer);
   const x = (rows) => rows.map((r) => (state.xmode === "depth" ? r.relative_depth : r.layer));
@@ -631,6 +649,9 @@ async function drawStability(panel) {
 /* ------------------------------------------------------------------ stages */
 
 async function drawStagesTable(panel) {
+  const ticket = panel.ticket;
+  await state.stagesReady;
+  if (ticket !== panel.ticket) return;
   if (!state.stages) {
     panel.body.replaceChildren();
     setLinks(panel, []);
@@ -676,6 +697,7 @@ function buildNeuronControls(panel, controls) {
 }
 
 async function drawNeurons(panel) {
+  const ticket = panel.ticket;
   const { model, cls, layer, top } = panel.extra;
   const candidates = state.selected.map((id) => state.byId.get(id))
     .filter((m) => m && runFor(m, "neurons") !== undefined);
@@ -696,6 +718,7 @@ async function drawNeurons(panel) {
   const target = url(`/models/${m.id}/neurons`, { class: cls.value, layer: currentLayer,
     top: top.value, run_id: runFor(m, "neurons") });
   const answer = await get(target, true);
+  if (ticket !== panel.ticket) return;
   const head = el("tr", {}, ...["layer", "neuron", "kurtosis", "skew", "variance",
     "promoted tokens", "suppressed tokens"].map((h) => el("th", { text: h })));
   const tokens = (list) => (list || []).map((t) => JSON.stringify(t).slice(1, -1)).join("  ");
@@ -722,7 +745,7 @@ async function redraw(panel) {
   const ticket = (panel.ticket = (panel.ticket || 0) + 1);
   try {
     if (state.selected.length === 0 && panel.def.kind !== "stability") {
-      if (panel.plot.data) Plotly.purge(panel.plot);
+      if (panel.plot.data) window.Plotly.purge(panel.plot);
       if (panel.def.kind === "stages" || panel.def.kind === "neurons") panel.body.replaceChildren();
       setLinks(panel, []);
       finish(panel, "empty");
@@ -740,12 +763,11 @@ function redrawAll() {
   for (const panel of state.panels.values()) redraw(panel);
 }
 
-let selectionTicket = 0;
+/* Stages are read beside the panels' data (each panel awaits both), not before it. */
 async function selectionChanged() {
-  const ticket = ++selectionTicket;
-  await loadStages();
-  if (ticket !== selectionTicket) return;
+  state.stagesReady = loadStages();
   redrawAll();
+  await state.stagesReady;
 }
 
 function buildPanels() {
@@ -922,6 +944,7 @@ function watchRuns() {
 /* -------------------------------------------------------------------- start */
 
 async function start() {
+  performance.mark("strata:start");
   wireKey();
   wireRegister();
   wireJobs();
@@ -954,6 +977,7 @@ async function start() {
     showStatus(`could not read the models: ${error.message}`);
     return;
   }
+  performance.mark("strata:catalog");
   readHash();
   document.getElementById(state.xmode === "depth" ? "x-depth" : "x-layer").checked = true;
   renderSelection();
@@ -968,4 +992,5 @@ async function start() {
   document.body.dataset.ready = "true";
 }
 
-document.addEventListener("DOMContentLoaded", start);
+if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
+else start();
