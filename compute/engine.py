@@ -18,8 +18,8 @@ from jaxtyping import Int
 from torch import Tensor
 
 from compute.errors import TokenSpecError
-from compute.metrics import families_named
 from compute.memory import ModelDims, device_free_bytes, sweep_bytes_per_sequence
+from compute.metrics import families_named
 from compute.metrics.base import BatchContext, EngineOptions, Family, FamilyOutput, NeuronTokens
 from compute.models import LoadedModel
 from compute.records import Record

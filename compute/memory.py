@@ -49,14 +49,17 @@ class ModelDims:
 
     @classmethod
     def from_tl_config(cls, cfg: Any) -> ModelDims:
-        get = cfg.get if isinstance(cfg, dict) else lambda k, d=None: getattr(cfg, k, d)
-        d_model, n_heads = int(get("d_model")), int(get("n_heads", 1) or 1)
+        def get(key: str, default: Any = None) -> Any:
+            value = cfg.get(key) if isinstance(cfg, dict) else getattr(cfg, key, None)
+            return default if value is None else value
+
+        d_model, n_heads = int(get("d_model")), int(get("n_heads", 1))
         attn_only = bool(get("attn_only", False))
         return cls(
             n_layers=int(get("n_layers")), d_model=d_model, n_heads=n_heads,
-            d_head=int(get("d_head", None) or d_model // n_heads),
-            d_mlp=0 if attn_only else int(get("d_mlp", None) or 4 * d_model),
-            d_vocab=int(get("d_vocab_out", None) or get("d_vocab")),
+            d_head=int(get("d_head", d_model // n_heads)),
+            d_mlp=0 if attn_only else int(get("d_mlp", 4 * d_model)),
+            d_vocab=int(get("d_vocab_out", get("d_vocab"))),
             n_ctx=int(get("n_ctx")), gated_mlp=bool(get("gated_mlp", False)),
             learned_positions=get("positional_embedding_type", "standard") == "standard")
 
@@ -68,14 +71,16 @@ class ModelDims:
             raw = json.loads((Path(path) / "config.json").read_text())
         except (OSError, ValueError):
             return None
-        pick = lambda *names: next((raw[n] for n in names if raw.get(n) is not None), None)  # noqa: E731
+        def pick(*names: str) -> Any:
+            return next((raw[n] for n in names if raw.get(n) is not None), None)
+
         d_model = pick("n_embd", "hidden_size", "d_model")
         n_layers = pick("n_layer", "num_hidden_layers", "n_layers")
         n_heads = pick("n_head", "num_attention_heads", "n_heads")
         vocab = pick("vocab_size")
-        if None in (d_model, n_layers, n_heads, vocab):
+        if d_model is None or n_layers is None or n_heads is None or vocab is None:
             return None
-        d_mlp = pick("n_inner", "intermediate_size", "d_ff") or 4 * d_model
+        d_mlp = int(pick("n_inner", "intermediate_size", "d_ff") or 4 * d_model)
         model_type = raw.get("model_type", "")
         return cls(n_layers=n_layers, d_model=d_model, n_heads=n_heads,
                    d_head=pick("head_dim") or d_model // n_heads, d_mlp=d_mlp, d_vocab=vocab,

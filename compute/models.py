@@ -611,7 +611,7 @@ class LoadedModel:
         cache = self._ctx.setdefault("fast_weights", {})
         if layer not in cache:
             cache[layer] = blocks.fast_weights(self.model.blocks[layer])
-        return cache[layer]  # type: ignore[no-any-return]
+        return cache[layer]
 
     def logits(self, resid: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_vocab"]:
         """Final norm (recomputed on this residual), W_U, b_U and any logit soft-cap.

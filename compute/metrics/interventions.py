@@ -43,7 +43,7 @@ class InterventionFamily(FamilyBase):
         return 1 + len(_kinds(lm)) * lm.n_layers - 1
 
     def on_batch(self, ctx: BatchContext, acc: MeanAccumulator, opts: EngineOptions) -> None:
-        lm, n_layers = ctx.lm, ctx.n_layers
+        n_layers = ctx.n_layers
         _add(acc, "none", None, ctx.point_stats(n_layers), ctx)
         ctx.tick(1)
         for layer in range(n_layers):
@@ -80,7 +80,8 @@ def _layer_runs(ctx: BatchContext, layer: int) -> list[tuple[str, Callable[[], T
     def drop_attn() -> TokenStats:
         if not lm.has_mlp:
             return drop()
-        mlp = ctx.mlp_out[layer] if lm.parallel else lm.run_mlp(layer, pre)
+        cached = ctx.mlp_out[layer]
+        mlp = cached if lm.parallel and cached is not None else lm.run_mlp(layer, pre)
         return finish(pre + mlp, "drop_attn")()
 
     def swap() -> TokenStats:

@@ -1,0 +1,204 @@
+"""Capacity at real model geometries: per family, tokens/s, achieved FLOP/s, share of matmul,
+peak RSS — each family a whole `strata compute` process (model load included).
+
+    .venv/bin/python benchmarks/geometry.py                         # GPT-2 small + Pythia-160M
+    .venv/bin/python benchmarks/geometry.py --geometry gpt2-small --families intervention,heads
+    .venv/bin/python benchmarks/geometry.py --device cuda --dtype bfloat16   # on a GPU
+
+Geometries are built locally with random weights (timing does not depend on them) and saved as
+Hugging Face checkpoints under build/geometry/, then loaded the way a user's checkpoint is:
+  gpt2-small   GPT-2 small: 12 layers, d_model 768, 12 heads, d_mlp 3072, vocabulary 50,257
+  pythia-160m  GPT-NeoX: 12 layers, d_model 768, 12 heads, d_mlp 3072, vocabulary 50,304,
+               rotary on a quarter of each head, parallel attention and MLP
+Each family runs in a fresh subprocess through `compute.run.compute_run` (what `strata compute`
+calls) on seeded random tokens (.npy), n_sequences x seq_len (BOS included). The child measures
+this machine's dense float32 matmul rate in the same process (2048^2, same threads) and reports:
+  load_s, sweep_s, wall_s      model load, sweep, whole process (imports included)
+  tokens_per_s                 evaluated tokens / sweep_s
+  gflops, share                FLOPs from compute.flops (docs/performance.md) / sweep_s, and
+                               that over the matmul rate; `share_process` uses wall_s instead
+  peak_rss_mb, weights_mb      ru_maxrss of the process; parameters x dtype bytes
+Results go to stdout as a table and to --out as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+T_PROCESS = time.perf_counter()
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+BUILD = ROOT / "build" / "geometry"
+GEOMETRIES = ("gpt2-small", "pythia-160m")
+FAMILIES = ("intervention", "logit_lens", "neurons", "similarity", "attention", "norms", "heads")
+
+
+def build_checkpoint(name: str) -> Path:
+    """A Hugging Face checkpoint of the geometry with random weights (built once, cached)."""
+    path = BUILD / name
+    if (path / "config.json").is_file():
+        return path
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel, GPTNeoXConfig, GPTNeoXForCausalLM
+
+    torch.manual_seed(0)
+    if name == "gpt2-small":
+        model = GPT2LMHeadModel(GPT2Config())  # the defaults are GPT-2 small's
+    elif name == "pythia-160m":
+        model = GPTNeoXForCausalLM(GPTNeoXConfig(
+            vocab_size=50304, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+            intermediate_size=3072, rotary_pct=0.25, use_parallel_residual=True,
+            max_position_embeddings=2048, tie_word_embeddings=False, bos_token_id=0,
+            eos_token_id=0))
+    else:
+        raise SystemExit(f"unknown geometry {name!r}; choose from {', '.join(GEOMETRIES)}")
+    model.save_pretrained(path)
+    return path
+
+
+def token_file(n_sequences: int, seq_len: int, vocab: int) -> Path:
+    import numpy as np
+
+    path = BUILD / f"tokens-{n_sequences}x{seq_len}-v{vocab}.npy"
+    if not path.is_file():
+        rng = np.random.default_rng(0)
+        tokens = rng.integers(1, vocab, size=(n_sequences, seq_len), dtype=np.int64)
+        tokens[:, 0] = 0
+        BUILD.mkdir(parents=True, exist_ok=True)
+        np.save(path, tokens)
+    return path
+
+
+def matmul_flops(device: str, dtype: str, size: int = 2048, reps: int = 5) -> float:
+    import torch
+
+    dt = getattr(torch, dtype)
+    if device.startswith("cuda"):
+        size, reps = 8192, 20
+    a = torch.randn(size, size, device=device, dtype=dt)
+    b = torch.randn(size, size, device=device, dtype=dt)
+    a @ b
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    matmul_flops.last_flops = 2 * size**3 * (reps + 1)  # type: ignore[attr-defined]
+    return 2 * size**3 * reps / (time.perf_counter() - start)
+
+
+def child(args: argparse.Namespace) -> None:
+    """One family, one whole compute run; prints one JSON line."""
+    import torch
+
+    from compute.flops import family_flops, induction_flops, neurons_flops
+    from compute.memory import ModelDims
+    from compute.metrics.base import EngineOptions
+    from compute.models import load_model, resolve_model_spec
+    from compute.run import RunConfig, compute_run
+    from compute.tokens import TokenSpec
+
+    cpu0 = time.process_time()
+    peak = matmul_flops(args.device, args.dtype)
+    # On a shared machine wall time includes waiting for a core; CPU time does not. The matmul
+    # rate per CPU-second, measured the same way, is the fair yardstick for the sweep's.
+    peak_cpu = matmul_flops.last_flops / (time.process_time() - cpu0)  # type: ignore[attr-defined]
+    spec = resolve_model_spec(args.child, dtype=args.dtype)
+    start = time.perf_counter()
+    lm = load_model(spec, args.device)
+    if args.device.startswith("cuda"):
+        torch.cuda.synchronize()
+    load_s = time.perf_counter() - start
+    tokens = TokenSpec(source="npy", path=args.tokens, n_sequences=0, seq_len=0)
+    options = EngineOptions(batch_size=args.batch_size)
+    config = RunConfig(model=spec, tokens=tokens, families=(args.family,), options=options)
+    if args.device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+    start, cpu_start = time.perf_counter(), time.process_time()
+    result = compute_run(config, device=args.device, lm=lm)
+    sweep_s = time.perf_counter() - start
+    sweep_cpu_s = time.process_time() - cpu_start
+    dims = ModelDims.of(lm)
+    n_seq, seq_len = args.n_sequences, args.seq_len
+    flops = sum(family_flops(dims, seq_len, [args.family], parallel=lm.parallel).values()) * n_seq
+    if args.family == "heads":
+        flops += induction_flops(dims)
+    if args.family == "neurons":
+        flops += neurons_flops(dims, lm.d_vocab_real)
+    wall_s = time.perf_counter() - T_PROCESS
+    out = {
+        "family": args.family, "device": args.device, "dtype": args.dtype,
+        "threads": torch.get_num_threads(), "n_params": lm.n_params,
+        "weights_mb": lm.n_params * lm.dtype_bytes / 2**20,
+        "tokens": result.tokens_evaluated, "load_s": load_s, "sweep_s": sweep_s,
+        "wall_s": wall_s, "tokens_per_s": result.tokens_evaluated / sweep_s,
+        "gflops": flops / sweep_s / 1e9, "matmul_gflops": peak / 1e9,
+        "share": flops / sweep_s / peak, "share_process": flops / wall_s / peak,
+        "sweep_cpu_s": sweep_cpu_s, "matmul_gflops_per_cpu_s": peak_cpu / 1e9,
+        "share_cpu_time": flops / sweep_cpu_s / peak_cpu,
+        "flops_per_token": flops / result.tokens_evaluated,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+    if args.device.startswith("cuda"):
+        out["gpu_peak_mb"] = torch.cuda.max_memory_allocated() / 2**20
+    print(json.dumps(out))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--geometry", default=",".join(GEOMETRIES))
+    parser.add_argument("--families", default=",".join(FAMILIES))
+    parser.add_argument("--n-sequences", type=int, default=8)
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--batch-size", type=int, default=None, help="default: the engine's")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--out", default=None, help="JSON file for the results")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--family", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--tokens", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args)
+        return
+    results = []
+    for geometry in args.geometry.split(","):
+        path = build_checkpoint(geometry)
+        vocab = json.loads((path / "config.json").read_text())["vocab_size"]
+        tokens = token_file(args.n_sequences, args.seq_len, vocab)
+        for family in args.families.split(","):
+            cmd = [sys.executable, __file__, "--child", str(path), "--family", family,
+                   "--tokens", str(tokens), "--n-sequences", str(args.n_sequences),
+                   "--seq-len", str(args.seq_len), "--device", args.device, "--dtype", args.dtype]
+            if args.batch_size:
+                cmd += ["--batch-size", str(args.batch_size)]
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode != 0:
+                print(f"{geometry} {family}: failed\n{done.stderr[-2000:]}", file=sys.stderr)
+                continue
+            row = {"geometry": geometry, **json.loads(done.stdout.strip().splitlines()[-1])}
+            results.append(row)
+            print(f"{geometry:12s} {family:13s} {row['tokens_per_s']:9.1f} tok/s "
+                  f"{row['gflops']:7.1f} GFLOP/s = {100 * row['share']:3.0f}% of matmul "
+                  f"({row['matmul_gflops']:.0f}; whole process {100 * row['share_process']:3.0f}%;"
+                  f" by CPU time {100 * row['share_cpu_time']:3.0f}%)"
+                  f"  load {row['load_s']:5.1f} s sweep {row['sweep_s']:7.1f} s  "
+                  f"peak RSS {row['peak_rss_mb']:6.0f} MB = "
+                  f"{row['peak_rss_mb'] / row['weights_mb']:.2f}x weights", flush=True)
+            if args.out:
+                Path(args.out).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
