@@ -212,6 +212,7 @@ class JobService:
     def claim(self, job_id: int, dispatch: int, worker: str, device: str) -> Claimed:
         """Start a job on a worker. Refused (`JobConflictError`) unless the job is queued under
         this dispatch number; a job asking for a device the worker lacks fails, clearly."""
+        refused = None
         with self.store.write() as conn, Session(bind=conn, expire_on_commit=False) as session:
             job = repo.get(session, job_id)
             if job is None:
@@ -219,16 +220,18 @@ class JobService:
             if job.state != "queued" or job.dispatch != dispatch:
                 raise JobConflictError(f"job {job_id} is {job.state} (dispatch {job.dispatch}); "
                                        f"message {dispatch} is stale: not started")
-            if not device_matches(job.device, device):
+            if device_matches(job.device, device):
+                job.state, job.worker, job.started_at = "running", worker, utcnow()
+                job.attempts += 1
+            else:  # failed, and committed so: the refusal is the job's end, not an error here
                 job.state, job.finished_at, job.worker = "failed", utcnow(), worker
-                job.error = (f"job asks for device {job.device!r} but worker {worker} runs on "
-                             f"{device!r}; submit it with a device the workers have")
-                session.flush()
-                raise JobConflictError(job.error)
-            job.state, job.worker, job.started_at = "running", worker, utcnow()
-            job.attempts += 1
+                job.error = refused = (
+                    f"job asks for device {job.device!r} but worker {worker} runs on "
+                    f"{device!r}; submit it with a device the workers have")
             session.flush()
             claimed = Claimed(dict(job.config), job.device, job.attempts)
+        if refused is not None:
+            raise JobConflictError(refused)
         self.board.start(job_id, dispatch, worker)
         return claimed
 

@@ -267,3 +267,147 @@ def test_cancel_a_queued_and_a_running_job(broker_kind: str) -> None:
         assert d.wait_state(resubmitted.json()["id"], "succeeded")["run_id"] is not None
     finally:
         d.close()
+
+
+# ---------------------------------------------------------------- reconciliation
+def old_version_body(d: Deployment) -> bytes:
+    """tiny-4l-s0's default run as computed under an older metric version (what a store holds
+    after METRIC_VERSION is bumped), encoded as `strata compute --out run.arrow` writes it."""
+    import dataclasses
+
+    from compute.run import RunConfig, compute_run, result_metadata
+    from compute.tokens import TokenSpec
+    from service.exports import FORMATS
+    from compute.models import resolve_model_spec
+
+    config = RunConfig(model=resolve_model_spec("zoo:tiny-4l-s0"),
+                       tokens=TokenSpec(source="builtin", n_sequences=2, seq_len=16),
+                       families=("intervention", "logit_lens"), metric_version="0")
+    result = compute_run(config)
+    result = dataclasses.replace(result, config_hash=result.config.config_hash())
+    return FORMATS["arrow"].encode(result.records, result_metadata(result))
+
+
+def test_registration_version_bump_beat_and_watch_folder_lead_to_results(
+        broker_kind: str) -> None:
+    d = deploy(broker_kind, STRATA_JOBS__RECONCILE="true",
+               STRATA_JOBS__RECONCILE_INTERVAL_S="1.5")
+    watch = d.tmp / "incoming"
+    watch.mkdir()
+    d.env_extra["STRATA_JOBS__WATCH_DIR"] = str(watch)
+    try:
+        d.start_api()
+        d.start_worker()
+        # 1. registering a model leads to its results, with no further action
+        model = d.register(MODEL)
+        job = wait_for("a job for the new model", lambda: d.client.get(
+            f"{V1}/jobs", params={"model": "tiny-2l-s0"}).json()["items"], timeout=30)[0]
+        assert job["reason"] == "reconcile"
+        done = d.wait_state(job["id"], "succeeded", "failed")
+        assert done["state"] == "succeeded", done["error"]
+        rows = d.client.get(f"{V1}/models/{model['name']}/metrics",
+                            params={"metric": "intervention.kl", "component": "drop"}).json()
+        assert [r["layer"] for r in rows["rows"]] == [0, 1]  # one per layer
+        # 2. results under an older metric version only: beat's reconciliation recomputes
+        ingested = d.client.post(f"{V1}/runs/ingest", content=old_version_body(d),
+                                 headers={"Content-Type": "application/vnd.apache.arrow.stream"})
+        assert ingested.status_code == 201, ingested.text
+        d.start_beat()
+        bumped = wait_for("recomputation under the current metric version", lambda: [
+            j for j in d.client.get(f"{V1}/jobs", params={"model": "tiny-4l-s0"}).json()["items"]
+            if j["metric_version"] == "1"], timeout=60)
+        assert len(bumped) == 1
+        done = d.wait_state(bumped[0]["id"], "succeeded", "failed")
+        assert done["state"] == "succeeded", done["error"]
+        versions = sorted(r["metric_version"] for r in d.runs() if r["model"] == "tiny-4l-s0")
+        assert versions == ["0", "1"]  # the old run stays queryable
+        # 3. a checkpoint folder appearing in the watch folder: registered by its folder name
+        shutil.copytree(checkpoint_source(), d.tmp / "staging")
+        (d.tmp / "staging").rename(watch / "dropped-in")
+        job = wait_for("a job for the watched folder", lambda: d.client.get(
+            f"{V1}/jobs", params={"model": "dropped-in"}).json()["items"]
+            if d.client.get(f"{V1}/models/dropped-in").status_code == 200 else None,
+            timeout=60)[0]
+        assert d.wait_state(job["id"], "succeeded", "failed")["state"] == "succeeded"
+        # 4. reconciliations racing (beat's and five requests at once) queue nothing twice
+        from concurrent.futures import ThreadPoolExecutor
+
+        before = d.client.get(f"{V1}/jobs").json()["total"]
+        with ThreadPoolExecutor(5) as pool:
+            answers = list(pool.map(lambda _: d.client.post(f"{V1}/jobs/reconcile"), range(5)))
+        assert all(a.status_code == 200 and a.json()["queued"] == [] for a in answers)
+        assert d.client.get(f"{V1}/jobs").json()["total"] == before
+        jobs = d.client.get(f"{V1}/jobs", params={"limit": 100}).json()["items"]
+        hashes = [(j["config_hash"], j["metric_version"]) for j in jobs]
+        assert len(hashes) == len(set(hashes))
+    finally:
+        d.close()
+
+
+def checkpoint_source() -> Path:
+    from compute.models import zoo_path
+
+    return zoo_path("tiny-2l-s0")
+
+
+def test_racing_reconciliations_queue_a_model_once() -> None:
+    d = deploy("filesystem", STRATA_JOBS__RECONCILE="true",
+               STRATA_JOBS__RECONCILE_INTERVAL_S="3600")
+    try:
+        d.start_api()
+        # registered while the service was not asked to reconcile: straight into the store
+        body = old_version_body(d)
+        assert d.client.post(f"{V1}/runs/ingest", content=body, headers={
+            "Content-Type": "application/vnd.apache.arrow.stream"}).status_code == 201
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(lambda _: d.client.post(f"{V1}/jobs/reconcile"), range(8)))
+        queued = [j for a in answers for j in a.json()["queued"]]
+        assert len(queued) == 1, queued
+        assert d.client.get(f"{V1}/jobs").json()["total"] == 1
+    finally:
+        d.close()
+
+
+# ---------------------------------------------------------------- bad submissions
+def test_bad_submissions_are_refused_before_anything_is_queued(running: Deployment) -> None:
+    d = running
+    cases = [
+        ({"model": "no-such-model"}, 422, "unknown model"),
+        ({"model": "tiny-2l-s0", "metrics": ["intervention", "vibes"]}, 422, "vibes"),
+        ({"model": "tiny-2l-s0", "seq_len": 4096}, 422, "context"),
+        ({"model": "tiny-2l-s0", "device": "cuda"}, 422, "no worker has device 'cuda'"),
+        ({"model": "tiny-2l-s0", "dtype": "int8"}, 422, "dtype"),
+        ({"model": "tiny-2l-s0", "tokens": "corpus:/etc"}, 422, "configured root"),
+        ({"model": "tiny-2l-s0", "tokens": "source:999"}, 422, "no stored token source"),
+        ({"model": "tiny-2l-s0", "n_sequences": 0}, 400, "n_sequences"),
+        ({"model": "tiny-2l-s0", "colour": "red"}, 400, "colour"),
+    ]
+    for body, status, words in cases:
+        answer = d.client.post(f"{V1}/jobs", json=body)
+        assert answer.status_code == status, (body, answer.text)
+        assert words in answer.json()["detail"], (body, answer.json())
+    assert d.client.post(f"{V1}/jobs", json={"model": "tiny-2l-s0"},
+                         headers={"X-API-Key": "wrong"}).status_code == 401
+    assert d.client.get(f"{V1}/jobs/424242").status_code == 404
+    assert d.client.delete(f"{V1}/jobs/424242").status_code == 404
+    assert d.client.get(f"{V1}/jobs", params={"state": "sleeping"}).status_code == 422
+    assert d.client.get(f"{V1}/jobs").json()["total"] == 0
+
+
+def test_a_cpu_worker_refuses_a_cuda_job_plainly() -> None:
+    d = deploy("filesystem")
+    try:
+        d.start_api()
+        d.register(MODEL)
+        # No worker has spoken yet, so the API cannot know the devices: the job is queued ...
+        job = d.submit("tiny-2l-s0", **SMALL, device="cuda")
+        assert job.status_code == 202, job.text
+        d.start_worker()  # ... and the CPU worker that takes it refuses it, clearly
+        failed = d.wait_state(job.json()["id"], "failed", "succeeded")
+        assert failed["state"] == "failed"
+        assert "cuda" in failed["error"] and "cpu" in failed["error"]
+        assert d.runs() == []
+    finally:
+        d.close()
