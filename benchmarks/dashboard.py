@@ -59,7 +59,8 @@ el.value = value;
 el.dispatchEvent(new Event('change'));
 const check = () => {
   if (Number(s.dataset.seq) > seq) {
-    requestAnimationFrame(() => done([s.dataset.state, performance.now() - t0]));
+    requestAnimationFrame(() => done([s.dataset.state, performance.now() - t0,
+                                      window.strata.lastDraw]));
   } else {
     requestAnimationFrame(check);
   }
@@ -193,17 +194,19 @@ def main() -> None:
             cold = first_plot(driver, url) if count == 2 else None
             warm = [first_plot(driver, url) for _ in range(args.repeats)]
             wait_ready(driver)
-            switches = []
+            switches, fetches, renders = [], [], []
             for metric in SWITCH_METRICS:
-                state, ms = driver.execute_async_script(SWITCH_JS, "swap", "select.metric",
-                                                        metric)
+                state, ms, last = driver.execute_async_script(SWITCH_JS, "swap",
+                                                              "select.metric", metric)
                 if state != "drawn":
                     raise RuntimeError(f"switching to {metric} ended {state}")
                 switches.append(ms)
+                fetches.append(last["fetch_ms"])
+                renders.append(last["render_ms"])
             components = []
             for component in ("drop_attn", "drop_mlp", "drop"):
-                state, ms = driver.execute_async_script(SWITCH_JS, "swap", "select.component",
-                                                        component)
+                state, ms, _ = driver.execute_async_script(SWITCH_JS, "swap",
+                                                           "select.component", component)
                 components.append(ms)
             xmodes = []
             for mode in ("x-depth", "x-layer", "x-depth", "x-layer"):
@@ -215,6 +218,8 @@ def main() -> None:
                    "first_plot_warm_ms": statistics.median(warm),
                    "switch_metric_median_ms": statistics.median(switches),
                    "switch_metric_max_ms": max(switches),
+                   "switch_fetch_median_ms": statistics.median(fetches),
+                   "switch_render_median_ms": statistics.median(renders),
                    "switch_component_median_ms": statistics.median(components),
                    "switch_x_axis_median_ms": statistics.median(xmodes),
                    "visible_panels": panels,
@@ -236,13 +241,15 @@ def main() -> None:
 
     print(f"\n{len(models)} models in the store (6-48 layers, every family)\n")
     print("| models selected | first plot, cold (ms) | first plot, warm (ms) | switch metric, "
-          "median / max (ms) | switch component (ms) | x axis, visible panels (ms) | "
-          "search (ms) |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+          "median / max (ms) | of which requests / drawing (ms) | switch component (ms) | "
+          "x axis, visible panels (ms) | search (ms) |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for row in results["rows"]:
         print(f"| {row['selected']} | {cell(row['first_plot_cold_ms'])} | "
               f"{cell(row['first_plot_warm_ms'])} | {cell(row['switch_metric_median_ms'])} / "
-              f"{cell(row['switch_metric_max_ms'])} | {cell(row['switch_component_median_ms'])}"
+              f"{cell(row['switch_metric_max_ms'])} | {cell(row['switch_fetch_median_ms'])} / "
+              f"{cell(row['switch_render_median_ms'])} | "
+              f"{cell(row['switch_component_median_ms'])}"
               f" | {cell(row['switch_x_axis_median_ms'])} ({row['visible_panels']}) | "
               f"{cell(row['search_median_ms'])} |")
     print(json.dumps(results))

@@ -72,6 +72,7 @@ const PANELS = [
   { id: "neurons", title: "Top prediction / suppression neurons per layer", kind: "neurons" },
 ];
 const MAX_HEATMAPS = 4;
+const MANY = 12;  // more curves than this in one panel: drawn lighter
 const PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
   "#17becf", "#bcbd22", "#7f7f7f"];
 
@@ -485,6 +486,7 @@ function familyOf(metric) { return metric.split(".")[0]; }
 
 async function drawLine(panel) {
   const ticket = panel.ticket;
+  const began = performance.now();
   const family = familyOf(panel.metric);
   const models = state.selected.map((id) => state.byId.get(id)).filter(Boolean);
   const have = models.filter((m) => runFor(m, family) !== undefined);
@@ -494,6 +496,8 @@ async function drawLine(panel) {
   const [answers] = await Promise.all([Promise.all(targets.map((t) => get(t, true))),
     state.stagesReady, plotlyReady]);
   if (ticket !== panel.ticket) return;
+  const fetched = performance.now();
+  const many = have.length > MANY;  // many curves: thin lines, no markers, bars on request
   const traces = [];
   let unit = "";
   answers.forEach((answer, i) => {
@@ -510,7 +514,7 @@ async function drawLine(panel) {
       rows.sort((a, b) => a.layer - b.layer);
       const hasErr = rows.some((r) => r.stderr !== null);
       traces.push({
-        type: "scatter", mode: "lines+markers", name: component && !panel.def.components
+        type: "scatter", mode: many ? "lines" : "lines+markers", name: component && !panel.def.components
           ? `${m.name} · ${component}` : m.name,
         x: rows.map((r) => (state.xmode === "depth" ? r.relative_depth : r.layer)),
         y: rows.map((r) => r.value),
@@ -518,8 +522,9 @@ async function drawLine(panel) {
         hovertemplate: `<b>${m.name}</b><br>layer %{customdata[0]} · depth %{customdata[1]:.3f}` +
           `<br>%{y:.4g} ± %{customdata[2]:.2g} ${r0unit(rows)}<br>n = %{customdata[3]}<extra></extra>`,
         error_y: { type: "data", array: rows.map((r) => r.stderr ?? 0),
-          visible: state.showErr && hasErr, thickness: 1, width: 2 },
-        line: { color: modelColor(m.id), width: 1.5, dash: component === "mlp" ? "dash" : "solid" },
+          visible: state.showErr && hasErr && !many, thickness: 1, width: 2 },
+        line: { color: modelColor(m.id), width: many ? 1 : 1.5,
+          dash: component === "mlp" ? "dash" : "solid" },
         marker: { size: 4, color: modelColor(m.id) }, meta: m.name,
       });
     }
@@ -529,8 +534,12 @@ async function drawLine(panel) {
     baseLayout(`${panel.metric}${unit ? ` (${unit})` : ""}`, { shapes: overlay.shapes }),
     PLOT_CONFIG);
   setLinks(panel, have.map((m, i) => [m.name, targets[i]]));
-  finish(panel, traces.length ? "drawn" : "empty",
-    missing.length ? `no ${family} results for: ${missing.join(", ")}` : "");
+  window.strata.lastDraw = { panel: panel.def.id, models: have.length,
+    fetch_ms: fetched - began, render_ms: performance.now() - fetched };
+  const notes = [];
+  if (missing.length) notes.push(`no ${family} results for: ${missing.join(", ")}`);
+  if (many && state.showErr) notes.push(`${have.length} models: error bars hidden (more than ${MANY})`);
+  finish(panel, traces.length ? "drawn" : "empty", notes.join("; "));
 }
 
 function r0unit(rows) { return rows.length ? rows[0].unit : ""; }
