@@ -223,7 +223,7 @@ def _register_locally(body: dict[str, Any], path: Path) -> dict[str, Any]:
         with Store.open(settings.database) as store:
             ensure_current(store)
             model, _ = register(store, settings, request)
-            return msgspec.to_builtins(as_model(model))  # type: ignore[no-any-return]
+            return dict(msgspec.to_builtins(as_model(model)))
     except StrataError as exc:
         detail = getattr(exc, "detail", str(exc))
         fail(detail, exit_code_of(exc) if exit_code_of(exc) != 1 else EXIT_BAD_INPUT)

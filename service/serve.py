@@ -14,6 +14,7 @@ import logging
 import secrets
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -67,7 +68,8 @@ def run_service(settings: Settings, *, host: str | None, port: int | None,
         ensure_current(store)
         board = Board(settings.jobs.lease_s)
         jobs = JobService(store, settings,
-                          CeleryBroker(make_app(settings), settings.jobs.publish_timeout_s), board)
+                          CeleryBroker(make_app(settings, create_broker_dir=True),
+                                       settings.jobs.publish_timeout_s), board)
         watch = None
         if settings.jobs.watch_dir is not None:
             watch_root = settings.jobs.watch_dir
@@ -85,7 +87,9 @@ def run_service(settings: Settings, *, host: str | None, port: int | None,
                 return created
 
             watch = WatchFolder(watch_root, register_folder)
-        upkeep = Upkeep(jobs, watch)
+        if settings.jobs.register_zoo:
+            register_zoo(store, settings, register)
+        upkeep = Upkeep(jobs, watch, say=lambda line: click.echo(line, err=True))
         url = f"http://{host}:{port}"
         if local:
             processes = LocalProcesses(api_url=url, api_key=settings.write_keys()[0],
@@ -104,6 +108,25 @@ def run_service(settings: Settings, *, host: str | None, port: int | None,
         if processes is not None:
             processes.stop()
         store.close()
+
+
+def register_zoo(store: Any, settings: Settings, register: Any) -> None:
+    """First start (no model registered yet): register every shipped zoo model."""
+    import sqlalchemy as sa
+
+    from service.api.schemas.models import RegisterModel
+    from service.store.models import RegisteredModel
+
+    with store.read() as conn:
+        if conn.execute(sa.select(sa.func.count()).select_from(RegisteredModel)).scalar():
+            return
+    from compute.models import zoo_names
+
+    names = zoo_names()
+    for name in names:
+        register(store, settings, RegisterModel(source=f"zoo:{name}"))
+    click.echo(f"first start: registered the {len(names)} zoo models ({', '.join(names)}); "
+               "their default runs are queued", err=True)
 
 
 def _announce(settings: Settings, url: str, local: bool) -> None:

@@ -79,6 +79,11 @@ class JobsSettings(BaseModel):
     reconcile: bool = Field(True, description="queue the default run of every registered model "
                             "that lacks current results: at start, at each registration, and on "
                             "beat's schedule (false: only what is submitted is computed)")
+    register_zoo: bool = Field(True, description="on the first start with an empty store, "
+                               "register the shipped zoo models (so their default runs are "
+                               "computed)")
+    progress_log_s: float = Field(10.0, ge=0, description="how often `strata serve` prints the "
+                                  "jobs' progress while any are queued or running (0: never)")
     families: list[str] = Field(
         default_factory=lambda: ["intervention", "logit_lens", "neurons", "similarity",
                                  "attention", "norms", "heads"],
@@ -104,8 +109,10 @@ class Settings(BaseSettings):
 
     database: Path = Field(Path("strata.duckdb"), description="the DuckDB file (one writer)")
     api_keys: str = Field("", description="comma-separated keys allowed to write")
-    host: str = "127.0.0.1"
-    port: int = 8000
+    host: str = Field("127.0.0.1", description="address `strata serve` listens on (--host "
+                                               "overrides)")
+    port: int = Field(8000, ge=0, le=65535, description="port `strata serve` listens on "
+                                                        "(--port overrides)")
     api: ApiSettings = Field(default_factory=ApiSettings)
     broker_url: str = Field("", description="Celery broker (redis://..., amqp://...); empty: "
                             "Celery's filesystem broker under data_dir, and `strata serve` "

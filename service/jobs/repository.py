@@ -72,3 +72,7 @@ def page(session: Session, *, state: str | None, model_id: int | None, limit: in
 
 def in_state(session: Session, state: str) -> list[Job]:
     return list(session.scalars(sa.select(Job).where(Job.state == state).order_by(Job.id)))
+
+
+def recent(session: Session, limit: int) -> list[Job]:
+    return list(session.scalars(sa.select(Job).order_by(Job.id.desc()).limit(limit)))

@@ -57,6 +57,10 @@ class Claimed:
     attempt: int
 
 
+def _still_queued(dispatch: int) -> Callable[[Job], bool]:
+    return lambda job: job.state == "queued" and job.dispatch == dispatch
+
+
 def device_matches(requested: str | None, worker_device: str) -> bool:
     if requested is None:
         return True
@@ -104,6 +108,26 @@ class JobService:
             names = repo.model_names(session)
             session.expunge_all()
         return [self.view(j, names) for j in jobs], total
+
+    def summary(self) -> str:
+        """One line for the console: counts by state, and each running job's progress."""
+        from collections import Counter
+
+        with self.store.read() as conn, Session(bind=conn) as session:
+            jobs = repo.recent(session, 1000)
+            names = repo.model_names(session)
+            states = Counter(j.state for j in jobs)
+            running = [(j.id, names.get(j.model_id, str(j.model_id))) for j in jobs
+                       if j.state == "running"]
+        if not jobs:
+            return ""
+        parts = [f"{states[s]} {s}" for s in JOB_STATES if states[s]]
+        for job_id, model in running:
+            live = self.board.live(job_id)
+            if live is not None and live.total:
+                eta = "" if live.eta_s is None else f", ETA {live.eta_s:.0f} s"
+                parts.append(f"job {job_id} {model} {100 * live.done / live.total:.0f}%{eta}")
+        return "jobs: " + ", ".join(parts)
 
     # ------------------------------------------------------------------ submit
     def _check_device(self, device: str | None) -> None:
@@ -327,8 +351,7 @@ class JobService:
             except Exception as exc:
                 log.warning("job %s not re-sent: %s", job_id, exc)
                 return
-            self._set(job_id, only_if=lambda j, d=dispatch: j.state == "queued"
-                      and j.dispatch == d, dispatched_at=utcnow())
+            self._set(job_id, only_if=_still_queued(dispatch), dispatched_at=utcnow())
 
     def grace_running(self) -> None:
         """After a restart: every running job gets a fresh lease (its worker may still be at

@@ -36,14 +36,20 @@ def broker_options(settings: Settings) -> tuple[str, dict[str, Any]]:
                              "store_processed": False, "polling_interval": 0.2}
 
 
-def filesystem_broker_dir(settings: Settings) -> Path:
+def filesystem_broker_dir(settings: Settings, *, create: bool = False) -> Path:
+    """The filesystem broker's folder (made by the processes that use it, not on import)."""
     folder = settings.data_dir.resolve() / "broker"
-    for sub in ("queue", "processed"):
-        (folder / sub).mkdir(parents=True, exist_ok=True)
+    if create:
+        for sub in ("queue", "processed"):
+            (folder / sub).mkdir(parents=True, exist_ok=True)
     return folder
 
 
-def make_app(settings: Settings) -> Celery:
+def make_app(settings: Settings, *, create_broker_dir: bool = False) -> Celery:
+    """The Celery app of these settings; `create_broker_dir` for a process that will use the
+    filesystem broker (importing this module creates nothing)."""
+    if not settings.broker_url and create_broker_dir:
+        filesystem_broker_dir(settings, create=True)
     url, options = broker_options(settings)
     app = Celery("strata", broker=url, include=["service.worker.tasks"])
     if url == "filesystem://":

@@ -47,7 +47,7 @@ def run_celery(argv: list[str]) -> None:
     get_settings.cache_clear()
     from service.worker.app import make_app
 
-    app = make_app(get_settings())
+    app = make_app(get_settings(), create_broker_dir=True)
     app.worker_main(argv)
 
 

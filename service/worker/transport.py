@@ -8,4 +8,4 @@ from kombu.transport import filesystem
 
 
 class Transport(filesystem.Transport):
-    connection_errors = (*filesystem.Transport.connection_errors, OSError)
+    connection_errors = (*filesystem.Transport.connection_errors, OSError)  # type: ignore[assignment]

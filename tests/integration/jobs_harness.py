@@ -9,6 +9,7 @@ API while a worker computes, or take the broker away, and watch what the system 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -180,7 +181,8 @@ class Deployment:
         return self.tmp / "strata.duckdb"
 
     def env(self) -> dict[str, str]:
-        return {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+        """The deployment's environment; a key set to "" in `env_extra` is removed."""
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                 "OMP_NUM_THREADS": "1", "STRATA_DATABASE": str(self.db),
                 "STRATA_DATA_DIR": str(self.tmp / "state"), "STRATA_API_KEYS": KEY,
                 "STRATA_API_KEY": KEY, "STRATA_API_URL": self.base,
@@ -192,6 +194,7 @@ class Deployment:
                 "STRATA_JOBS__N_SEQUENCES": "2", "STRATA_JOBS__SEQ_LEN": "16",
                 "STRATA_API__CHECKPOINT_ROOTS": f'["{self.tmp}"]',
                 **self.env_extra}
+        return {k: v for k, v in env.items() if v != ""}
 
     def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
         with (self.tmp / "logs" / f"{name}.log").open("ab") as sink:
@@ -235,10 +238,8 @@ class Deployment:
 
     def kill(self, proc: subprocess.Popen[bytes]) -> None:
         """SIGKILL a process and everything in its session (a prefork worker's children)."""
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         proc.wait()
 
     def close(self) -> None:

@@ -193,7 +193,8 @@ def start_api(run_result: RunResult) -> Api:
     log = tmp / "serve.log"
     with log.open("wb") as sink:  # the child keeps its own copy of the descriptor
         proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--port",
-                                 str(port), "--no-local-worker"], env=env, stdout=sink, stderr=subprocess.STDOUT)
+                                 str(port), "--no-local-worker"], env=env, stdout=sink,
+                                stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     client = httpx.Client(base_url=base, timeout=60)
     api = Api(base, client, db, tmp, proc, log)

@@ -79,23 +79,28 @@ def assert_same_records(served: pl.DataFrame, cli: pl.DataFrame) -> None:
     assert left.select(KEYS).equals(right.select(KEYS))
     assert (left["n"] == right["n"]).all()
     diff = (left["value"] - right["value"]).abs().max()
-    assert diff is not None and diff < 1e-9
+    assert diff is not None
+    assert diff < 1e-9
 
 
 def run_main_path(d: Deployment) -> None:
     submitted = d.submit("tiny-2l-s0", **SMALL)
     assert submitted.status_code == 202, submitted.text
     job = submitted.json()
-    assert job["state"] in ("queued", "running") and job["run_id"] is None
+    assert job["state"] in ("queued", "running")
+    assert job["run_id"] is None
     done = d.wait_state(job["id"], "succeeded", "failed")
     assert done["state"] == "succeeded", done["error"]
-    assert done["worker"] and done["attempts"] == 1 and done["wall_s"] > 0
+    assert done["worker"]
+    assert done["attempts"] == 1
+    assert done["wall_s"] > 0
     cli = cli_records(d, **SMALL)
     served = served_records(d, "tiny-2l-s0", done["run_id"], cli["metric"].unique().to_list())
     assert_same_records(served, cli)
     # One job, one run: the same configuration again is the same job.
     again = d.submit("tiny-2l-s0", **SMALL)
-    assert again.status_code == 200 and again.json()["id"] == job["id"]
+    assert again.status_code == 200
+    assert again.json()["id"] == job["id"]
     assert [r["id"] for r in d.runs()] == [done["run_id"]]
 
 
@@ -105,8 +110,10 @@ def test_submit_compute_query_equals_cli(running: Deployment) -> None:
     forced = running.submit("tiny-2l-s0", **SMALL, force=True)
     assert forced.status_code == 202
     second = running.wait_state(forced.json()["id"], "succeeded", "failed")
-    assert second["state"] == "succeeded" and second["forced"]
-    assert len(running.runs()) == 1 and second["run_id"] == running.runs()[0]["id"]
+    assert second["state"] == "succeeded"
+    assert second["forced"]
+    assert len(running.runs()) == 1
+    assert second["run_id"] == running.runs()[0]["id"]
 
 
 def test_main_path_on_rabbitmq() -> None:
@@ -124,12 +131,15 @@ def test_main_path_on_rabbitmq() -> None:
 def assert_one_complete_run(d: Deployment, job: dict[str, object]) -> None:
     """Exactly one run for the job's configuration, its records each stored once."""
     runs = [r for r in d.runs() if r["config_hash"] == job["config_hash"]]
-    assert len(runs) == 1 and runs[0]["id"] == job["run_id"] and runs[0]["status"] == "succeeded"
+    assert len(runs) == 1
+    assert runs[0]["id"] == job["run_id"]
+    assert runs[0]["status"] == "succeeded"
     for metric in ("intervention.kl", "logit_lens.kl_to_final"):
         rows = d.client.get(f"{V1}/models/{job['model']}/metrics",
                             params={"metric": metric, "run_id": job["run_id"]}).json()["rows"]
         keys = [(r["layer"], r.get("component")) for r in rows]
-        assert keys and len(keys) == len(set(keys)), f"{metric}: duplicated or missing rows"
+        assert keys, f"{metric}: no rows"
+        assert len(keys) == len(set(keys)), f"{metric}: duplicated rows"
 
 
 def test_worker_killed_mid_job_is_finished_by_another(running: Deployment) -> None:
@@ -184,7 +194,8 @@ def test_broker_down_refuses_submissions_and_recovers(broker_kind: str) -> None:
         assert d.client.get(f"{V1}/jobs").json()["total"] == 1
         rows = d.client.get(f"{V1}/models/tiny-2l-s0/metrics",
                             params={"metric": "intervention.kl"})
-        assert rows.status_code == 200 and rows.json()["rows"]
+        assert rows.status_code == 200
+        assert rows.json()["rows"]
         assert d.client.get(f"{V1}/runs/{first['run_id']}").status_code == 200
         time.sleep(2)  # the worker polls the broker meanwhile, and loses it
         d.broker.up()
@@ -228,10 +239,12 @@ def test_unloadable_and_nan_models_fail_with_the_reason_and_store_nothing(
 
     unloadable = d.wait_state(d.submit("broken", **SMALL).json()["id"], "succeeded", "failed")
     assert unloadable["state"] == "failed"
-    assert "ModelLoadError" in unloadable["error"] and "broken" in unloadable["error"]
+    assert "ModelLoadError" in unloadable["error"]
+    assert "broken" in unloadable["error"]
     nan = d.wait_state(d.submit("poisoned", **SMALL).json()["id"], "succeeded", "failed")
     assert nan["state"] == "failed"
-    assert "ComputeError" in nan["error"] and ("nan" in nan["error"].lower()
+    assert "ComputeError" in nan["error"]
+    assert ("nan" in nan["error"].lower()
                                                or "finite" in nan["error"])
     assert d.runs() == []  # nothing stored for either
     # the worker is still there and computes the next job
@@ -247,9 +260,11 @@ def test_cancel_a_queued_and_a_running_job(broker_kind: str) -> None:
         d.register(MODEL)
         queued = d.submit("tiny-2l-s0", **SMALL).json()  # no worker yet: stays queued
         cancelled = d.client.delete(f"{V1}/jobs/{queued['id']}")
-        assert cancelled.status_code == 200 and cancelled.json()["state"] == "cancelled"
+        assert cancelled.status_code == 200
+        assert cancelled.json()["state"] == "cancelled"
         again = d.client.delete(f"{V1}/jobs/{queued['id']}")
-        assert again.status_code == 409 and "cancelled" in again.json()["detail"]
+        assert again.status_code == 409
+        assert "cancelled" in again.json()["detail"]
         d.start_worker()
         running = d.submit("tiny-2l-s0", **LONG).json()
         d.wait_progress(running["id"])
@@ -263,7 +278,8 @@ def test_cancel_a_queued_and_a_running_job(broker_kind: str) -> None:
         assert d.runs() == []
         # the same configuration can be submitted again: a new job
         resubmitted = d.submit("tiny-2l-s0", **SMALL)
-        assert resubmitted.status_code == 202 and resubmitted.json()["id"] != queued["id"]
+        assert resubmitted.status_code == 202
+        assert resubmitted.json()["id"] != queued["id"]
         assert d.wait_state(resubmitted.json()["id"], "succeeded")["run_id"] is not None
     finally:
         d.close()
@@ -275,10 +291,10 @@ def old_version_body(d: Deployment) -> bytes:
     after METRIC_VERSION is bumped), encoded as `strata compute --out run.arrow` writes it."""
     import dataclasses
 
+    from compute.models import resolve_model_spec
     from compute.run import RunConfig, compute_run, result_metadata
     from compute.tokens import TokenSpec
     from service.exports import FORMATS
-    from compute.models import resolve_model_spec
 
     config = RunConfig(model=resolve_model_spec("zoo:tiny-4l-s0"),
                        tokens=TokenSpec(source="builtin", n_sequences=2, seq_len=16),
@@ -407,7 +423,8 @@ def test_a_cpu_worker_refuses_a_cuda_job_plainly() -> None:
         d.start_worker()  # ... and the CPU worker that takes it refuses it, clearly
         failed = d.wait_state(job.json()["id"], "failed", "succeeded")
         assert failed["state"] == "failed"
-        assert "cuda" in failed["error"] and "cpu" in failed["error"]
+        assert "cuda" in failed["error"]
+        assert "cpu" in failed["error"]
         assert d.runs() == []
     finally:
         d.close()

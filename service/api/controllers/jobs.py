@@ -31,7 +31,6 @@ from service.jobs.configs import JobRequest
 from service.jobs.service import JobService
 
 JobId = Annotated[int, Parameter(ge=1, le=2**62, description="job id")]
-WRITE = {"guards": [require_write_key], "security": SECURITY}
 
 
 def jobs_of(ctx: ApiContext) -> JobService:
@@ -44,7 +43,8 @@ class JobsController(Controller):
     path = "/api/v1/jobs"
     tags = ["jobs"]  # noqa: RUF012
 
-    @post("/", status_code=202, responses=errors(400, 401, 403, 404, 422, 503), **WRITE)
+    @post("/", status_code=202, responses=errors(400, 401, 403, 404, 422, 503),
+          guards=[require_write_key], security=SECURITY)
     async def submit(self, ctx: ApiContext, data: SubmitJob) -> Response[Job]:
         """Queue a computation (API key). 202 with the new job; the same configuration submitted
         again answers 200 with its existing job (one job, one run) unless `force` is true.
@@ -81,14 +81,15 @@ class JobsController(Controller):
         return job_out(jobs_of(ctx).get(job_id))
 
     @delete("/{job_id:int}", status_code=200, sync_to_thread=True,
-            responses=errors(400, 401, 403, 404, 409), **WRITE)
+            responses=errors(400, 401, 403, 404, 409), guards=[require_write_key],
+            security=SECURITY)
     def cancel(self, ctx: ApiContext, job_id: JobId) -> Job:
         """Cancel (API key): a queued job never starts; a running one stops at its worker's next
         heartbeat and stores nothing. 409 for a job that already ended."""
         return job_out(jobs_of(ctx).cancel(job_id))
 
     @post("/reconcile", status_code=200, sync_to_thread=True, responses=errors(401, 403),
-          **WRITE)
+          guards=[require_write_key], security=SECURITY)
     def reconcile(self, ctx: ApiContext) -> Reconciled:
         """Queue the default run of every registered model that lacks current results (what
         beat asks for on its schedule)."""
@@ -96,14 +97,14 @@ class JobsController(Controller):
 
     # -------------------------------------------------- what workers call
     @post("/{job_id:int}/claim", status_code=200, sync_to_thread=True,
-          responses=errors(400, 401, 403, 404, 409), **WRITE)
+          responses=errors(400, 401, 403, 404, 409), guards=[require_write_key], security=SECURITY)
     def claim(self, ctx: ApiContext, job_id: JobId, data: Claim) -> Claimed:
         """A worker starts a job (API key): allowed once per dispatch of a queued job."""
         got = jobs_of(ctx).claim(job_id, data.dispatch, data.worker, data.device)
         return Claimed(got.config, got.device, got.attempt)
 
     @post("/{job_id:int}/heartbeat", status_code=200, sync_to_thread=True,
-          responses=errors(400, 401, 403, 404), **WRITE)
+          responses=errors(400, 401, 403, 404), guards=[require_write_key], security=SECURITY)
     def heartbeat(self, ctx: ApiContext, job_id: JobId, data: Heartbeat) -> HeartbeatAnswer:
         """A running job's progress and lease (API key); `stop` tells the worker to stop."""
         stop = jobs_of(ctx).heartbeat(job_id, data.dispatch, data.worker, done=data.done,
@@ -112,7 +113,7 @@ class JobsController(Controller):
         return HeartbeatAnswer(stop)
 
     @post("/{job_id:int}/fail", status_code=200, sync_to_thread=True,
-          responses=errors(400, 401, 403, 404, 409), **WRITE)
+          responses=errors(400, 401, 403, 404, 409), guards=[require_write_key], security=SECURITY)
     def fail(self, ctx: ApiContext, job_id: JobId, data: Failure) -> Job:
         """A worker reports that a job failed (API key), with the reason."""
         return job_out(jobs_of(ctx).fail(job_id, data.dispatch, data.worker, data.error))
@@ -129,7 +130,7 @@ class WorkersController(Controller):
         return [worker_out(w) for w in service.board.workers(service.worker_window())]
 
     @post("/heartbeat", status_code=204, sync_to_thread=False, responses=errors(401, 403),
-          **WRITE)
+          guards=[require_write_key], security=SECURITY)
     def heartbeat(self, ctx: ApiContext, data: WorkerBeat) -> None:
         """A worker says it is alive, and what it runs on (API key)."""
         jobs_of(ctx).board.worker_seen(WorkerSeen(data.name, data.device, data.dtype,

@@ -730,12 +730,14 @@ async function drawNeurons(panel) {
   if (ticket !== panel.ticket) return;
   const head = el("tr", {}, ...["layer", "neuron", "kurtosis", "skew", "variance",
     "promoted tokens", "suppressed tokens"].map((h) => el("th", { text: h })));
-  const tokens = (list) => (list || []).map((t) => JSON.stringify(t).slice(1, -1)).join("  ");
+  // each token boxed, spaces shown as ␣ and control characters escaped, so " The" ≠ "The"
+  const tokens = (list) => el("span", {}, ...(list || []).map((t) => el("span",
+    { class: "tok", text: JSON.stringify(t).slice(1, -1).replace(/ /g, "␣") })));
   const rows = answer.rows.map((r) => el("tr", {}, el("td", { text: r.layer }),
     el("td", { text: r.neuron }), el("td", { text: fmt(r.vocab_kurt) }),
     el("td", { text: fmt(r.vocab_skew) }), el("td", { text: fmt(r.vocab_var) }),
-    el("td", { class: "tokens", text: tokens(r.promoted) }),
-    el("td", { class: "tokens", text: tokens(r.suppressed) })));
+    el("td", { class: "tokens" }, tokens(r.promoted)),
+    el("td", { class: "tokens" }, tokens(r.suppressed))));
   panel.body.replaceChildren(el("table", {}, el("thead", {}, head), el("tbody", {}, ...rows)));
   setLinks(panel, [[`${m.name} layer ${currentLayer}`, target]]);
   finish(panel, "drawn", rows.length ? "" : `no ${cls.value} neurons in layer ${currentLayer} of ${m.name}`);
@@ -859,6 +861,7 @@ function wireJobs() {
 }
 
 const ACTIVE = new Set(["queued", "running"]);
+const JOB_POLL_MS = 500;
 
 function renderJob(job) {
   let item = document.getElementById(`job-${job.id}`);
@@ -891,7 +894,7 @@ function trackJob(job) {
 
 async function pollJob(id) {
   for (;;) {
-    await new Promise((resolve) => setTimeout(resolve, 1000));
+    await new Promise((resolve) => setTimeout(resolve, JOB_POLL_MS));
     let job;
     try {
       job = await request("GET", url(`/jobs/${id}`));
