@@ -297,6 +297,10 @@ def test_neuron_table_shows_tokens(page: Any, service: Service) -> None:
     assert [int(r[1]) for r in rows] == [r["neuron"] for r in api["rows"]]
     assert rows[0][5], "promoted tokens"
     assert rows[0][6], "suppressed tokens"
+    promoted = page.execute_script(
+        "return [...document.querySelectorAll(\"section[data-panel='neurons'] tbody tr\")][0]"
+        ".children[5].querySelectorAll('.tok').length")
+    assert promoted == len(api["rows"][0]["promoted"])
     page.execute_script("document.querySelector(\"section[data-panel='neurons']\")"
                         ".scrollIntoView()")
     screenshot(page, "neuron-table")
@@ -374,26 +378,33 @@ def test_register_and_compute_from_the_page(page: Any, service: Service) -> None
     page.find_element(By.ID, "job-model").send_keys("fresh-4l")
     nseq, seqlen = page.find_element(By.ID, "job-nseq"), page.find_element(By.ID, "job-seqlen")
     nseq.clear()
-    nseq.send_keys("2")
+    nseq.send_keys("8")
     seqlen.clear()
-    seqlen.send_keys("16")
+    seqlen.send_keys("32")
     page.find_element(By.ID, "job-submit").click()
     job = wait_for(page, lambda: page.execute_script(
         "const j = document.querySelector('#jobs li.job[data-own]'); return j && j.dataset.jobId"),
         what="the job in the list")
     seen: set[str] = set()
+    shown: list[float] = []  # the progress bar while the job runs
 
     def finished() -> bool:
-        state = page.execute_script(
-            f"return document.getElementById('job-{job}').dataset.state")
+        state, fraction, text = page.execute_script(
+            f"const j = document.getElementById('job-{job}');"
+            "return [j.dataset.state, j.querySelector('progress').value, j.textContent];")
         seen.add(state)
+        if state == "running" and "%" in text:
+            shown.append(fraction)
         return state in ("succeeded", "failed", "cancelled")
 
     wait_for(page, finished, timeout=300, what="the job to finish")
     assert page.execute_script(f"return document.getElementById('job-{job}').dataset.state") \
         == "succeeded", page.execute_script(
         f"return document.getElementById('job-{job}').textContent")
-    assert seen & {"queued", "running", "succeeded"}
+    assert "running" in seen, seen
+    assert shown, "no live progress was shown while the job ran"
+    assert all(0 <= f <= 1 for f in shown)
+    assert shown == sorted(shown)
     screenshot(page, "job-finished")
     # its results appear: the model joined the selection and the plots redrew with it
     traces = wait_for(page, lambda: (lambda t: t if len(t) == 2 else None)(

@@ -883,7 +883,8 @@ function renderJob(job) {
   item.dataset.runId = job.run_id ?? "";
   item.replaceChildren(el("div", {}, el("b", { text: `#${job.id} ${job.model}` }), " ",
     el("span", { class: `job-state ${job.state}`, text: job.state })), bar,
-  el("div", { class: "muted", text: job.error ? job.error : detail }));
+  el("div", { class: "muted", text: job.error ? job.error : (job.state === "succeeded"
+    ? `run ${job.run_id}${job.wall_s ? ` · ${fmt(job.wall_s, 3)} s` : ""}` : detail) }));
 }
 
 function trackJob(job) {
