@@ -428,3 +428,54 @@ def test_a_cpu_worker_refuses_a_cuda_job_plainly() -> None:
         assert d.runs() == []
     finally:
         d.close()
+
+
+# ---------------------------------------------------------------- the shell
+def strata(d: Deployment, *args: str, env: dict[str, str] | None = None
+           ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "service.cli", *args], env=env or d.env(),
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_jobs_and_models_from_the_shell() -> None:
+    import json
+
+    d = deploy("filesystem")
+    try:
+        # no service yet: `strata models add` registers into the file, named after the folder
+        folder = checkpoint_copy(d, "my-checkpoint")
+        added = strata(d, "models", "add", str(folder))
+        assert added.returncode == 0, added.stderr
+        assert "registered my-checkpoint" in added.stdout
+        d.start_api()
+        d.start_worker()
+        named = strata(d, "models", "add", MODEL, "--name", "two-layers")
+        assert named.returncode == 0, named.stderr
+        listed = strata(d, "models", "list")
+        assert "my-checkpoint" in listed.stdout
+        assert "two-layers" in listed.stdout
+        submitted = strata(d, "jobs", "submit", "--model", "two-layers", "--metrics",
+                           "intervention", "--n-sequences", "2", "--seq-len", "16", "--watch")
+        assert submitted.returncode == 0, submitted.stderr
+        job = json.loads(submitted.stdout[:submitted.stdout.rindex("}") + 1])
+        assert "succeeded" in submitted.stdout.splitlines()[-1]
+        assert "job" in submitted.stderr  # the progress bar
+        status = json.loads(strata(d, "jobs", "status", str(job["id"])).stdout)
+        assert status["state"] == "succeeded"
+        assert status["run_id"] is not None
+        assert f"job {job['id']} succeeded" in strata(d, "jobs", "list").stdout
+        late = strata(d, "jobs", "cancel", str(job["id"]))
+        assert late.returncode == 2
+        assert "already succeeded" in late.stderr
+        unknown = strata(d, "jobs", "submit", "--model", "nobody")
+        assert unknown.returncode == 2
+        assert "unknown model 'nobody'" in unknown.stderr
+        failing = strata(d, "jobs", "submit", "--model", "two-layers", "--device", "cuda",
+                         "--watch")  # refused before queueing: the only worker is a CPU one
+        assert failing.returncode == 2
+        assert "no worker has device 'cuda'" in failing.stderr
+        down = strata(d, "jobs", "list", "--url", "http://127.0.0.1:9")
+        assert down.returncode == 6
+        assert "cannot be reached" in down.stderr
+    finally:
+        d.close()
