@@ -19,6 +19,7 @@ from typing import Any
 import polars as pl
 import torch
 
+from compute.models import ModelSpec
 from compute.zoo.train import ZOO_METADATA_FILE, ZooModelConfig, train_zoo_model
 
 # A 512-token vocabulary (its own BPE, trained on the corpus like the zoo's 4096-token one)
@@ -85,7 +86,34 @@ def compute_report(name_or_path: str) -> dict[str, Any]:
     result = compute_run(config)
     records: pl.DataFrame = pl.from_arrow(result.records)  # type: ignore[assignment]
     return {"config_hash": result.config_hash, "tokens_evaluated": result.tokens_evaluated,
-            **report(records, result.model_info["n_layers"])}
+            **report(records, result.model_info["n_layers"]),
+            "on_repeated_sequences": repeated_sequence_figures(config.model)}
+
+
+def repeated_sequence_figures(spec: ModelSpec, n_sequences: int = 8) -> dict[str, Any]:
+    """Head ablation on the induction probe (BOS, r_1..r_63, r_1..r_63; seed 0), and the clean
+    loss on its first and second halves: what the induction circuit is worth."""
+    from compute.engine import sweep
+    from compute.metrics.base import EngineOptions
+    from compute.models import load_model
+    from compute.records import records_to_table
+    from compute.tokens import random_repeated_tokens
+
+    lm = load_model(spec)
+    n = min(63, (lm.n_ctx - 1) // 2)
+    probe = random_repeated_tokens(n_sequences, n, lm.d_vocab_real, lm.bos_token_id, seed=0)
+    result = sweep(lm, probe, ["heads"], EngineOptions(induction_sequences=n_sequences))
+    records: pl.DataFrame = pl.from_arrow(records_to_table(result.records))  # type: ignore[assignment]
+    with torch.inference_mode():
+        x = lm.embed(probe)
+        for layer in range(lm.n_layers):
+            x = lm.run_block(layer, x).resid
+        logp = lm.logits(x[:, :-1]).log_softmax(-1)
+    nll = -logp.gather(-1, probe[:, 1:, None])[..., 0]
+    return {"tokens": f"{n_sequences} x (BOS, r_1..r_{n}, r_1..r_{n})",
+            "clean_loss_first_half": round(float(nll[:, 1:n].mean()), 3),
+            "clean_loss_second_half": round(float(nll[:, n + 1:].mean()), 3),
+            "ablation_loss_delta_top": _per_head(records, "heads.ablation_loss_delta")[:5]}
 
 
 def main() -> None:
