@@ -316,10 +316,28 @@ def test_stage_boundaries_with_evidence(page: Any, service: Service) -> None:
     assert len(rows) == sum(len(m["boundaries"]) for m in api["models"]) > 0
     assert all(("metric" in r) or ("reason" in r) for r in rows)
     found = [b for m in api["models"] for b in m["boundaries"] if b["found"]]
-    lines = page.execute_script(
+    hovers = page.execute_script(
         "return document.querySelector(\"section[data-panel='drop'] .plot\").data"
-        ".filter(t => t.meta === 'boundary').length")
-    assert lines == len(found)
+        ".filter(t => t.meta === 'boundary').map(t => t.text[0])")
+    assert len(hovers) == len(found)
+    for hover, boundary in zip(hovers, found, strict=True):  # the evidence, on hover
+        assert boundary["rule"] in hover
+        if boundary["boundary"] == 1:
+            assert f"kl_at_layer: {boundary['evidence']['kl_at_layer']:.3g}" in hover
+    # the stages of the model chosen in the header are shaded: one band per clear stage
+    from selenium.webdriver.support.select import Select
+
+    seq = int(page.execute_script(
+        "return document.querySelector(\"section[data-panel='drop']\").dataset.seq"))
+    Select(page.find_element(By_css(), "#stage-model")).select_by_visible_text("tiny-4l-s0")
+    drawn(page, "drop", after=seq)
+    bands = page.execute_script(
+        "return document.querySelector(\"section[data-panel='drop'] .plot\").layout.shapes"
+        ".map(s => [s.x0, s.x1])")
+    spans = [r for r in api["rows"] if r["model"] == "tiny-4l-s0" and r["clear"]
+             and r["layer_start"] is not None]
+    assert len(bands) == len(spans) > 0
+    assert bands[0] == [spans[0]["layer_start"] - 0.5, spans[0]["layer_end"] + 0.5]
 
 
 def test_head_stability_beside_its_null_baseline(page: Any, service: Service) -> None:
