@@ -351,8 +351,8 @@ function edgeX(b, L, lens) {
 }
 
 function stageOverlay(lens, yref) {
-  const shapes = [], traces = [];
-  if (!state.stages) return { shapes, traces };
+  const shapes = [], traces = [], annotations = [];
+  if (!state.stages) return { shapes, traces, annotations };
   const fills = ["rgba(31,119,180,0.07)", "rgba(44,160,44,0.07)", "rgba(255,127,14,0.07)",
     "rgba(148,103,189,0.07)"];
   const ref = state.stageModel;
@@ -362,11 +362,14 @@ function stageOverlay(lens, yref) {
     const lo = row.layer_start === 0 ? edgeX(lens ? -1 : 0, L, lens) : edgeX(row.layer_start, L, lens);
     const hi = edgeX(row.layer_end + 1, L, lens);
     shapes.push({ type: "rect", xref: "x", yref: "paper", x0: lo, x1: hi, y0: 0, y1: 1,
-      fillcolor: fills[(row.stage - 1) % 4], line: { width: 0 }, layer: "below",
-      label: { text: `${row.stage}. ${row.stage_name}`, textposition: "top center",
-        font: { size: 9, color: "#666" } } });
+      fillcolor: fills[(row.stage - 1) % 4], line: { width: 0 }, layer: "below" });
+    annotations.push({ x: (lo + hi) / 2, xref: "x", y: 1, yref: "paper", yanchor: "bottom",
+      text: `stage ${row.stage}`, hovertext: `${row.stage_name}: blocks ${row.layer_start}` +
+        `–${row.layer_end} of ${state.byId.get(ref)?.name}`, showarrow: false,
+      font: { size: 9, color: "#777" } });
   }
-  for (const id of state.selected) {
+  // boundary lines of every selected model, unless there are too many to tell apart
+  for (const id of state.selected.length > MANY ? [] : state.selected) {
     const stages = state.stages.byModel.get(id);
     if (!stages) continue;
     const L = state.byId.get(id)?.n_layers || 1;
@@ -383,7 +386,7 @@ function stageOverlay(lens, yref) {
         name: `${stages.name} boundary ${b.boundary}` });
     }
   }
-  return { shapes, traces };
+  return { shapes, traces, annotations };
 }
 
 /* ------------------------------------------------------------------ panels */
@@ -451,12 +454,13 @@ function exportPlot(panel, format) {
 function baseLayout(ytitle, extra = {}) {
   const depth = state.xmode === "depth";
   return {
-    margin: { l: 60, r: 20, t: 10, b: 40 }, height: 300, hovermode: "closest",
+    margin: { l: 60, r: 30, t: 20, b: 40 }, height: 300, hovermode: "closest",
+    modebar: { orientation: "v" },
     xaxis: { title: { text: depth ? "relative depth" : "layer" }, zeroline: false,
       ...(depth ? { range: [-0.04, 1.04] } : { dtick: layerStep() }) },
     yaxis: { title: { text: ytitle }, zeroline: false },
     yaxis2: { overlaying: "y", range: [0, 1], visible: false, fixedrange: true },
-    legend: { orientation: "h", y: -0.2 }, showlegend: true,
+    legend: { orientation: "h", x: 0, y: -0.22, yanchor: "top" }, showlegend: true,
     ...extra,
   };
 }
@@ -531,14 +535,17 @@ async function drawLine(panel) {
   });
   const overlay = stageOverlay(Boolean(panel.def.lens), "y2");
   await Plotly.react(panel.plot, [...traces, ...overlay.traces],
-    baseLayout(`${panel.metric}${unit ? ` (${unit})` : ""}`, { shapes: overlay.shapes }),
-    PLOT_CONFIG);
+    baseLayout(`${panel.metric}${unit ? ` (${unit})` : ""}`, { shapes: overlay.shapes,
+      annotations: overlay.annotations, showlegend: !many }), PLOT_CONFIG);
   setLinks(panel, have.map((m, i) => [m.name, targets[i]]));
   window.strata.lastDraw = { panel: panel.def.id, models: have.length,
     fetch_ms: fetched - began, render_ms: performance.now() - fetched };
   const notes = [];
   if (missing.length) notes.push(`no ${family} results for: ${missing.join(", ")}`);
-  if (many && state.showErr) notes.push(`${have.length} models: error bars hidden (more than ${MANY})`);
+  if (many) {
+    notes.push(`${have.length} models: colours as in the selection, names on hover; no error ` +
+      `bars or boundary lines above ${MANY} models`);
+  }
   finish(panel, traces.length ? "drawn" : "empty", notes.join("; "));
 }
 
