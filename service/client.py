@@ -9,8 +9,8 @@ the API's Arrow IPC answers, jobs submitted and waited for.
     >>> client.wait(job).run_id                           # doctest: +SKIP
 
 `PandasClient` has the same methods and answers pandas DataFrames. Every table has exactly the
-columns of the API's CSV / Parquet / Arrow answer (docs/api.md); the answer's context (model,
-run, ...) is in `Client.last_context` after each call.
+columns of the API's CSV / Parquet / Arrow answer (docs/api.md); the context of the last data
+answer (model, run, ...) is in `client.last_context`.
 
 Exceptions (all `ClientError`):
 
