@@ -133,7 +133,11 @@ def sweep(
 
     with torch.inference_mode():
         for first in range(0, n_seq, batch):
-            chunk = tokens[first : first + batch].to(lm.device)
+            chunk = tokens[first : first + batch]
+            if chunk.device.type == "cpu" and str(lm.device).startswith("cuda"):
+                chunk = chunk.pin_memory().to(lm.device, non_blocking=True)  # no device wait
+            else:
+                chunk = chunk.to(lm.device)
             ctx = clean_pass(lm, chunk, needs_patterns, max_rows, tick, capture_z=needs_z,
                              families=names)
             state["tokens"] += chunk.shape[0] * (seq_len - 2)

@@ -39,15 +39,23 @@ class MeanAccumulator:
         self._device = torch.device(device)
         self._slots: dict[Key, int] = {}
         self._stats = torch.zeros(0, 3, dtype=torch.float64, device=self._device)
+        # Index tensors per key list, made once: a host-to-device copy per update would make
+        # every update wait for the device.
+        self._indices: dict[tuple[Key, ...], Tensor] = {}
 
     def _slot_indices(self, keys: Sequence[Key]) -> Tensor:
+        known = self._indices.get(tuple(keys))
+        if known is not None:
+            return known
         new = [k for k in keys if k not in self._slots]
         if new:
             for k in new:
                 self._slots[k] = len(self._slots)
             grow = torch.zeros(len(new), 3, dtype=torch.float64, device=self._device)
             self._stats = torch.cat([self._stats, grow])
-        return torch.tensor([self._slots[k] for k in keys], device=self._device)
+        index = torch.tensor([self._slots[k] for k in keys], device=self._device)
+        self._indices[tuple(keys)] = index
+        return index
 
     def add(self, key: Key, values: Float[Tensor, " n"]) -> None:
         """Add the per-token values of one key."""
@@ -184,6 +192,11 @@ def _logsumexp_softmax(z: Float[Tensor, "n vocab"]) -> tuple[Tensor, Tensor]:
 
 
 def _check_finite(x: Tensor, what: str) -> None:
+    """Raise on NaN/inf. On an accelerator this check would wait for the device at every
+    comparison; there NaN and inf propagate into the float64 sums instead, and
+    `MeanAccumulator.result` refuses them (naming the metric) when the sweep ends."""
+    if x.device.type != "cpu":
+        return
     if not bool(torch.isfinite(x).all()):
         raise ComputeError(f"non-finite values (NaN or inf) in {what}; refusing to store them")
 

@@ -44,8 +44,6 @@ class AttentionFamily(FamilyBase):
     def on_batch(self, ctx: BatchContext, acc: MeanAccumulator, opts: EngineOptions) -> None:
         assert ctx.patterns is not None  # the engine captures patterns when a family needs them
         t = ctx.tokens.shape[1]
-        queries = torch.arange(t, device=ctx.tokens.device)
-        evaluated = (queries >= 1) & (queries <= t - 2)
         # a query q > k among the evaluated 1..t-2 exists only for k <= t-3
         ks = [k for k in opts.prev_ks if k <= t - 3]
         for layer, pattern in enumerate(ctx.patterns):
@@ -60,8 +58,9 @@ class AttentionFamily(FamilyBase):
                     per_query[f"prev_{k}"] = mass[..., k - 1]
             for metric, values in per_query.items():
                 k = int(metric.split("_")[1]) if metric.startswith("prev_") else 0
-                keep = evaluated & (queries > k)
-                v = values[..., keep]  # [batch, head, q']
+                # evaluated queries q > k: the contiguous range max(1, k+1) .. t-2 (a slice,
+                # not a boolean mask, which would wait for the device to count it)
+                v = values[..., max(1, k + 1) : t - 1]  # [batch, head, q']
                 per_head = v.transpose(0, 1).reshape(heads, -1)
                 acc.add_many([(metric, layer, h) for h in range(heads)], per_head)
                 acc.add((metric, layer, None), v.mean(dim=1).reshape(-1))
