@@ -189,7 +189,7 @@ class Deployment:
                 "STRATA_BROKER_URL": self.broker.url,
                 "STRATA_WORKER__HEARTBEAT_S": "0.5", "STRATA_JOBS__LEASE_S": "4",
                 "STRATA_JOBS__MAINTENANCE_INTERVAL_S": "0.5",
-                "STRATA_JOBS__RECONCILE": "false",
+                "STRATA_JOBS__RECONCILE": "false", "STRATA_JOBS__REGISTER_ZOO": "false",
                 "STRATA_JOBS__FAMILIES": '["intervention", "logit_lens"]',
                 "STRATA_JOBS__N_SEQUENCES": "2", "STRATA_JOBS__SEQ_LEN": "16",
                 "STRATA_API__CHECKPOINT_ROOTS": f'["{self.tmp}"]',

@@ -172,7 +172,8 @@ def _env(db: Path, tmp: Path) -> dict[str, str]:
             "STRATA_API__INGEST_MAX_MB": str(INGEST_MAX_MB),
             "STRATA_API__DUCKDB_THREADS": "1", "OMP_NUM_THREADS": "1",
             # No worker, no reconciliation: these tests read what they seeded, nothing more.
-            "STRATA_JOBS__RECONCILE": "false", "STRATA_DATA_DIR": str(tmp / "state")}
+            "STRATA_JOBS__RECONCILE": "false", "STRATA_JOBS__REGISTER_ZOO": "false",
+            "STRATA_DATA_DIR": str(tmp / "state")}
 
 
 def start_api(run_result: RunResult) -> Api:

@@ -72,6 +72,7 @@ def service_env(db: Path) -> dict[str, str]:
             "STRATA_API__DUCKDB_THREADS": "1", "OMP_NUM_THREADS": "1",
             # only what a test submits is computed (no default runs of registered models)
             "STRATA_JOBS__RECONCILE": "false", "STRATA_JOBS__RECONCILE_INTERVAL_S": "86400",
+            "STRATA_JOBS__REGISTER_ZOO": "false",
             # progress reaches the API twice a second (a test job runs for a few seconds)
             "STRATA_WORKER__HEARTBEAT_S": "0.5"}
 
