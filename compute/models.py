@@ -170,8 +170,9 @@ def _processing_block_by_block() -> Iterator[None]:
         others = [k for k in state_dict if not k.startswith("blocks.")]
         # Centering insists on finding the embeddings and unembedding in any dict it is given:
         # a block's dict gets a one-row (two-column) stand-in of each, dropped afterwards.
-        stand_ins = {k: state_dict[k][:1].clone() for k in ("embed.W_E", "pos_embed.W_pos")
-                     if k in state_dict}
+        stand_ins: dict[str, Tensor] = {
+            k: state_dict[k][:1].clone() for k in ("embed.W_E", "pos_embed.W_pos")
+            if k in state_dict}
         stand_ins |= {k: state_dict[k][..., :2].clone() for k in ("unembed.W_U", "unembed.b_U")
                       if k in state_dict}
 
@@ -184,7 +185,7 @@ def _processing_block_by_block() -> Iterator[None]:
                   **kwargs)
             whole({k: state_dict[k] for k in others}, rest, **kwargs)
         except KeyError:
-            return whole(state_dict, cfg, **kwargs)  # type: ignore[no-any-return]
+            return whole(state_dict, cfg, **kwargs)
         out: dict[str, Tensor] = {}
         for layer, names in enumerate(blocks_):
             prefix = f"blocks.{layer}."
@@ -195,8 +196,9 @@ def _processing_block_by_block() -> Iterator[None]:
         # The embeddings, then the unembedding and final norm, each with stand-ins of the other.
         embeds = [k for k in others if k.startswith(("embed.", "pos_embed."))]
         for group in (embeds, [k for k in others if k not in embeds]):
-            part = {**{k: v.clone() for k, v in stand_ins.items() if k not in group},
-                    **{k: state_dict.pop(k) for k in group}}
+            part: dict[str, Tensor] = {k: v.clone() for k, v in stand_ins.items()
+                                       if k not in group}
+            part.update({k: state_dict.pop(k) for k in group})
             out.update({k: v for k, v in whole(part, rest, **kwargs).items() if k in group})
             del part
         return out
@@ -205,7 +207,7 @@ def _processing_block_by_block() -> Iterator[None]:
     try:
         yield
     finally:
-        ProcessWeights.process_weights = staticmethod(whole)  # type: ignore[method-assign,assignment]
+        ProcessWeights.process_weights = staticmethod(whole)  # type: ignore[method-assign]
 
 
 class HFDirSource:
