@@ -9,9 +9,11 @@ The page is static: everything it shows it reads from the public API endpoints, 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from litestar import Controller, Response, get
+from litestar import Controller, Request, Response, get
 from litestar.datastructures import CacheControlHeader
+from litestar.exceptions import NotFoundException
 from litestar.router import Router
 from litestar.static_files import create_static_files_router
 
@@ -30,16 +32,37 @@ class DashboardController(Controller):
         return Response((WEB / "index.html").read_bytes(), media_type="text/html; charset=utf-8")
 
 
+YEAR = 365 * 24 * 3600
+VENDOR_FILES = frozenset(p.name for p in (WEB / "vendor").iterdir() if p.is_file())
+
+
+def _vendor_key(request: Request[Any, Any, Any]) -> str:
+    gzip = "gzip" in request.headers.get("accept-encoding", "")
+    return f"strata-vendor:{request.url.path}:{'gzip' if gzip else 'identity'}"
+
+
+class VendorController(Controller):
+    """Vendored libraries. Their file names carry their version, so browsers may keep them (and
+    their compiled code) for a year. The answer is kept in the response cache after its first
+    request: plotly.js is 1.5 MB, and gzipping it anew for every first visit would hold up the
+    API requests the page makes meanwhile."""
+
+    path = VENDOR
+    include_in_schema = False
+
+    @get("/{name:str}", cache=YEAR, cache_key_builder=_vendor_key,
+         cache_control=CacheControlHeader(public=True, max_age=YEAR, immutable=True))
+    async def asset(self, name: str) -> Response[bytes]:
+        if name not in VENDOR_FILES:
+            raise NotFoundException(f"no asset {name!r}")
+        media = "text/javascript" if name.endswith(".js") else "text/plain"
+        return Response((WEB / "vendor" / name).read_bytes(), media_type=media)
+
+
 def web_routes() -> list[type[Controller] | Router]:
-    """The page and its assets. The page's own assets revalidate (ETag) so a new version shows
-    at once; vendored libraries carry their version in their file name, so browsers keep them
-    (and their compiled code) for a year."""
-    return [DashboardController,
+    """The page, its assets (revalidated by ETag, so a new version shows at once) and the
+    vendored libraries."""
+    return [DashboardController, VendorController,
             create_static_files_router(path=ASSETS, directories=[WEB / "static"],
                                        include_in_schema=False, name="dashboard-assets",
-                                       cache_control=CacheControlHeader(no_cache=True)),
-            create_static_files_router(path=VENDOR, directories=[WEB / "vendor"],
-                                       include_in_schema=False, name="dashboard-vendor",
-                                       cache_control=CacheControlHeader(
-                                           public=True, max_age=365 * 24 * 3600,
-                                           immutable=True))]
+                                       cache_control=CacheControlHeader(no_cache=True))]
