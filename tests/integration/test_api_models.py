@@ -109,9 +109,20 @@ def test_register_checkpoints_only_under_a_root(server: Api) -> None:
     assert zoo.status_code == 409  # registered by the stability run as tiny-4l-s0
 
 
+def test_a_checkpoint_registered_without_a_name_is_named_after_its_folder(server: Api) -> None:
+    import shutil
+
+    folder = server.tmp / "checkpoints" / "second copy"
+    shutil.copytree(server.tmp / "checkpoints" / "mini", folder)
+    answer = register(server, {"source": str(folder)})
+    assert answer.status_code == 201, answer.text
+    assert answer.json()["name"] == "second-copy"  # usable in a URL, unlike its path
+    assert server.get(f"{V1}/models/second-copy").json()["source"] == "hf_dir"
+
+
 def test_registration_body_is_checked(server: Api) -> None:
     for body in ({"name": "123", "source": "gpt2"}, {"name": "a/b", "source": "gpt2"},
-                 {"name": "", "source": "gpt2"}, {"source": "gpt2"},
+                 {"name": "", "source": "gpt2"}, {"name": None, "source": 7},
                  {"name": "x", "source": "gpt2", "extra": 1}, {"name": "x", "source": ""}):
         response = register(server, body)
         assert response.status_code == 400, (body, response.text)

@@ -129,7 +129,7 @@ class WorkersController(Controller):
         service = jobs_of(ctx)
         return [worker_out(w) for w in service.board.workers(service.worker_window())]
 
-    @post("/heartbeat", status_code=204, sync_to_thread=False, responses=errors(401, 403),
+    @post("/heartbeat", status_code=204, sync_to_thread=False, responses=errors(400, 401, 403),
           guards=[require_write_key], security=SECURITY)
     def heartbeat(self, ctx: ApiContext, data: WorkerBeat) -> None:
         """A worker says it is alive, and what it runs on (API key)."""
