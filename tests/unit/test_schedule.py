@@ -150,3 +150,34 @@ def test_records_are_unchanged_by_the_shared_work(
     alone = [r for f in ("intervention", "logit_lens", "similarity")
              for r in sweep(lm, tokens, [f], opts).records]
     assert [asdict(r) for r in together] == [asdict(r) for r in alone]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_fast_path_equals_hooked_and_bfloat16_is_close() -> None:
+    """On CUDA: the fast path (fused attention, no pattern) equals the hooked blocks in float32
+    (1e-4 absolute or 1e-3 relative), and in bfloat16 every intervention KL above 0.05 nats is
+    within 10% of float32 (docs/performance.md: the bfloat16 tolerance)."""
+    arch = dict(n_layers=3, d_model=64, n_heads=4, d_head=16, d_mlp=256, d_vocab=512, n_ctx=64,
+                act_fn="gelu_new", normalization_type="LN", initializer_range=0.2)
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(1, 512, (6, 32), generator=g)
+    tokens[:, 0] = 0
+    opts = EngineOptions(induction_n=8, induction_sequences=4)
+    families = ["intervention", "logit_lens", "heads", "similarity"]
+
+    def run(dtype: str, fast: bool) -> dict[tuple[Any, ...], float]:
+        lm = load_model(ModelSpec(source="random", name="g", architecture=arch, seed=0,
+                                  dtype=dtype), "cuda")  # type: ignore[arg-type]
+        lm._ctx["fast_path"] = fast
+        return {(r.metric, r.layer, r.component, r.head): r.value
+                for r in sweep(lm, tokens, families, opts).records}
+
+    fast, hooked = run("float32", True), run("float32", False)
+    for key, value in hooked.items():
+        assert fast[key] == pytest.approx(value, abs=1e-4, rel=1e-3), key
+    low = run("bfloat16", True)
+    compared = [(low[k], v) for k, v in fast.items() if k[0] == "intervention.kl" and v > 0.05]
+    assert compared
+    for got, want in compared:
+        assert got == pytest.approx(want, rel=0.1)
