@@ -69,6 +69,9 @@ def zoo_result(name: str, tokens: Path) -> RunResult:
 def service_env(db: Path) -> dict[str, str]:
     return {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
             "STRATA_DATABASE": str(db), "STRATA_API_KEYS": KEY,
+            # its own broker folder: a worker of another service on this machine must not take
+            # this service's jobs (the default is ./.strata, shared by every checkout user)
+            "STRATA_DATA_DIR": str(db.parent / "state"),
             "STRATA_API__DUCKDB_THREADS": "1", "OMP_NUM_THREADS": "1",
             # only what a test submits is computed (no default runs of registered models)
             "STRATA_JOBS__RECONCILE": "false", "STRATA_JOBS__RECONCILE_INTERVAL_S": "86400",

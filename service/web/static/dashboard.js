@@ -326,6 +326,17 @@ function readHash() {
 
 /* ------------------------------------------------------------------ stages */
 
+/* One panel's Plotly call at a time, with a frame between them: the first panel to have its
+ * data is painted at once instead of after every panel in view has been drawn. */
+let renderChain = Promise.resolve();
+function render(fn) {
+  const done = renderChain.then(fn);
+  renderChain = done.catch(() => {}).then(() => new Promise((resolve) => {
+    requestAnimationFrame(() => setTimeout(resolve, 0));
+  }));
+  return done;
+}
+
 /* plotly.js loads after this script (see index.html); drawing waits for it. */
 const plotlyReady = new Promise((resolve) => {
   if (window.Plotly) resolve();
@@ -534,9 +545,9 @@ async function drawLine(panel) {
     }
   });
   const overlay = stageOverlay(Boolean(panel.def.lens), "y2");
-  await Plotly.react(panel.plot, [...traces, ...overlay.traces],
+  await render(() => Plotly.react(panel.plot, [...traces, ...overlay.traces],
     baseLayout(`${panel.metric}${unit ? ` (${unit})` : ""}`, { shapes: overlay.shapes,
-      annotations: overlay.annotations, showlegend: !many }), PLOT_CONFIG);
+      annotations: overlay.annotations, showlegend: !many }), PLOT_CONFIG));
   setLinks(panel, have.map((m, i) => [m.name, targets[i]]));
   window.strata.lastDraw = { panel: panel.def.id, models: have.length,
     fetch_ms: fetched - began, render_ms: performance.now() - fetched };
@@ -592,7 +603,7 @@ async function drawHeatmap(panel) {
     layout[`yaxis${s}`] = { title: { text: i === 0 ? (state.xmode === "depth" ? "relative depth" : "layer") : "" },
       ...(state.xmode === "layer" ? { dtick: 1 } : {}) };
   });
-  await Plotly.react(panel.plot, traces, layout, PLOT_CONFIG);
+  await render(() => Plotly.react(panel.plot, traces, layout, PLOT_CONFIG));
   setLinks(panel, shown.map((m, i) => [m.name, targets[i]]));
   const notes = [];
   if (models.length > shown.length) notes.push(`showing the first ${MAX_HEATMAPS} of ${models.length} models`);
@@ -628,7 +639,7 @@ async function drawStability(panel) {
   fillFamilies(panel);
   const family = panel.extra.family;
   if (!family) {
-    await Plotly.react(panel.plot, [], baseLayout("cosine"), PLOT_CONFIG);
+    await render(() => Plotly.react(panel.plot, [], baseLayout("cosine"), PLOT_CONFIG));
     setLinks(panel, []);
     finish(panel, "empty", "no refit families stored (strata stability --store)");
     return;
@@ -655,7 +666,7 @@ async function drawStability(panel) {
       hovertemplate: `<b>${name}</b><br>layer %{customdata[0]}<br>%{y:.4f} (± %{customdata[1]:.3f} std over heads)<extra></extra>`,
       line: { color, dash }, marker: { color, size: 5 }, meta: metric });
   }
-  await Plotly.react(panel.plot, traces, baseLayout("cosine / CKA"), PLOT_CONFIG);
+  await render(() => Plotly.react(panel.plot, traces, baseLayout("cosine / CKA"), PLOT_CONFIG));
   setLinks(panel, [[family, target]]);
   finish(panel, traces.length ? "drawn" : "empty",
     `family ${family}: anchor ${answer.family.anchor.name}, ${answer.family.members.length} members; ` +
