@@ -79,7 +79,7 @@ def throughput(d: Deployment, n_jobs: int) -> dict[str, Any]:
     start = time.perf_counter()
     ids = []
     for i in range(n_jobs):
-        answer = d.submit("tiny-2l-s0", metrics=["intervention"], n_sequences=i + 1, seq_len=16)
+        answer = d.submit("tiny-2l-s0", metrics=["intervention"], n_sequences=i + 1, seq_len=24)
         if answer.status_code != 202:
             raise RuntimeError(answer.text)
         ids.append(answer.json()["id"])
