@@ -33,6 +33,7 @@ def broker_options(settings: Settings) -> tuple[str, dict[str, Any]]:
     return "filesystem://", {"data_folder_in": str(folder / "queue"),
                              "data_folder_out": str(folder / "queue"),
                              "processed_folder": str(folder / "processed"),
+                             "control_folder": str(folder / "control"),
                              "store_processed": False, "polling_interval": 0.2}
 
 
@@ -40,7 +41,7 @@ def filesystem_broker_dir(settings: Settings, *, create: bool = False) -> Path:
     """The filesystem broker's folder (made by the processes that use it, not on import)."""
     folder = settings.data_dir.resolve() / "broker"
     if create:
-        for sub in ("queue", "processed"):
+        for sub in ("queue", "processed", "control"):
             (folder / sub).mkdir(parents=True, exist_ok=True)
     return folder
 
