@@ -80,17 +80,19 @@ def jobs() -> None:
 @click.option("--device", default=None)
 @click.option("--dtype", default=None)
 @click.option("--force", is_flag=True, help="compute again even if results exist")
+@click.option("--queue", default=None, help="broker queue (default gpu; e.g. a queue of big-GPU "
+              "workers)")
 @click.option("--watch", "watch_it", is_flag=True, help="then follow it with a progress bar")
 @url_option
 def submit(model: str, metrics: str | None, tokens: str | None, n_sequences: int | None,
            seq_len: int | None, device: str | None, dtype: str | None, force: bool,
-           watch_it: bool, url: str | None) -> None:
+           queue: str | None, watch_it: bool, url: str | None) -> None:
     """Queue a computation; prints the job as JSON."""
     body: dict[str, Any] = {"model": model, "force": force}
     if metrics is not None:
         body["metrics"] = [m.strip() for m in metrics.split(",") if m.strip()]
     for key, value in (("tokens", tokens), ("n_sequences", n_sequences), ("seq_len", seq_len),
-                       ("device", device), ("dtype", dtype)):
+                       ("device", device), ("dtype", dtype), ("queue", queue)):
         if value is not None:
             body[key] = value
     job = _call(url, "POST", "/api/v1/jobs", json=body)

@@ -33,6 +33,7 @@ def upgrade() -> None:
         sa.Column("dtype", sa.String, nullable=False),
         sa.Column("state", sa.String, nullable=False),
         sa.Column("reason", sa.String, nullable=False),
+        sa.Column("queue", sa.String, nullable=False),
         sa.Column("forced", sa.Boolean, nullable=False),
         sa.Column("dispatch", sa.Integer, nullable=False),
         sa.Column("attempts", sa.Integer, nullable=False),

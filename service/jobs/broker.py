@@ -18,7 +18,7 @@ OPS_QUEUE = "ops"
 
 
 class Broker(Protocol):
-    def send(self, job_id: int, dispatch: int) -> None: ...
+    def send(self, job_id: int, dispatch: int, queue: str = COMPUTE_QUEUE) -> None: ...
 
 
 class CeleryBroker:
@@ -28,11 +28,12 @@ class CeleryBroker:
         self.app = app
         self.timeout_s = timeout_s
 
-    def send(self, job_id: int, dispatch: int) -> None:
-        """Publish; raises `BrokerUnavailableError` if the broker does not take it in time."""
+    def send(self, job_id: int, dispatch: int, queue: str = COMPUTE_QUEUE) -> None:
+        """Publish to `queue`; raises `BrokerUnavailableError` if the broker does not take it in
+        time."""
         try:
             self.app.send_task(
-                COMPUTE_TASK, args=[job_id, dispatch], queue=COMPUTE_QUEUE,
+                COMPUTE_TASK, args=[job_id, dispatch], queue=queue,
                 retry=True, retry_policy={"max_retries": 2, "interval_start": 0.0,
                                           "interval_step": self.timeout_s / 4,
                                           "interval_max": self.timeout_s / 2})

@@ -34,6 +34,7 @@ class JobRequest:
     device: str | None = None
     dtype: str | None = None
     force: bool = False
+    queue: str = "gpu"
 
 
 @lru_cache(maxsize=64)

@@ -26,8 +26,8 @@ from sqlalchemy.orm import Session
 from compute.errors import SpecError
 from compute.run import METRIC_VERSION, RunConfig, RunResult
 from service.jobs import repository as repo
-from service.jobs.board import Board, Live
-from service.jobs.broker import Broker
+from service.jobs.board import Board, Live, WorkerSeen
+from service.jobs.broker import OPS_QUEUE, Broker
 from service.jobs.configs import JobRequest, run_config
 from service.jobs.errors import JobConflictError, JobNotFoundError
 from service.settings import Settings
@@ -136,10 +136,23 @@ class JobService:
         if device.split(":")[0] not in ("cpu", "cuda", "mps"):
             raise SpecError(f"device {device!r} is not cpu, cuda or cuda:<n>")
         known = set(self.settings.jobs.devices)
-        known |= {w.device for w in self.board.workers(within_s=self.worker_window())}
+        known |= {w.device for w in self.compute_workers()}
         if known and not any(device_matches(device, d) for d in known):
             raise SpecError(f"no worker has device {device!r}: the workers have "
                             f"{', '.join(sorted(known))}")
+
+    def _check_queue(self, queue: str) -> None:
+        """A queue that no live worker consumes is refused (while any worker is known)."""
+        consumed = {q for w in self.compute_workers() for q in w.queues} - {OPS_QUEUE}
+        if consumed and queue not in consumed:
+            raise SpecError(f"no worker consumes queue {queue!r}: the workers consume "
+                            f"{', '.join(sorted(consumed))}")
+
+    def compute_workers(self) -> list[WorkerSeen]:
+        """Workers heard from recently that consume a computing queue (not beat, whose `ops`
+        queue only does bookkeeping)."""
+        return [w for w in self.board.workers(within_s=self.worker_window())
+                if set(w.queues) - {OPS_QUEUE}]
 
     def worker_window(self) -> float:
         return max(6 * self.settings.worker.heartbeat_s, 60.0)
@@ -157,6 +170,7 @@ class JobService:
                 stored_tokens = source.spec if source is not None else None
             session.expunge(model)
         self._check_device(request.device)
+        self._check_queue(request.queue)
         config = run_config(request, model.spec, model.n_ctx, self.settings, stored_tokens)
         return model, config
 
@@ -188,6 +202,7 @@ class JobService:
                       config=json.loads(config.canonical_json()), families=sorted(
                           config.families), device=request.device, dtype=config.model.dtype,
                       state=state, reason=reason, forced=request.force, dispatch=0, attempts=0,
+                      queue=request.queue,
                       run_id=run_id, created_at=utcnow())
             if state == "succeeded":
                 job.finished_at = job.created_at
@@ -197,7 +212,7 @@ class JobService:
 
     def _dispatch_new(self, job: Job) -> None:
         try:
-            self.broker.send(job.id, job.dispatch)
+            self.broker.send(job.id, job.dispatch, job.queue)
         except Exception:
             with self.store.write() as conn, Session(bind=conn) as session:
                 stored = repo.get(session, job.id)
@@ -343,11 +358,11 @@ class JobService:
         """Send queued jobs that no message was sent for (a re-queue, or a crash between
         storing and sending). A broker that is down is tried again on the next round."""
         with self.store.read() as conn, Session(bind=conn) as session:
-            pending = [(j.id, j.dispatch) for j in repo.in_state(session, "queued")
+            pending = [(j.id, j.dispatch, j.queue) for j in repo.in_state(session, "queued")
                        if j.dispatched_at is None]
-        for job_id, dispatch in pending:
+        for job_id, dispatch, queue in pending:
             try:
-                self.broker.send(job_id, dispatch)
+                self.broker.send(job_id, dispatch, queue)
             except Exception as exc:
                 log.warning("job %s not re-sent: %s", job_id, exc)
                 return
@@ -397,7 +412,7 @@ class JobService:
                 job, new = self._create(model, config, JobRequest(model=str(model.id)), reason)
                 if new and job.state == "queued":
                     try:
-                        self.broker.send(job.id, job.dispatch)
+                        self.broker.send(job.id, job.dispatch, job.queue)
                         self._set(job.id, dispatched_at=utcnow())
                     except Exception as exc:  # left queued: dispatch_pending sends it later
                         log.warning("job %s not sent yet: %s", job.id, exc)

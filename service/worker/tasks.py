@@ -60,8 +60,8 @@ def _announce(sender: object = None, **_: object) -> None:
     on (the API refuses jobs for devices no worker has)."""
     settings = get_settings()
     me, api = identity(), client()
-    queues = [q.name for q in app.amqp.queues.consume_from.values()] if \
-        app.amqp.queues.consume_from else []
+    running = getattr(sender, "app", app)  # the app this worker process runs
+    queues = sorted(running.amqp.queues.consume_from or {})
 
     def loop() -> None:
         while True:

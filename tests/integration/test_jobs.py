@@ -479,3 +479,25 @@ def test_jobs_and_models_from_the_shell() -> None:
         assert "cannot be reached" in down.stderr
     finally:
         d.close()
+
+
+def test_jobs_are_routed_through_named_queues() -> None:
+    d = deploy("filesystem")
+    try:
+        d.start_api()
+        d.register(MODEL)
+        big = d._spawn("worker-big", ["worker", "--device", "cpu", "--queues", "big-gpu",
+                                      "--name", "big"])
+        d.workers.append(big)
+        wait_for("the big-gpu worker", lambda: [w for w in d.client.get(f"{V1}/workers").json()
+                                                if w["queues"] == ["big-gpu"]], timeout=90)
+        refused = d.submit("tiny-2l-s0", **SMALL, queue="tiny-gpu")
+        assert refused.status_code == 422
+        assert "no worker consumes queue 'tiny-gpu'" in refused.json()["detail"]
+        job = d.submit("tiny-2l-s0", **SMALL, queue="big-gpu").json()
+        assert job["queue"] == "big-gpu"
+        done = d.wait_state(job["id"], "succeeded", "failed")
+        assert done["state"] == "succeeded"
+        assert done["worker"].startswith("big")
+    finally:
+        d.close()

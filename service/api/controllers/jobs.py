@@ -54,7 +54,7 @@ class JobsController(Controller):
                              metrics=tuple(data.metrics) if data.metrics is not None else None,
                              tokens=data.tokens, n_sequences=data.n_sequences,
                              seq_len=data.seq_len, device=data.device, dtype=data.dtype,
-                             force=data.force)
+                             force=data.force, queue=data.queue)
         view, new = await anyio.to_thread.run_sync(jobs_of(ctx).submit, request)
         return Response(job_out(view), status_code=202 if new else 200)
 

@@ -23,7 +23,8 @@ def job_out(view: JobView) -> Job:
     return Job(id=job.id, state=job.state, model=view.model, model_id=job.model_id,
                run_id=job.run_id, config_hash=job.config_hash,
                metric_version=job.metric_version, families=list(job.families),
-               device=job.device, dtype=job.dtype, reason=job.reason, forced=job.forced,
+               device=job.device, dtype=job.dtype, reason=job.reason,
+               queue=job.queue, forced=job.forced,
                created_at=utc(job.created_at), started_at=utc(job.started_at),  # type: ignore[arg-type]
                finished_at=utc(job.finished_at), wall_s=wall, progress=progress, worker=job.worker,
                attempts=job.attempts, error=job.error, config=dict(job.config))

@@ -29,6 +29,10 @@ class SubmitJob(msgspec.Struct, forbid_unknown_fields=True):
     dtype: Annotated[str, msgspec.Meta(max_length=16, description=(
         "float32, bfloat16 or float16"))] | None = None
     force: bool = False
+    queue: Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$",
+                                       description=(
+        "the broker queue (default gpu): route big models to the workers started with "
+        "`strata worker --queues <name>` on big GPUs"))] = "gpu"
 
 
 class JobProgress(msgspec.Struct):
@@ -53,6 +57,7 @@ class Job(msgspec.Struct):
     device: str | None
     dtype: str
     reason: str
+    queue: str
     forced: bool
     created_at: datetime
     started_at: datetime | None

@@ -45,6 +45,7 @@ class Job(Base):
     dtype: Mapped[str]
     state: Mapped[str]
     reason: Mapped[str]
+    queue: Mapped[str]
     forced: Mapped[bool]
     dispatch: Mapped[int]
     attempts: Mapped[int]
