@@ -283,24 +283,34 @@ def test_exports_and_downloads_are_the_api_data(page: Any, service: Service) -> 
 def test_neuron_table_shows_tokens(page: Any, service: Service) -> None:
     from selenium.webdriver.support.select import Select
 
+    def table() -> list[list[str]]:
+        return list(page.execute_script(
+            "return [...document.querySelectorAll(\"section[data-panel='neurons'] tbody tr\")]"
+            ".map(r => [...r.children].map(c => c.textContent))"))
+
+    def api(neuron_class: str) -> list[dict[str, Any]]:
+        return list(service.client.get(
+            "/api/v1/models/tiny-4l-s0/neurons",
+            params={"class": neuron_class, "layer": 3, "top": 10}).json()["rows"])
+
     select_models(page, ["tiny-4l-s0"])
-    first = drawn(page, "neurons")
+    first = drawn(page, "neurons")  # by default: prediction and suppression, the last layer
+    both = api("prediction") + api("suppression")
+    assert [(r[0], int(r[2])) for r in table()] == \
+        [("prediction", r["neuron"]) for r in api("prediction")] + \
+        [("suppression", r["neuron"]) for r in api("suppression")]
     Select(page.find_element(By_css(), "section[data-panel='neurons'] select.neuron-class")
            ).select_by_value("partition")
     drawn(page, "neurons", after=first["seq"])
-    rows = page.execute_script(
-        "return [...document.querySelectorAll(\"section[data-panel='neurons'] tbody tr\")]"
-        ".map(r => [...r.children].map(c => c.textContent))")
-    api = service.client.get("/api/v1/models/tiny-4l-s0/neurons",
-                             params={"class": "partition", "layer": 3, "top": 10}).json()
-    assert len(rows) == len(api["rows"]) > 0
-    assert [int(r[1]) for r in rows] == [r["neuron"] for r in api["rows"]]
-    assert rows[0][5], "promoted tokens"
-    assert rows[0][6], "suppressed tokens"
+    rows, partition = table(), api("partition")
+    assert len(rows) == len(partition) > len(both)  # tiny models: every neuron is "partition"
+    assert [int(r[2]) for r in rows] == [r["neuron"] for r in partition]
+    assert rows[0][6], "promoted tokens"
+    assert rows[0][7], "suppressed tokens"
     promoted = page.execute_script(
         "return [...document.querySelectorAll(\"section[data-panel='neurons'] tbody tr\")][0]"
-        ".children[5].querySelectorAll('.tok').length")
-    assert promoted == len(api["rows"][0]["promoted"])
+        ".children[6].querySelectorAll('.tok').length")
+    assert promoted == len(partition[0]["promoted"])
     page.execute_script("document.querySelector(\"section[data-panel='neurons']\")"
                         ".scrollIntoView()")
     screenshot(page, "neuron-table")
@@ -430,3 +440,28 @@ def test_register_and_compute_from_the_page(page: Any, service: Service) -> None
     assert [t["name"] for t in traces] == ["tiny-2l-s0", "fresh-4l"]
     assert len(traces[1]["x"]) == 4
     screenshot(page, "job-results")
+
+
+def test_cancel_a_job_from_the_page(page: Any, service: Service) -> None:
+    from selenium.webdriver.common.by import By
+
+    if not jobs_available(service):
+        pytest.skip("this service has no jobs endpoint yet")
+    page.execute_script("localStorage.setItem('strata.key', arguments[0])", KEY)
+    page.refresh()
+    wait_for(page, lambda: page.execute_script("return document.body.dataset.ready"))
+    page.find_element(By.ID, "job-model").send_keys("tiny-2l-s0")
+    nseq = page.find_element(By.ID, "job-nseq")
+    nseq.clear()
+    nseq.send_keys("256")
+    page.find_element(By.ID, "job-force").click()
+    page.find_element(By.ID, "job-submit").click()
+    job = wait_for(page, lambda: page.execute_script(
+        "const j = document.querySelector('#jobs li.job[data-own]');"
+        "return j && j.querySelector('button.cancel') && j.dataset.jobId"), what="the job")
+    page.find_element(By.CSS_SELECTOR, f"#job-{job} button.cancel").click()
+    wait_for(page, lambda: page.execute_script(
+        f"return document.getElementById('job-{job}').dataset.state === 'cancelled'"),
+        what="the job cancelled")
+    assert service.client.get(f"/api/v1/jobs/{job}").json()["state"] == "cancelled"
+    assert not page.find_elements(By.CSS_SELECTOR, f"#job-{job} button.cancel")

@@ -710,7 +710,9 @@ async function drawStagesTable(panel) {
 function buildNeuronControls(panel, controls) {
   const model = el("select", { class: "neuron-model", "aria-label": "model" });
   const cls = el("select", { class: "neuron-class", "aria-label": "class" },
-    ...optionList(["prediction", "suppression", "partition"], "prediction"));
+    el("option", { value: "prediction,suppression", text: "prediction + suppression",
+      selected: true }),
+    ...optionList(["prediction", "suppression", "partition"], null));
   const layer = el("select", { class: "neuron-layer", "aria-label": "layer" });
   const top = el("select", { class: "neuron-top", "aria-label": "top" }, ...optionList(["5", "10", "20"], "10"));
   for (const s of [model, cls, layer, top]) {
@@ -742,23 +744,27 @@ async function drawNeurons(panel) {
   const currentLayer = layer.value === "" ? Math.max(L - 1, 0) : Math.min(Number(layer.value), L - 1);
   layer.replaceChildren(...Array.from({ length: L }, (_, i) => el("option", { value: i, text: `layer ${i}` })));
   layer.value = String(currentLayer);
-  const target = url(`/models/${m.id}/neurons`, { class: cls.value, layer: currentLayer,
-    top: top.value, run_id: runFor(m, "neurons") });
-  const answer = await get(target, true);
+  const classes = cls.value.split(",");
+  const targets = classes.map((c) => url(`/models/${m.id}/neurons`, { class: c,
+    layer: currentLayer, top: top.value, run_id: runFor(m, "neurons") }));
+  const answers = await Promise.all(targets.map((t) => get(t, true)));
   if (ticket !== panel.ticket) return;
-  const head = el("tr", {}, ...["layer", "neuron", "kurtosis", "skew", "variance",
+  const head = el("tr", {}, ...["class", "layer", "neuron", "kurtosis", "skew", "variance",
     "promoted tokens", "suppressed tokens"].map((h) => el("th", { text: h })));
   // each token boxed, spaces shown as ␣ and control characters escaped, so " The" ≠ "The"
   const tokens = (list) => el("span", {}, ...(list || []).map((t) => el("span",
     { class: "tok", text: JSON.stringify(t).slice(1, -1).replace(/ /g, "␣") })));
-  const rows = answer.rows.map((r) => el("tr", {}, el("td", { text: r.layer }),
+  const rows = answers.flatMap((answer, i) => answer.rows.map((r) => el("tr",
+    { "data-class": classes[i] }, el("td", { text: classes[i] }), el("td", { text: r.layer }),
     el("td", { text: r.neuron }), el("td", { text: fmt(r.vocab_kurt) }),
     el("td", { text: fmt(r.vocab_skew) }), el("td", { text: fmt(r.vocab_var) }),
     el("td", { class: "tokens" }, tokens(r.promoted)),
-    el("td", { class: "tokens" }, tokens(r.suppressed))));
+    el("td", { class: "tokens" }, tokens(r.suppressed)))));
   panel.body.replaceChildren(el("table", {}, el("thead", {}, head), el("tbody", {}, ...rows)));
-  setLinks(panel, [[`${m.name} layer ${currentLayer}`, target]]);
-  finish(panel, "drawn", rows.length ? "" : `no ${cls.value} neurons in layer ${currentLayer} of ${m.name}`);
+  setLinks(panel, classes.map((c, i) => [`${m.name} layer ${currentLayer} ${c}`, targets[i]]));
+  const empty = classes.filter((c, i) => answers[i].rows.length === 0);
+  finish(panel, "drawn", empty.length
+    ? `no ${empty.join(" or ")} neurons in layer ${currentLayer} of ${m.name}` : "");
 }
 
 /* ------------------------------------------------------------- scheduling */
@@ -899,10 +905,26 @@ function renderJob(job) {
   if (state.ownJobs.has(job.id)) item.dataset.own = "true";
   item.dataset.state = job.state;
   item.dataset.runId = job.run_id ?? "";
+  const cancel = ACTIVE.has(job.state) ? el("button", { type: "button", class: "cancel",
+    text: "cancel", title: "cancel this job (API key)", onclick: () => cancelJob(job.id) }) : null;
   item.replaceChildren(el("div", {}, el("b", { text: `#${job.id} ${job.model}` }), " ",
-    el("span", { class: `job-state ${job.state}`, text: job.state })), bar,
+    el("span", { class: `job-state ${job.state}`, text: job.state }), " ", cancel), bar,
   el("div", { class: "muted", text: job.error ? job.error : (job.state === "succeeded"
     ? `run ${job.run_id}${job.wall_s ? ` · ${fmt(job.wall_s, 3)} s` : ""}` : detail) }));
+}
+
+async function cancelJob(id) {
+  const out = document.getElementById("job-result");
+  try {
+    const job = await request("DELETE", url(`/jobs/${id}`));
+    state.jobs.set(id, job);
+    renderJob(job);
+    out.textContent = `job ${id} ${job.state}`;
+    out.dataset.state = "ok";
+  } catch (error) {
+    out.textContent = error.message;
+    out.dataset.state = "error";
+  }
 }
 
 function trackJob(job) {
