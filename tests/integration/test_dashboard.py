@@ -280,6 +280,31 @@ def test_exports_and_downloads_are_the_api_data(page: Any, service: Service) -> 
     assert len(csv) == 1 + MODELS["tiny-2l-s0"]
 
 
+def test_downloads_carry_the_saved_key(page: Any, service: Service) -> None:
+    """With a key saved, a download is fetched with it (reads may be private)."""
+    page.execute_script("localStorage.setItem('strata.key', arguments[0])", KEY)
+    page.refresh()
+    wait_for(page, lambda: page.execute_script("return document.body.dataset.ready"))
+    select_models(page, ["tiny-2l-s0"])
+    drawn(page, "drop")
+    page.execute_script("""
+        window.seen = [];
+        const original = window.fetch;
+        window.fetch = (url, options) => {
+          window.seen.push([String(url), (options && options.headers || {})['X-API-Key']]);
+          return original(url, options);
+        };
+        HTMLAnchorElement.prototype.click = () => {};  // no file lands on disk
+        document.querySelector("section[data-panel='drop'] .links a[data-format=csv]")
+          .dispatchEvent(new MouseEvent('click', {cancelable: true}));
+    """)
+    seen = wait_for(page, lambda: page.execute_script(
+        "return window.seen.filter(s => s[0].includes('format=csv'))"), what="the download")
+    assert seen[0][1] == KEY
+    assert seen[0][0].startswith(service.base + "/api/v1/models/")
+    page.execute_script("localStorage.removeItem('strata.key')")
+
+
 def test_neuron_table_shows_tokens(page: Any, service: Service) -> None:
     from selenium.webdriver.support.select import Select
 

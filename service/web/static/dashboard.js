@@ -452,8 +452,28 @@ function setLinks(panel, entries) {
     ...["csv", "parquet", "json"].map((f) => {
       const sep = target.includes("?") ? "&" : "?";
       return el("a", { href: `${target}${sep}format=${f}`, download: "", "data-format": f,
-        text: f.toUpperCase() });
+        text: f.toUpperCase(), onclick: keyedDownload });
     }))));
+}
+
+/* With a key saved, downloads go through fetch so they carry it (reads may be private); without
+ * one the link is followed as it is. */
+async function keyedDownload(event) {
+  if (!state.key) return;
+  event.preventDefault();
+  const link = event.currentTarget;
+  const response = await fetch(link.href, { headers: { "X-API-Key": state.key } });
+  if (!response.ok) {
+    showStatus(`download failed: HTTP ${response.status}`);
+    return;
+  }
+  const blob = URL.createObjectURL(await response.blob());
+  const format = link.dataset.format;
+  const a = el("a", { href: blob, download: `strata.${format === "json" ? "json" : format}` });
+  document.body.append(a);
+  a.click();
+  a.remove();
+  setTimeout(() => URL.revokeObjectURL(blob), 1000);
 }
 
 function exportPlot(panel, format) {
