@@ -391,7 +391,9 @@ class JobService:
         metric version, once: a model whose default run was ever queued (even if it failed or
         was cancelled) is not queued again. Returns the new job ids. Serialised: two
         reconciliations never queue one configuration twice."""
-        queued = []
+        queued: list[int] = []
+        if not self.settings.jobs.reconcile:  # off: only what is submitted is computed
+            return queued
         with self._reconcile_lock:
             with self.store.read() as conn, Session(bind=conn, expire_on_commit=False) as session:
                 models = repo.all_models(session)

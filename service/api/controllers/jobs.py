@@ -92,7 +92,8 @@ class JobsController(Controller):
           guards=[require_write_key], security=SECURITY)
     def reconcile(self, ctx: ApiContext) -> Reconciled:
         """Queue the default run of every registered model that lacks current results (what
-        beat asks for on its schedule)."""
+        beat asks for on its schedule); nothing when reconciliation is off
+        (`STRATA_JOBS__RECONCILE=false`)."""
         return Reconciled(jobs_of(ctx).reconcile())
 
     # -------------------------------------------------- what workers call
