@@ -83,25 +83,30 @@ def auto_batch_size(lm: LoadedModel, seq_len: int, opts: EngineOptions,
     return max(1, budget // per_sequence)
 
 
-# Rows of logits reduced at once on a CPU: at least this many, so that the unembedding is a
-# fat matmul. With GPT-2's vocabulary a 4 MB chunk is 20 rows, and the [20, 768] x [768, 50257]
-# product runs at a third of the matmul rate; 256 rows run at 3/4 of it (docs/performance.md).
-CPU_MIN_LOGIT_ROWS = 256
+def cpu_min_logit_rows(d_model: int) -> int:
+    """Fewest rows of logits reduced at once on a CPU: d_model / 3, at most 512.
+
+    The unembedding matmul must be fat enough where it dominates the comparison. With GPT-2's
+    vocabulary a 4 MB chunk is 20 rows, and one whole comparison ([rows, 768] x [768, 50257]
+    plus softmax and KL) ran at 16 GFLOP per CPU-second against 45 at 256 rows and 51 at 512
+    (matmul: 98). Where d_model is small the reductions dominate and cache-sized chunks win
+    (d_model 256, vocabulary 16,384: 182 ms at 64 rows, 224 ms at 256). Measured in
+    docs/performance.md.
+    """
+    return min(512, d_model // 3)
 
 
 def logit_chunk_rows(lm: LoadedModel, opts: EngineOptions) -> int:
     """Rows of [rows, vocab] logits reduced at once.
 
-    On a CPU: 4 MB of logits, but never fewer than `CPU_MIN_LOGIT_ROWS` rows. Small vocabularies
-    get cache-sized temporaries, which the allocator reuses instead of page-faulting fresh ones
-    (~3x faster reductions at 4 MB than at 64 MB for a 16k vocabulary); large ones get enough
-    rows for the unembedding matmul to run at full rate. On an accelerator, a quarter of the
-    logits budget keeps the device busy. An explicit `chunk_mb` is taken as given.
+    On a CPU: 4 MB of logits (cache-sized temporaries, which the allocator reuses instead of
+    page-faulting fresh ones), but never fewer than `cpu_min_logit_rows`. On an accelerator, a
+    quarter of the logits budget keeps the device busy. An explicit `chunk_mb` is taken as given.
     """
     if opts.chunk_mb is not None:
         return max(1, opts.chunk_mb * 2**20 // (lm.d_vocab * 4))
     if lm.device == "cpu":
-        return max(CPU_MIN_LOGIT_ROWS, 4 * 2**20 // (lm.d_vocab * 4))
+        return max(1, cpu_min_logit_rows(lm.d_model), 4 * 2**20 // (lm.d_vocab * 4))
     return max(1, (opts.logits_budget_mb // 4) * 2**20 // (lm.d_vocab * 4))
 
 
