@@ -52,6 +52,25 @@ def _preload(sender: object = None, **_: object) -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     import compute.run  # noqa: F401
     import service.exports  # noqa: F401
+    from compute.corpus import builtin_corpus_documents
+
+    # Pure Python, cached, inherited by every child. No torch work happens here: a parent
+    # that has run torch's thread pools before forking leaves its children deadlocked.
+    builtin_corpus_documents()
+
+
+@signals.worker_process_init.connect
+def _warm_child(**_: object) -> None:
+    """In each pool process, before it takes a job: the first model load of a process
+    initialises much of transformers and TransformerLens (~3 s); a tiny zoo model pays for it
+    here instead of the first job."""
+    from compute.models import load_model, resolve_model_spec, zoo_names
+
+    if "tiny-2l-s0" in zoo_names():
+        try:
+            load_model(resolve_model_spec("zoo:tiny-2l-s0"), "cpu")
+        except Exception as exc:  # a warm-up only: the worker works without it
+            log.warning("warm-up load failed: %s", exc)
 
 
 @signals.worker_ready.connect
