@@ -79,9 +79,10 @@ class JobService:
     # ------------------------------------------------------------------ reads
     def view(self, job: Job, names: dict[int, str] | None = None) -> JobView:
         live = self.board.live(job.id) if job.state == "running" else None
-        if names is None:
+        if names is None:  # one job: its model's name only
             with self.store.read() as conn, Session(bind=conn) as session:
-                names = repo.model_names(session)
+                model = session.get(RegisteredModel, job.model_id)
+                names = {job.model_id: model.name} if model is not None else {}
         return JobView(job, live, names.get(job.model_id, str(job.model_id)))
 
     def get(self, job_id: int) -> JobView:
