@@ -23,6 +23,7 @@ from service.cli_errors import (
     fail,
 )
 from service.settings import get_settings
+from service.worker.client import error_detail
 
 FINAL = ("succeeded", "failed", "cancelled")
 url_option = click.option("--url", default=None,
@@ -42,11 +43,7 @@ def _call(url: str | None, method: str, path: str, **kwargs: Any) -> Any:
         fail(f"the service at {url or settings.api_url} cannot be reached ({exc}); start it "
              "with `strata serve` or give --url", EXIT_UNREACHABLE)
     if answer.status_code >= 400:
-        try:
-            detail = answer.json().get("detail", answer.text)
-        except ValueError:
-            detail = answer.text
-        fail(f"{detail} (HTTP {answer.status_code})",
+        fail(f"{error_detail(answer)} (HTTP {answer.status_code})",
              EXIT_UNREACHABLE if answer.status_code >= 500 else EXIT_BAD_INPUT)
     return answer.json() if answer.content else None
 

@@ -19,6 +19,14 @@ log = logging.getLogger("strata.worker")
 ARROW = "application/vnd.apache.arrow.stream"
 
 
+def error_detail(answer: httpx.Response) -> str:
+    """What an error answer says to fix: the `detail` of the API's error body, else its text."""
+    try:
+        return str(answer.json().get("detail", answer.text))
+    except ValueError:
+        return answer.text
+
+
 class RefusedError(Exception):
     """The API answered 4xx: the request will not succeed by repeating it."""
 
@@ -65,11 +73,7 @@ class ApiClient:
             time.sleep(delay)
             delay = min(delay * 2, 10.0)
         if answer.status_code >= 400:
-            try:
-                detail = answer.json().get("detail", answer.text)
-            except ValueError:
-                detail = answer.text
-            raise RefusedError(answer.status_code, str(detail))
+            raise RefusedError(answer.status_code, error_detail(answer))
         return answer.json() if answer.content else None
 
     def claim(self, job_id: int, dispatch: int, worker: str, device: str) -> dict[str, Any]:
