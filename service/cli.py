@@ -55,6 +55,12 @@ def main() -> None:
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]),
               default="float32", show_default=True)
 @click.option("--batch-size", type=int, default=None, help="sequences per batch (default: auto)")
+@click.option("--tokens-per-batch", type=int, default=None,
+              help="automatic batch on a CPU: about this many tokens per batch (default: the "
+              "measured best, 1024)")
+@click.option("--memory-budget-mb", type=int, default=None,
+              help="automatic batch on a GPU: device memory the sweep may use beyond the "
+              "weights, MiB (default: 85%% of what is free after loading)")
 @click.option("--no-processing", is_flag=True,
               help="skip LayerNorm folding and weight centering (results of drop/swap/lens agree)")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False),
@@ -64,8 +70,8 @@ def main() -> None:
 @click.option("--quiet", is_flag=True, help="no progress bar")
 def compute(model_ref: str, tokens_path: str | None, corpus_path: str | None, pile: bool,
             n_sequences: int, seq_len: int, seed: int, metrics: str, device: str, dtype: str,
-            batch_size: int | None, no_processing: bool, out_path: str | None, store: bool,
-            quiet: bool) -> None:
+            batch_size: int | None, tokens_per_batch: int | None, memory_budget_mb: int | None,
+            no_processing: bool, out_path: str | None, store: bool, quiet: bool) -> None:
     """Compute per-layer metrics of a model and write them in the record format of
     docs/metrics.md."""
     if out_path is None and not store:
@@ -77,7 +83,9 @@ def compute(model_ref: str, tokens_path: str | None, corpus_path: str | None, pi
         fail("give at most one of --tokens, --corpus, --pile", EXIT_BAD_INPUT)
     try:
         config = _run_config(model_ref, tokens_path, corpus_path, pile, n_sequences, seq_len,
-                             seed, metrics, dtype, batch_size, no_processing)
+                             seed, metrics, dtype, no_processing,
+                             {"batch_size": batch_size, "tokens_per_batch": tokens_per_batch,
+                              "memory_budget_mb": memory_budget_mb})
         if store:  # fail before hours of compute if the results could not be stored
             check_store_writable(get_settings())
         result = _compute_with_progress(config, device, quiet)
@@ -96,7 +104,7 @@ def compute(model_ref: str, tokens_path: str | None, corpus_path: str | None, pi
 
 def _run_config(model_ref: str, tokens_path: str | None, corpus_path: str | None, pile: bool,
                 n_sequences: int, seq_len: int, seed: int, metrics: str, dtype: str,
-                batch_size: int | None, no_processing: bool) -> Any:
+                no_processing: bool, performance: dict[str, int | None]) -> Any:
     from compute.metrics import families_named
     from compute.metrics.base import EngineOptions
     from compute.models import Processing, resolve_model_spec
@@ -120,9 +128,11 @@ def _run_config(model_ref: str, tokens_path: str | None, corpus_path: str | None
     from pydantic import ValidationError
 
     try:
-        options = EngineOptions(batch_size=batch_size)
+        options = EngineOptions(**performance)
     except ValidationError as exc:
-        raise SpecError(f"bad engine option: {exc.errors()[0]['msg']}") from exc
+        error = exc.errors()[0]
+        flag = "--" + str(error["loc"][0]).replace("_", "-")
+        raise SpecError(f"bad {flag}: {error['msg']}") from exc
     return RunConfig(model=resolve_model_spec(model_ref, dtype=dtype, processing=processing),  # type: ignore[arg-type]
                      tokens=token_spec, families=tuple(families), options=options)
 

@@ -98,7 +98,8 @@ def run_job(job_id: int, dispatch: int, *, settings: Settings, client: ApiClient
     deadline = settings.worker.delivery_timeout_s
     with Reporter(client, job_id, dispatch, me.name, settings.worker.heartbeat_s) as reporter:
         try:
-            config = RunConfig.model_validate(claimed["config"])
+            config = with_worker_budgets(RunConfig.model_validate(claimed["config"]),
+                                         settings)
             lm = cache.get(config.model, me.device)
             result = compute_run(config, device=me.device, progress=reporter.progress, lm=lm)
             if reporter.stop_requested.is_set():
@@ -129,6 +130,17 @@ def run_job(job_id: int, dispatch: int, *, settings: Settings, client: ApiClient
                 message = f"{type(exc).__name__}: {exc}"
                 log.error("job %s crashed:\n%s", job_id, traceback.format_exc())
             return _fail(client, job_id, dispatch, me, message, deadline)
+
+
+def with_worker_budgets(config: Any, settings: Settings) -> Any:
+    """The run configuration with this worker's memory and batch budgets where the job set
+    none. They change speed and memory, not results, and are not part of the run's identity."""
+    fill = {name: getattr(settings.worker, name) for name in ("memory_budget_mb",
+                                                                "tokens_per_batch")
+            if getattr(config.options, name) is None and getattr(settings.worker, name)}
+    if not fill:
+        return config
+    return config.model_copy(update={"options": config.options.model_copy(update=fill)})
 
 
 def _fail(client: ApiClient, job_id: int, dispatch: int, me: Identity, message: str,

@@ -79,6 +79,8 @@ def _npy(tmp_path: Path, array: np.ndarray) -> str:
     ("seq_len_too_long", "n_ctx"),
     ("unknown_metric", "unknown metric famil"),
     ("bad_out_suffix", "unknown format"),
+    ("zero_tokens_per_batch", "--tokens-per-batch"),
+    ("tiny_memory_budget", "--memory-budget-mb"),
 ])
 def test_bad_input_exits_nonzero_with_a_message_and_no_output(
         tmp_path: Path, case: str, expected: str) -> None:
@@ -100,6 +102,10 @@ def test_bad_input_exits_nonzero_with_a_message_and_no_output(
         args += ["--metrics", "intervention,telepathy"]
     elif case == "bad_out_suffix":
         out = tmp_path / "out.xlsx"
+    elif case == "zero_tokens_per_batch":
+        args += ["--tokens-per-batch", "0"]
+    elif case == "tiny_memory_budget":
+        args += ["--memory-budget-mb", "1"]
     result = CliRunner().invoke(main, [*args, "--out", str(out)])
     assert result.exit_code == 2, result.output
     assert expected in result.output.lower() or expected in str(result.stderr_bytes or b"")
@@ -119,3 +125,23 @@ def test_npy_tokens_are_used_exactly_as_given(tmp_path: Path) -> None:
     assert body["run"]["tokens_evaluated"] == 2 * 10
     assert body["run"]["config"]["tokens"]["n_sequences"] == 2
     assert body["run"]["config"]["tokens"]["seq_len"] == 12
+
+
+def test_performance_flags_change_batches_not_numbers_nor_the_run_identity(tmp_path: Path) -> None:
+    """--tokens-per-batch 24 makes one sequence per batch (seq_len 24) instead of all three in
+    one; the records and the run's configuration stay the same."""
+    frames, configs = [], []
+    for extra in ([], ["--tokens-per-batch", "24", "--memory-budget-mb", "256"]):
+        out = tmp_path / f"r{len(extra)}.json"
+        result = CliRunner().invoke(main, ["compute", "--model", MODEL, "--n-sequences", "3",
+                                           "--seq-len", "24", "--metrics", "intervention,heads",
+                                           "--quiet", "--out", str(out), *extra])
+        assert result.exit_code == 0, result.output
+        body = json.loads(out.read_text())
+        frames.append(pl.DataFrame(body["records"]).sort(["metric", "layer", "component",
+                                                          "head"], nulls_last=True))
+        configs.append(body["run"]["config"])
+    assert configs[0] == configs[1]
+    assert frames[0].height == frames[1].height > 0
+    assert frames[0].drop("value", "stderr").equals(frames[1].drop("value", "stderr"))
+    assert (frames[0]["value"] - frames[1]["value"]).abs().max() < 1e-5

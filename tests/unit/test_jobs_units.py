@@ -17,6 +17,7 @@ from service.jobs.watch import WatchFolder
 from service.settings import Settings
 from service.store.registry import model_identity
 from service.worker.cache import ModelCache
+from service.worker.execute import with_worker_budgets
 
 
 def test_a_lease_expires_without_heartbeats_and_a_heartbeat_renews_it() -> None:
@@ -65,6 +66,18 @@ def test_run_config_takes_defaults_caps_seq_len_at_the_context_and_is_determinis
                                               settings).config_hash()
     other = run_config(JobRequest(model="x", dtype="bfloat16"), SPEC, 128, settings)
     assert other.config_hash() != config.config_hash()
+
+
+def test_a_workers_budgets_fill_only_what_the_job_left_unset_and_keep_the_identity() -> None:
+    settings = Settings(worker={"memory_budget_mb": 2048, "tokens_per_batch": 512})  # type: ignore[arg-type]
+    config = run_config(JobRequest(model="x"), SPEC, 128, Settings())
+    filled = with_worker_budgets(config, settings)
+    assert (filled.options.memory_budget_mb, filled.options.tokens_per_batch) == (2048, 512)
+    assert filled.config_hash() == config.config_hash()
+    assert with_worker_budgets(config, Settings()) is config
+    own = config.model_copy(update={"options": config.options.model_copy(
+        update={"tokens_per_batch": 64})})
+    assert with_worker_budgets(own, settings).options.tokens_per_batch == 64
 
 
 @pytest.mark.parametrize(("request_fields", "words"), [
