@@ -131,7 +131,7 @@ def _hooked_transformer() -> Any:
 
 def _load_state_dict_into(model: Any, state_dict: dict[str, Tensor],
                           applied: AppliedProcessing) -> None:
-    with _processing_block_by_block():
+    with _processing_block_by_block(model):
         model.load_and_process_state_dict(
             state_dict,
             fold_ln=applied.fold_ln,
@@ -142,8 +142,23 @@ def _load_state_dict_into(model: Any, state_dict: dict[str, Tensor],
         )
 
 
+def _place(model: Any, key: str, value: Tensor) -> Tensor:
+    """Copy a processed tensor into the model's own parameter (cast to its dtype and device) and
+    return that parameter, so that the processed float32 copy is freed at once; `value` itself
+    where the model has no such tensor or its shape differs (`load_state_dict` then decides)."""
+    try:
+        target = model.get_parameter(key)
+    except AttributeError:
+        return value
+    if target.shape != value.shape:
+        return value
+    with torch.no_grad():
+        target.copy_(value)
+    return target
+
+
 @contextlib.contextmanager
-def _processing_block_by_block() -> Iterator[None]:
+def _processing_block_by_block(model: Any) -> Iterator[None]:
     """TransformerLens's weight processing applied one block at a time.
 
     `ProcessWeights.process_weights` works on the whole state dict at once and keeps the
@@ -152,9 +167,10 @@ def _processing_block_by_block() -> Iterator[None]:
     step of it is local to a block (folding a block's norms into its own weights, centering its
     writes, folding its value biases) or to the embeddings and unembedding, so it is applied to
     one block's keys at a time (renamed to block 0 of a one-layer config) and then to the rest,
-    each source tensor released as soon as its block is done. The processed tensors are
-    identical; if a step needs keys outside a block (KeyError) the whole dict is processed as
-    before.
+    each source tensor released as soon as its block is done and each processed tensor copied
+    into the model's own parameter at once (`_place`): the float32 processed state dict never
+    exists whole next to the model. The processed tensors are identical; if a step needs keys
+    outside a block (KeyError) the whole dict is processed as before.
     """
     from transformer_lens.weight_processing import ProcessWeights
 
@@ -180,27 +196,39 @@ def _processing_block_by_block() -> Iterator[None]:
             return {**{new: take(old) for new, old in names.items()},
                     **{k: v.clone() for k, v in stand_ins.items()}}
 
-        try:  # a trial on block 0 and on the rest, without consuming anything
-            whole(block_dict(blocks_[0] if blocks_ else {}, state_dict.__getitem__), one,
-                  **kwargs)
-            whole({k: state_dict[k] for k in others}, rest, **kwargs)
+        out: dict[str, Tensor] = {}
+
+        def place(done: dict[str, Tensor], keys: dict[str, str]) -> None:
+            for k, v in done.items():
+                if k in keys:
+                    out[keys[k]] = _place(model, keys[k], v)
+
+        # The embeddings, then the unembedding and final norm (each with stand-ins of the other),
+        # then block 0: first and without consuming anything, so that a step needing keys
+        # outside its part (KeyError) can still fall back to processing the whole dict. They go
+        # first because the model's pages are then still untouched: their transients (several
+        # vocabulary-sized copies) do not add to a nearly full model.
+        embeds = [k for k in others if k.startswith(("embed.", "pos_embed."))]
+        firsts: list[str] = []
+        try:
+            for group in (embeds, [k for k in others if k not in embeds]):
+                part = {k: v.clone() for k, v in stand_ins.items() if k not in group}
+                part.update({k: state_dict[k] for k in group})
+                place(whole(part, rest, **kwargs), {k: k for k in group})
+                firsts += group
+                del part
+            if blocks_:
+                place(whole(block_dict(blocks_[0], state_dict.__getitem__), one, **kwargs),
+                      {new: "blocks.0." + new.split(".", 2)[2] for new in blocks_[0]})
+                firsts += blocks_[0].values()
         except KeyError:
             return whole(state_dict, cfg, **kwargs)
-        out: dict[str, Tensor] = {}
-        for layer, names in enumerate(blocks_):
+        for key in firsts:
+            del state_dict[key]
+        for layer, names in enumerate(blocks_[1:], start=1):
             prefix = f"blocks.{layer}."
-            done = whole(block_dict(names, state_dict.pop), one, **kwargs)
-            out.update({prefix + k.split(".", 2)[2]: v for k, v in done.items()
-                        if k.startswith("blocks.0.")})
-            del done
-        # The embeddings, then the unembedding and final norm, each with stand-ins of the other.
-        embeds = [k for k in others if k.startswith(("embed.", "pos_embed."))]
-        for group in (embeds, [k for k in others if k not in embeds]):
-            part: dict[str, Tensor] = {k: v.clone() for k, v in stand_ins.items()
-                                       if k not in group}
-            part.update({k: state_dict.pop(k) for k in group})
-            out.update({k: v for k, v in whole(part, rest, **kwargs).items() if k in group})
-            del part
+            place(whole(block_dict(names, state_dict.pop), one, **kwargs),
+                  {new: prefix + new.split(".", 2)[2] for new in names})
         return out
 
     ProcessWeights.process_weights = staticmethod(by_block)  # type: ignore[method-assign,assignment]

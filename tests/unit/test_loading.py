@@ -1,0 +1,45 @@
+"""Loading: the block-by-block weight processing (which copies each processed tensor straight
+into the model) gives exactly the weights of TransformerLens's own whole-dict processing."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+import compute.models as models
+from compute.models import Processing, load_model, resolve_model_spec
+
+
+@contextlib.contextmanager
+def _whole_dict_processing(_model: object) -> Iterator[None]:
+    """The reference: TransformerLens's `process_weights` on the whole state dict, unpatched."""
+    yield
+
+
+def _weights(ref: str, processing: Processing) -> dict[str, torch.Tensor]:
+    lm = load_model(resolve_model_spec(ref, processing=processing))
+    return {k: v.detach().clone() for k, v in lm.model.state_dict().items()}
+
+
+@pytest.mark.parametrize("which", ["gpt2", "neox", "zoo"])
+@pytest.mark.parametrize("processing", [Processing(), Processing(fold_value_biases=False,
+                                                                 center_unembed=False)],
+                         ids=["all", "partial"])
+def test_block_by_block_processing_equals_the_whole_dict_processing(
+        which: str, processing: Processing, hf_gpt2_dir: Path, hf_neox_dir: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    ref = {"gpt2": str(hf_gpt2_dir), "neox": str(hf_neox_dir), "zoo": "zoo:tiny-2l-s0"}[which]
+    ours = _weights(ref, processing)
+    monkeypatch.setattr(models, "_processing_block_by_block", _whole_dict_processing)
+    reference = _weights(ref, processing)
+    assert ours.keys() == reference.keys()
+    different = [k for k in ours if not torch.equal(ours[k], reference[k])]
+    assert different == []
+    # Processing did something: the folded, centered weights differ from the checkpoint's.
+    raw = _weights(ref, Processing(fold_ln=False, center_writing_weights=False,
+                                   center_unembed=False, fold_value_biases=False))
+    assert not torch.equal(raw["blocks.0.attn.W_Q"], ours["blocks.0.attn.W_Q"])
