@@ -23,7 +23,7 @@ from compute.metrics import families_named
 from compute.metrics.base import BatchContext, EngineOptions, Family, FamilyOutput, NeuronTokens
 from compute.models import LoadedModel
 from compute.records import Record
-from compute.reduce import MeanAccumulator, reference_in_chunks
+from compute.reduce import LogitChunks, MeanAccumulator, reference_distribution
 
 
 @dataclass(frozen=True)
@@ -83,31 +83,29 @@ def auto_batch_size(lm: LoadedModel, seq_len: int, opts: EngineOptions,
     return max(1, budget // per_sequence)
 
 
-def cpu_min_logit_rows(d_model: int) -> int:
-    """Fewest rows of logits reduced at once on a CPU: d_model / 3, at most 512.
+# Logits on a CPU are made and reduced in [rows, cols] blocks of CPU_LOGIT_BLOCK_MB: the block
+# stays in the cache between the unembedding matmul and its reductions. Measured on GPT-2 small's
+# unembedding (d_model 768, vocabulary 50,257, 1008 rows): whole [rows, vocab] rows ran at
+# 105-124 GFLOP/s, 1-4 MB blocks of 256-512 rows at 160-186 (matmul of 2048^2: ~270); at
+# d_model 256 and 2048 the same blocks were also the fastest (docs/performance.md).
+CPU_LOGIT_COLS = 1024
+CPU_LOGIT_BLOCK_MB = 2
 
-    The unembedding matmul must be fat enough where it dominates the comparison. With GPT-2's
-    vocabulary a 4 MB chunk is 20 rows, and one whole comparison ([rows, 768] x [768, 50257]
-    plus softmax and KL) ran at 16 GFLOP per CPU-second against 45 at 256 rows and 51 at 512
-    (matmul: 98). Where d_model is small the reductions dominate and cache-sized chunks win
-    (d_model 256, vocabulary 16,384: 182 ms at 64 rows, 224 ms at 256). Measured in
-    docs/performance.md.
+
+def logit_chunks(lm: LoadedModel, opts: EngineOptions) -> LogitChunks:
+    """How many rows, and vocabulary columns of them, of logits are made and reduced at once.
+
+    On a CPU: blocks of `chunk_mb` (default `CPU_LOGIT_BLOCK_MB`) MiB, `CPU_LOGIT_COLS` columns
+    wide (512 rows by default). On an accelerator whole rows (no column loop to launch), as many
+    as `chunk_mb` MiB or a quarter of the logits budget holds: memory bandwidth there is ample.
     """
-    return min(512, d_model // 3)
-
-
-def logit_chunk_rows(lm: LoadedModel, opts: EngineOptions) -> int:
-    """Rows of [rows, vocab] logits reduced at once.
-
-    On a CPU: 4 MB of logits (cache-sized temporaries, which the allocator reuses instead of
-    page-faulting fresh ones), but never fewer than `cpu_min_logit_rows`. On an accelerator, a
-    quarter of the logits budget keeps the device busy. An explicit `chunk_mb` is taken as given.
-    """
-    if opts.chunk_mb is not None:
-        return max(1, opts.chunk_mb * 2**20 // (lm.d_vocab * 4))
+    vocab = lm.d_vocab
     if lm.device == "cpu":
-        return max(1, cpu_min_logit_rows(lm.d_model), 4 * 2**20 // (lm.d_vocab * 4))
-    return max(1, (opts.logits_budget_mb // 4) * 2**20 // (lm.d_vocab * 4))
+        cols = min(vocab, CPU_LOGIT_COLS)
+        block = (opts.chunk_mb or CPU_LOGIT_BLOCK_MB) * 2**20 // 4
+        return LogitChunks(rows=max(1, block // cols), cols=cols)
+    block = (opts.chunk_mb or opts.logits_budget_mb // 4) * 2**20 // 4
+    return LogitChunks(rows=max(1, block // vocab), cols=vocab)
 
 
 def sweep(
@@ -130,7 +128,7 @@ def sweep(
     n_batches = -(-n_seq // batch)
     total = sum(f.units_per_batch(lm) for f in families) * n_batches + \
         sum(f.units_at_finish(lm, opts) for f in families)
-    max_rows = logit_chunk_rows(lm, opts)
+    chunks = logit_chunks(lm, opts)
     needs_patterns = any(f.needs_patterns for f in families)
     needs_z = any(f.needs_z for f in families)
     names = frozenset(f.name for f in families)
@@ -154,7 +152,7 @@ def sweep(
                 chunk = chunk.pin_memory().to(lm.device, non_blocking=True)  # no device wait
             else:
                 chunk = chunk.to(lm.device)
-            ctx = clean_pass(lm, chunk, needs_patterns, max_rows, tick, capture_z=needs_z,
+            ctx = clean_pass(lm, chunk, needs_patterns, chunks, tick, capture_z=needs_z,
                              families=names)
             state["tokens"] += chunk.shape[0] * (seq_len - 2)
             for family in families:
@@ -168,7 +166,7 @@ def sweep(
 
 
 def clean_pass(lm: LoadedModel, tokens: Int[Tensor, "batch pos"], capture_patterns: bool,
-               max_rows: int, tick: Callable[[int], None], *, capture_z: bool = False,
+               chunks: LogitChunks, tick: Callable[[int], None], *, capture_z: bool = False,
                families: frozenset[str] = frozenset()) -> BatchContext:
     """Run the unmodified model once, caching what every family needs."""
     resid = [lm.embed(tokens)]
@@ -185,7 +183,7 @@ def clean_pass(lm: LoadedModel, tokens: Int[Tensor, "batch pos"], capture_patter
             zs.append(run.z)
     final = resid[-1][:, 1:-1].reshape(-1, lm.d_model)
     targets = tokens[:, 2:].reshape(-1)
-    ref = reference_in_chunks(lm.logits, final, targets, max_rows=max_rows)
+    ref = reference_distribution(lm, final, targets, chunks=chunks)
     return BatchContext(lm, tokens, resid, attn_out, mlp_out,
-                        patterns if capture_patterns else None, ref, max_rows, tick,
+                        patterns if capture_patterns else None, ref, chunks, tick,
                         z=zs if capture_z and zs else None, families=families)

@@ -720,20 +720,27 @@ class LoadedModel:
         return cache[layer]
 
     def logits(self, resid: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_vocab"]:
-        """Final norm (recomputed on this residual), W_U, b_U and any logit soft-cap.
+        """Final norm (recomputed on this residual), W_U, b_U and any logit soft-cap: the same
+        arithmetic as TransformerLens's Unembed."""
+        x = self.normed(resid)
+        flat = x.reshape(-1, x.shape[-1])
+        return self.logit_columns(flat, 0, self.d_vocab).view(*x.shape[:-1], self.d_vocab)
 
-        Same arithmetic as TransformerLens's Unembed, as one `addmm` on W_U as stored
-        ([d_model, vocab]; BLAS reads it transposed in place, so no copy of W_U is made).
-        """
+    def normed(self, resid: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
+        """The final norm of a residual (identity for models without one)."""
+        if self.cfg.normalization_type is None:
+            return resid
+        return blocks.norm(self.model.ln_final, resid) if self.fast_path else \
+            self.model.ln_final(resid)
+
+    def logit_columns(self, x: Float[Tensor, "n d_model"], start: int, stop: int
+                      ) -> Float[Tensor, "n cols"]:
+        """Logits of vocabulary columns start..stop-1 of a normed residual: one `addmm` on a
+        column range of W_U as stored ([d_model, vocab]; BLAS reads it in place, no copy)."""
         from transformer_lens.utilities import apply_softcap
 
-        x = resid
-        if self.cfg.normalization_type is not None:
-            x = blocks.norm(self.model.ln_final, x) if self.fast_path else self.model.ln_final(x)
         unembed = self.model.unembed
-        flat = x.reshape(-1, x.shape[-1])
-        logits = torch.addmm(unembed.b_U, flat, unembed.W_U.detach())
-        logits = logits.view(*x.shape[:-1], logits.shape[-1])
+        logits = torch.addmm(unembed.b_U[start:stop], x, unembed.W_U.detach()[:, start:stop])
         return apply_softcap(logits, self.cfg.output_logits_soft_cap)
 
     def forget_derived_weights(self) -> None:

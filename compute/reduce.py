@@ -9,9 +9,9 @@ reference distribution, in row chunks so the [tokens, vocab] intermediates stay 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -88,7 +88,10 @@ class MeanAccumulator:
 
 @dataclass
 class Reference:
-    """The clean model's next-token distribution at the evaluated positions."""
+    """The clean model's next-token distribution at the evaluated positions.
+
+    `entropy_nats` is float64 and computed exactly as a comparison computes lse - p.z, so that
+    comparing the clean logits with themselves gives KL 0 to the bit."""
 
     probs: Float[Tensor, "n vocab"]
     argmax: Int[Tensor, " n"]
@@ -112,83 +115,141 @@ class TokenStats:
     correct: Float[Tensor, "g n"]
 
 
-def reference_from_logits(
-    logits: Float[Tensor, "n vocab"], targets: Int[Tensor, " n"]
-) -> Reference:
-    """Build the reference P from clean logits (cast to float32 first)."""
-    z = logits.float()
-    lse, probs = _logsumexp_softmax(z)
-    _check_finite(lse, "clean model logits")
-    entropy = lse - torch.linalg.vecdot(probs, z)
-    loss = lse - z.gather(-1, targets[:, None]).squeeze(-1)
-    return Reference(probs, z.argmax(-1), entropy, loss, targets)
+@dataclass(frozen=True)
+class LogitChunks:
+    """How logits are made and reduced: `rows` positions at a time, and within those `cols`
+    vocabulary columns at a time (cols >= vocabulary: whole rows at once)."""
+
+    rows: int
+    cols: int
 
 
-def reference_in_chunks(
-    to_logits: Callable[[Tensor], Tensor], resid: Float[Tensor, "n d_model"],
-    targets: Int[Tensor, " n"], *, max_rows: int,
+class Unembedding(Protocol):
+    """What a comparison needs of a model: its final norm, and the logits of a normed residual
+    for a range of vocabulary columns (W_U[:, start:stop], b_U[start:stop], any soft-cap)."""
+
+    @property
+    def d_vocab(self) -> int: ...
+    def normed(self, resid: Tensor) -> Tensor: ...
+    def logit_columns(self, x: Tensor, start: int, stop: int) -> Tensor: ...
+
+
+def reference_distribution(
+    unembed: Unembedding, resid: Float[Tensor, "n d_model"], targets: Int[Tensor, " n"], *,
+    chunks: LogitChunks,
 ) -> Reference:
-    """`reference_from_logits` of to_logits(resid), written chunk by chunk into one [n, vocab]
-    tensor of probabilities, so only one chunk of logits exists at a time."""
+    """The reference P = softmax(z) of the clean final residual, as one [n, vocab] float32
+    tensor, made block by block with the same calls and sums as every comparison.
+
+    The first pass over a row chunk's blocks gives logsumexp, argmax and the target's logit,
+    and leaves each block's logits in P's own storage; the second turns them into P = exp(z -
+    lse) in place and sums p.z in float64 over the same blocks. So H(P) = lse - p.z is exactly
+    what a comparison of these logits with P computes, and an intervention that changes
+    nothing gets KL 0 to the bit.
+    """
     n = resid.shape[0]
-    parts: list[Reference] = []
-    probs: Tensor | None = None
-    for start in range(0, n, max_rows):
-        part = reference_from_logits(to_logits(resid[start : start + max_rows]),
-                                     targets[start : start + max_rows])
-        if probs is None:
-            probs = torch.empty(n, part.probs.shape[-1], dtype=torch.float32,
-                                device=resid.device)
-        probs[start : start + part.probs.shape[0]] = part.probs
-        parts.append(Reference(part.probs[:0], part.argmax, part.entropy_nats, part.loss,
-                               part.targets))
-    if probs is None:
+    if n == 0:
         raise ComputeError("no evaluated positions to build the reference distribution from")
-    return Reference(probs, torch.cat([p.argmax for p in parts]),
-                     torch.cat([p.entropy_nats for p in parts]),
-                     torch.cat([p.loss for p in parts]), targets)
+    vocab = unembed.d_vocab
+    probs = torch.empty(n, vocab, dtype=torch.float32, device=resid.device)
+    argmax = torch.empty(n, dtype=torch.long, device=resid.device)
+    loss = torch.empty(n, dtype=torch.float32, device=resid.device)
+    entropy = torch.empty(n, dtype=torch.float64, device=resid.device)
+    for start in range(0, n, chunks.rows):
+        rows = slice(start, min(n, start + chunks.rows))
+        lse, _, _, argmax[rows], z_target = _streamed_logit_stats(
+            unembed, unembed.normed(resid[rows]), None, targets[rows], chunks.cols,
+            keep=probs[rows])
+        _check_finite(lse, "clean model logits")
+        loss[rows] = lse - z_target
+        pz = torch.zeros_like(lse)
+        for c0 in range(0, vocab, chunks.cols):
+            block = probs[rows, c0 : c0 + chunks.cols]
+            p = torch.exp(block - lse[:, None].float())
+            pz += torch.linalg.vecdot(p, block).to(torch.float64)
+            block.copy_(p)
+        entropy[rows] = lse - pz
+    return Reference(probs, argmax, entropy, loss, targets)
 
 
 def compare_distributions(
-    to_logits: Callable[[Tensor], Tensor],
+    unembed: Unembedding,
     resid: Float[Tensor, "g n d_model"],
     ref: Reference,
     *,
-    max_rows: int,
+    chunks: LogitChunks,
     what: str = "intervention",
 ) -> TokenStats:
-    """Compare Q = softmax(z), z = to_logits(resid), with the reference P, in row chunks.
+    """Compare Q = softmax(z), z = logits of resid, with the reference P.
 
     With lse = logsumexp(z) and sum(p) = 1, the per-token quantities reduce to dot products:
       KL(P||Q) = -H(P) - p.z + lse      H(Q) = lse - q.z      loss = lse - z[target]
-    which needs one softmax and two dot products per row instead of materialising log Q.
-    KL is clamped at 0: it is >= 0 exactly, and only float rounding (~1e-7) makes it negative.
+    which needs no log Q. Each of them is also a running sum over vocabulary columns (online
+    logsumexp: with m the running max, s = sum exp(z - m) and t = sum exp(z - m) z are rescaled
+    by exp(m_old - m_new) when the max grows; q.z = t / s), so the logits are made and reduced
+    `chunks.cols` columns at a time: on a CPU a [rows, cols] block stays in the cache between
+    the unembedding matmul and the reductions instead of a [rows, vocab] one streaming through
+    memory a dozen times. KL is clamped at 0: it is >= 0 exactly, and only float rounding
+    (~1e-7) makes it negative.
     """
     g, n, _ = resid.shape
     out = torch.empty(5, g, n, dtype=torch.float32, device=resid.device)
     for gi in range(g):
-        for start in range(0, n, max_rows):
-            stop = min(n, start + max_rows)
-            z = to_logits(resid[gi, start:stop]).float()
-            lse, q = _logsumexp_softmax(z)
-            out[0, gi, start:stop] = (lse - torch.linalg.vecdot(ref.probs[start:stop], z)
-                                      - ref.entropy_nats[start:stop]).clamp_min_(0.0)
-            out[1, gi, start:stop] = (lse - torch.linalg.vecdot(q, z)) / LN2
-            top = z.argmax(-1)
-            out[2, gi, start:stop] = (top == ref.argmax[start:stop]).float()
-            tgt = ref.targets[start:stop]
-            out[3, gi, start:stop] = lse - z.gather(-1, tgt[:, None]).squeeze(-1)
-            out[4, gi, start:stop] = (top == tgt).float()
+        for start in range(0, n, chunks.rows):
+            stop = min(n, start + chunks.rows)
+            rows = slice(start, stop)
+            lse, pz, qz, top, z_target = _streamed_logit_stats(
+                unembed, unembed.normed(resid[gi, rows]), ref.probs[rows], ref.targets[rows],
+                chunks.cols)
+            out[0, gi, rows] = (lse - pz - ref.entropy_nats[rows]).clamp_min_(0.0)
+            out[1, gi, rows] = (lse - qz) / LN2
+            out[2, gi, rows] = (top == ref.argmax[rows]).float()
+            out[3, gi, rows] = lse - z_target
+            out[4, gi, rows] = (top == ref.targets[rows]).float()
     _check_finite(out, what)
     return TokenStats(out[0], out[1], out[2], out[3], out[4])
 
 
-def _logsumexp_softmax(z: Float[Tensor, "n vocab"]) -> tuple[Tensor, Tensor]:
-    """logsumexp and softmax of each row from one pass of exp (exp dominates the cost)."""
-    top = z.amax(dim=-1, keepdim=True)
-    e = torch.exp(z - top)
-    total = e.sum(dim=-1, keepdim=True)
-    return (top + total.log()).squeeze(-1), e.div_(total)
+def _streamed_logit_stats(
+    unembed: Unembedding, x: Float[Tensor, "n d_model"], probs: Float[Tensor, "n vocab"] | None,
+    targets: Int[Tensor, " n"], cols: int, *, keep: Float[Tensor, "n vocab"] | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Per row: logsumexp(z), p.z (meaningless without `probs`), q.z, argmax z (first of ties)
+    and z[target], from the logits made `cols` vocabulary columns at a time (float32 logits
+    whatever the model's dtype; the running sums in float64). `keep`, if given, receives the
+    logits."""
+    vocab = unembed.d_vocab
+    m = s = t = pz = best = top = z_target = torch.empty(0)
+    f64 = torch.float64
+    for c0 in range(0, vocab, cols):
+        c1 = min(vocab, c0 + cols)
+        z = unembed.logit_columns(x, c0, c1).float()
+        if keep is not None:
+            keep[:, c0:c1] = z
+        chunk_max, chunk_arg = z.max(dim=-1)
+        local = (targets - c0).clamp_(0, c1 - c0 - 1)
+        z_at = z.gather(-1, local[:, None]).squeeze(-1)
+        new_m = chunk_max if c0 == 0 else torch.maximum(m, chunk_max)
+        e = torch.exp(z - new_m[:, None])
+        # Per-block sums in float32, running sums across blocks in float64: no rounding grows
+        # with the number of blocks.
+        chunk_s = e.sum(dim=-1).to(f64)
+        chunk_t = torch.linalg.vecdot(e, z).to(f64)
+        chunk_pz = (torch.linalg.vecdot(probs[:, c0:c1], z).to(f64) if probs is not None
+                    else chunk_s)
+        if c0 == 0:
+            s, t, pz, best, top, z_target = chunk_s, chunk_t, chunk_pz, chunk_max, chunk_arg, z_at
+        else:
+            scale = torch.exp((m - new_m).to(f64))
+            s = s * scale + chunk_s
+            t = t * scale + chunk_t
+            pz = pz + chunk_pz
+            later = chunk_max > best  # strictly: the first maximum wins, as in argmax
+            best = torch.where(later, chunk_max, best)
+            top = torch.where(later, chunk_arg + c0, top)
+            z_target = torch.where(targets >= c0, z_at, z_target)
+        m = new_m
+    return m + s.log(), pz, t / s, top, z_target  # float64 until stored: KL cancels
 
 
 def _check_finite(x: Tensor, what: str) -> None:

@@ -19,7 +19,13 @@ from torch import Tensor
 
 from compute.models import BlockRun, LoadedModel
 from compute.records import Record
-from compute.reduce import MeanAccumulator, Reference, TokenStats, compare_distributions
+from compute.reduce import (
+    LogitChunks,
+    MeanAccumulator,
+    Reference,
+    TokenStats,
+    compare_distributions,
+)
 
 
 class EngineOptions(BaseModel):
@@ -34,7 +40,8 @@ class EngineOptions(BaseModel):
         None, ge=64, description="auto batch on a GPU: bound on the sweep's device memory beyond "
         "the weights (None = 85% of the device's free memory)")
     logits_budget_mb: int = Field(256, ge=8, description="bound on [tokens, vocab] intermediates")
-    chunk_mb: int | None = Field(None, ge=1, description="rows of logits reduced at once; auto")
+    chunk_mb: int | None = Field(None, ge=1, description="MiB of logits made and reduced at "
+                                 "once (rows x vocabulary columns); auto")
     prev_ks: tuple[int, ...] = (1, 2, 4, 5, 8, 16)
     induction_n: int = Field(64, ge=2)
     induction_sequences: int = Field(32, ge=1)
@@ -80,7 +87,7 @@ class BatchContext:
     mlp_out: list[Float[Tensor, "batch pos d_model"] | None]
     patterns: list[Float[Tensor, "batch head q k"]] | None
     ref: Reference
-    max_rows: int
+    chunks: LogitChunks
     tick: Callable[[int], None]
     z: list[Float[Tensor, "batch pos head d_head"]] | None = None
     families: frozenset[str] = frozenset()
@@ -142,7 +149,7 @@ class BatchContext:
         b = self.tokens.shape[0]
         g = final_resid.shape[0] // b
         x = final_resid[:, 1:-1].reshape(g, -1, final_resid.shape[-1])
-        return compare_distributions(self.lm.logits, x, self.ref, max_rows=self.max_rows, what=what)
+        return compare_distributions(self.lm, x, self.ref, chunks=self.chunks, what=what)
 
 
 def cosine_per_token(a: Tensor, b: Tensor) -> Tensor:

@@ -41,15 +41,26 @@ def neuron_cosines(w_out: Float[Tensor, "n d_model"], u: Float[Tensor, "d_model 
 
 
 def vocab_moments(cos: Float[Tensor, "n vocab"]) -> Float[Tensor, "4 n"]:
-    """Mean, variance, skew and non-excess kurtosis over the vocabulary (float64)."""
-    c = cos.double()
-    mean = c.mean(dim=-1)
-    dev = c - mean[:, None]
-    var = (dev**2).mean(dim=-1)
+    """Mean, variance, skew and non-excess kurtosis over the vocabulary (float64 sums).
+
+    Deviations and their powers stay in the cosines' float32 (two row-chunk buffers, reused in
+    place); every sum over the vocabulary is accumulated in float64, and the deviations are
+    corrected for the float32 rounding of the mean (the raw central-moment identities), so the
+    moments match float64 ones to float32 rounding of single elements.
+    """
+    n = cos.shape[-1]
+    mean = cos.sum(dim=-1, dtype=torch.float64) / n
+    dev = cos - mean.to(cos.dtype)[:, None]
+    shift = dev.sum(dim=-1, dtype=torch.float64) / n  # what float32 rounding of the mean left
+    power = dev * dev
+    s2 = power.sum(dim=-1, dtype=torch.float64) / n
+    s3 = dev.mul_(power).sum(dim=-1, dtype=torch.float64) / n
+    s4 = power.mul_(power).sum(dim=-1, dtype=torch.float64) / n
+    var = (s2 - shift**2).clamp_min(0.0)
+    m3 = s3 - 3 * shift * s2 + 2 * shift**3
+    m4 = s4 - 4 * shift * s3 + 6 * shift**2 * s2 - 3 * shift**4
     safe = var.clamp_min(1e-30)
-    skew = (dev**3).mean(dim=-1) / safe**1.5
-    kurt = (dev**4).mean(dim=-1) / safe**2
-    return torch.stack([mean, var, skew, kurt])
+    return torch.stack([mean, var, m3 / safe**1.5, m4 / safe**2])
 
 
 def classify(moments: Float[Tensor, "4 n"]) -> dict[str, Tensor]:
@@ -74,7 +85,7 @@ class NeuronsFamily(FamilyBase):
         vocab = lm.d_vocab_real
         with torch.inference_mode():
             u = unembedding_directions(lm)
-            rows = max(1, opts.logits_budget_mb * 2**20 // (vocab * 8 * 3))
+            rows = max(1, opts.logits_budget_mb * 2**20 // (vocab * 4 * 3))
             for layer in range(lm.n_layers):
                 w_out = lm.w_out(layer)
                 moments = torch.cat([vocab_moments(neuron_cosines(w_out[i : i + rows], u))

@@ -79,8 +79,9 @@ CASES: dict[str, Case] = {
     "attn-only-random": Case(_random(seed=6, attn_only=True, n_layers=2)),
     "gpt2-hf-unprocessed": Case(_hf("hf_gpt2_dir", UNPROCESSED), seq_len=19),
     "gpt2-hf-processed": Case(_hf("hf_gpt2_dir"), n_sequences=2, seq_len=19, batch_size=1),
-    # chunk_mb=1 reduces logits 13 rows at a time (60 rows per batch: 4 full chunks and a
-    # ragged one); logits_budget_mb=8 takes 17 neurons per chunk of the neurons family.
+    # chunk_mb=1 on a CPU makes logits in blocks of 256 rows x 1024 columns (20,000 columns:
+    # 19 full blocks and a ragged one); logits_budget_mb=8 takes 34 neurons per chunk of the
+    # neurons family.
     "wide-vocab-chunked": Case(_random(seed=8, n_layers=2, d_model=16, n_heads=2, d_mlp=32,
                                        d_vocab=20_000), n_sequences=2, seq_len=32, batch_size=2,
                                options=dict(logits_budget_mb=8, chunk_mb=1)),

@@ -38,8 +38,8 @@ class Counter:
         dims = ModelDims.of(lm)
         hd, d = dims.n_heads * dims.d_head, dims.d_model
         mlp_per_token = 4 * d * dims.d_mlp
-        orig_block, orig_mlp, orig_logits, orig_heads = (lm.run_block, lm.run_mlp, lm.logits,
-                                                         lm.head_writes)
+        orig_block, orig_mlp, orig_logits, orig_heads = (lm.run_block, lm.run_mlp,
+                                                         lm.logit_columns, lm.head_writes)
 
         def run_block(layer: int, resid: torch.Tensor, **kw: Any) -> Any:
             b, t, _ = resid.shape
@@ -50,16 +50,17 @@ class Counter:
             self.flops += resid[..., 0].numel() * mlp_per_token
             return orig_mlp(layer, resid)
 
-        def logits(resid: torch.Tensor) -> Any:
-            self.flops += resid[..., 0].numel() * 2 * d * dims.d_vocab
-            return orig_logits(resid)
+        def logit_columns(x: torch.Tensor, start: int, stop: int) -> Any:
+            # Every unembedding, whole rows or column blocks, goes through logit_columns.
+            self.flops += x[..., 0].numel() * 2 * d * (stop - start)
+            return orig_logits(x, start, stop)
 
         def head_writes(layer: int, z: torch.Tensor, heads: list[int]) -> Any:
             self.flops += len(heads) * z.shape[0] * z.shape[1] * 2 * dims.d_head * d
             return orig_heads(layer, z, heads)
 
-        lm.run_block, lm.run_mlp, lm.logits, lm.head_writes = run_block, run_mlp, logits, \
-            head_writes
+        lm.run_block, lm.run_mlp, lm.logit_columns, lm.head_writes = run_block, run_mlp, \
+            logit_columns, head_writes
 
 
 @pytest.mark.parametrize("arch", list(ARCHS))

@@ -1,0 +1,128 @@
+"""The streamed logit comparison (`compute.reduce.compare_distributions`): made and reduced in
+[rows, cols] blocks with an online logsumexp, it equals the obvious whole-vocabulary
+computation with log-softmax, whatever the block shape."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from compute.reduce import (
+    LN2,
+    LogitChunks,
+    Reference,
+    compare_distributions,
+    reference_distribution,
+)
+
+
+class Unembed:
+    """A final LayerNorm and an unembedding with a bias, as a model's."""
+
+    def __init__(self, d_model: int, vocab: int, seed: int) -> None:
+        gen = torch.Generator().manual_seed(seed)
+        self.w = torch.randn(d_model, vocab, generator=gen) * 0.8
+        self.b = torch.randn(vocab, generator=gen)
+        self.d_vocab = vocab
+
+    def normed(self, resid: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(resid, resid.shape[-1:])
+
+    def logit_columns(self, x: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        return x @ self.w[:, start:stop] + self.b[start:stop]
+
+
+class Given:
+    """Logits given outright: the 'residual' is the logits themselves."""
+
+    def __init__(self, vocab: int) -> None:
+        self.d_vocab = vocab
+
+    def normed(self, resid: torch.Tensor) -> torch.Tensor:
+        return resid
+
+    def logit_columns(self, x: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        return x[:, start:stop]
+
+
+def reference_of(logits: torch.Tensor, targets: torch.Tensor, chunks: LogitChunks) -> Reference:
+    return reference_distribution(Given(logits.shape[-1]), logits, targets, chunks=chunks)
+
+
+def obvious(u: Unembed, resid: torch.Tensor, ref_logits: torch.Tensor,
+            targets: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The whole float32 logits, then log-softmax in float64, each quantity by its definition."""
+    z = u.logit_columns(u.normed(resid), 0, u.d_vocab).double()
+    logq = z.log_softmax(-1)
+    logp = ref_logits.double().log_softmax(-1)
+    p, q = logp.exp(), logq.exp()
+    return {"kl": (p * (logp - logq)).sum(-1), "entropy_bits": -(q * logq).sum(-1) / LN2,
+            "agree": (z.argmax(-1) == ref_logits.argmax(-1)).double(),
+            "loss": -logq.gather(-1, targets.expand(z.shape[:-1])[..., None]).squeeze(-1),
+            "correct": (z.argmax(-1) == targets).double()}
+
+
+@pytest.mark.parametrize("chunks", [LogitChunks(1000, 1000), LogitChunks(7, 1000),
+                                    LogitChunks(64, 64), LogitChunks(5, 37), LogitChunks(3, 1)],
+                         ids=["whole", "rows", "blocks", "ragged", "one-column"])
+def test_streamed_comparison_equals_the_whole_vocabulary_one(chunks: LogitChunks) -> None:
+    d_model, vocab, n, g = 12, 301, 23, 3
+    u = Unembed(d_model, vocab, seed=0)
+    gen = torch.Generator().manual_seed(1)
+    ref_logits = torch.randn(n, vocab, generator=gen) * 3
+    targets = torch.randint(0, vocab, (n,), generator=gen)
+    targets[:4] = torch.tensor([0, vocab - 1, 36, 37])  # at the edges of column blocks
+    resid = torch.randn(g, n, d_model, generator=gen) * 2
+    resid[1] = resid[0]  # two variants alike: rows of a group are independent
+    top0 = (u.normed(resid[0]) @ u.w + u.b).argmax(-1)
+    targets[4:12] = top0[4:12]  # some predictions are right
+    ref_logits[torch.arange(8, 16), top0[8:16]] += 50  # and some agree with the reference's
+    ref = reference_of(ref_logits, targets, chunks)
+    want_p = ref_logits.double().softmax(-1)
+    assert torch.allclose(ref.probs.double(), want_p, atol=1e-7)
+    assert torch.allclose(ref.entropy_nats, -(want_p * want_p.log()).sum(-1), atol=1e-5)
+    assert torch.equal(ref.argmax, ref_logits.argmax(-1))
+    got = compare_distributions(u, resid, ref, chunks=chunks)
+    want = obvious(u, resid, ref_logits, targets)
+    for name, expected in want.items():
+        assert torch.allclose(getattr(got, name).double(), expected, atol=2e-5, rtol=1e-5), name
+    assert got.kl.min() >= 0
+    assert got.correct[0].sum() >= 8
+    assert got.agree[0].sum() >= 8
+    assert torch.equal(got.kl[0], got.kl[1])
+
+
+def test_argmax_ties_across_blocks_take_the_first_and_targets_read_their_own_block() -> None:
+    """Equal maxima in two column blocks: argmax is the first, as `torch.argmax` says."""
+    vocab = 10
+    u = Unembed(4, vocab, seed=2)
+    u.w.zero_()
+    u.b.copy_(torch.tensor([0.0, 5, 1, 2, 3, 5, 4, 5, 0, 1]))
+    resid = torch.randn(1, 3, 4)
+    targets = torch.tensor([1, 5, 9])
+    ref = reference_of(u.b.expand(3, vocab).clone(), targets, LogitChunks(2, 3))
+    for cols in (1, 2, 3, 4, 10):
+        got = compare_distributions(u, resid, ref, chunks=LogitChunks(2, cols))
+        assert got.agree.tolist() == [[1.0, 1.0, 1.0]], cols  # argmax 1 on both sides
+        assert got.correct.tolist() == [[1.0, 0.0, 0.0]], cols
+        expected = -u.b.log_softmax(-1)[targets]
+        assert torch.allclose(got.loss[0], expected, atol=1e-6), cols
+        assert torch.allclose(got.kl[0], torch.zeros(3), atol=1e-6), cols
+
+
+@pytest.mark.parametrize("chunks", [LogitChunks(8, 300), LogitChunks(3, 7)], ids=["rows", "blocks"])
+def test_the_clean_logits_compared_with_themselves_give_zero_to_the_bit(
+        chunks: LogitChunks) -> None:
+    """The reference is made by the same calls as a comparison: nothing changed, KL is 0 and
+    the loss is the reference's, exactly (the engine's `none` row and identity layers)."""
+    u = Unembed(12, 300, seed=3)
+    gen = torch.Generator().manual_seed(4)
+    resid = torch.randn(20, 12, generator=gen) * 3
+    targets = torch.randint(0, 300, (20,), generator=gen)
+    ref = reference_distribution(u, resid, targets, chunks=chunks)
+    got = compare_distributions(u, resid[None], ref, chunks=chunks)
+    assert torch.equal(got.kl[0], torch.zeros(20))
+    assert torch.equal(got.loss[0], ref.loss)
+    assert torch.allclose(got.entropy_bits[0], ref.entropy_bits.float(), atol=1e-6)
+    assert got.agree.all()
