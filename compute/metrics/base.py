@@ -70,6 +70,31 @@ class NeuronTokens:
     cosine: float
 
 
+# Logits on a CPU are made and reduced in [rows, cols] blocks of CPU_LOGIT_BLOCK_MB: the block
+# stays in the cache between the unembedding matmul and its reductions. Measured on GPT-2 small's
+# unembedding (d_model 768, vocabulary 50,257, 1008 rows): whole [rows, vocab] rows ran at
+# 105-124 GFLOP/s, 1-4 MB blocks of 256-512 rows at 160-186 (matmul of 2048^2: ~270); at
+# d_model 256 and 2048 the same blocks were also the fastest (docs/performance.md).
+CPU_LOGIT_COLS = 1024
+CPU_LOGIT_BLOCK_MB = 2
+
+
+def logit_chunks(lm: LoadedModel, opts: EngineOptions) -> LogitChunks:
+    """How many rows, and vocabulary columns of them, of logits are made and reduced at once.
+
+    On a CPU: blocks of `chunk_mb` (default `CPU_LOGIT_BLOCK_MB`) MiB, `CPU_LOGIT_COLS` columns
+    wide (512 rows by default). On an accelerator whole rows (no column loop to launch), as many
+    as `chunk_mb` MiB or a quarter of the logits budget holds: memory bandwidth there is ample.
+    """
+    vocab = lm.d_vocab
+    if lm.device == "cpu":
+        cols = min(vocab, CPU_LOGIT_COLS)
+        block = (opts.chunk_mb or CPU_LOGIT_BLOCK_MB) * 2**20 // 4
+        return LogitChunks(rows=max(1, block // cols), cols=cols)
+    block = (opts.chunk_mb or opts.logits_budget_mb // 4) * 2**20 // 4
+    return LogitChunks(rows=max(1, block // vocab), cols=vocab)
+
+
 @dataclass
 class FamilyOutput:
     records: list[Record]

@@ -19,7 +19,7 @@ from torch import Tensor
 from compute.engine import sweep
 from compute.errors import UnknownModelError
 from compute.metrics.base import EngineOptions
-from compute.metrics.neurons import classify, neuron_cosines, unembedding_directions, vocab_moments
+from compute.metrics.neurons import classify, neuron_moments, unembedding_directions
 from compute.models import LoadedModel, Processing, load_model, resolve_model_spec, zoo_names
 from compute.records import records_to_table
 from compute.stability import StabilityOptions, head_match, model_activations, stability_records
@@ -265,9 +265,9 @@ def test_neurons_are_classified_exactly_as_planted(
     u = unembedding_directions(stages_lm)
     layer = P.SUPPRESSION_LAYER
     w_out = stages_lm.w_out(layer)
-    flipped = _classes(vocab_moments(neuron_cosines(-w_out, u)))
+    flipped = _classes(neuron_moments(-w_out, u))
     w_in = stages_lm.model.blocks[layer].mlp.W_in.detach().T
-    inputs = _classes(vocab_moments(neuron_cosines(w_in, u)))
+    inputs = _classes(neuron_moments(w_in, u))
     assert flipped != _planted_classes(layer)
     assert inputs != _planted_classes(layer)
 

@@ -1,13 +1,17 @@
-"""The streamed logit comparison (`compute.reduce.compare_distributions`): made and reduced in
-[rows, cols] blocks with an online logsumexp, it equals the obvious whole-vocabulary
-computation with log-softmax, whatever the block shape."""
+"""Blocked reductions against the obvious whole-matrix computations, whatever the block shape:
+the streamed logit comparison (`compute.reduce.compare_distributions`, online logsumexp)
+against log-softmax of the whole logits, and the blocked neuron moments
+(`compute.metrics.neurons.neuron_moments`) against scipy on the whole cosine matrix."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+import scipy.stats
 import torch
 import torch.nn.functional as F
 
+from compute.metrics.neurons import neuron_moments
 from compute.reduce import (
     LN2,
     LogitChunks,
@@ -126,3 +130,27 @@ def test_the_clean_logits_compared_with_themselves_give_zero_to_the_bit(
     assert torch.equal(got.loss[0], ref.loss)
     assert torch.allclose(got.entropy_bits[0], ref.entropy_bits.float(), atol=1e-6)
     assert got.agree.all()
+
+
+@pytest.mark.parametrize("chunks", [None, LogitChunks(7, 50), LogitChunks(64, 1)],
+                         ids=["whole", "ragged", "one-column"])
+def test_blocked_neuron_moments_equal_scipys_on_the_whole_cosine_matrix(
+        chunks: LogitChunks | None) -> None:
+    """Neuron moments made block by block against scipy's population moments of the whole
+    [neurons, vocab] cosine matrix in float64 (heavy tails, a far-off mean, a zero row)."""
+    gen = torch.Generator().manual_seed(5)
+    d_model, vocab, n = 64, 333, 20
+    u = torch.randn(d_model, vocab, generator=gen)
+    u = u / u.norm(dim=0, keepdim=True)
+    w = torch.randn(n, d_model, generator=gen)
+    w[3] = u[:, 0] * 5 + 0.01 * w[3]  # a neuron aligned with one token: large kurtosis
+    w[4] = 0.0  # a dead neuron: constant cosines
+    got = neuron_moments(w, u, chunks=chunks)
+    w64 = w.double() - w.double().mean(-1, keepdim=True)
+    cos = (w64 / w64.norm(dim=-1, keepdim=True).clamp_min(1e-12)) @ u.double()
+    c = cos.numpy()
+    want = np.stack([c.mean(1), c.var(1), scipy.stats.skew(c, axis=1),
+                     scipy.stats.kurtosis(c, axis=1, fisher=False)])
+    want[2:, 4] = 0.0  # zero variance: skew and kurtosis 0 by convention
+    assert got[3, 3] > 10
+    np.testing.assert_allclose(got.numpy(), want, rtol=2e-5, atol=1e-7)
