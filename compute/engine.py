@@ -28,7 +28,7 @@ from compute.metrics.base import (
     NeuronTokens,
     logit_chunks,
 )
-from compute.models import LoadedModel
+from compute.models import LoadedModel, allocator_for_sweeping
 from compute.records import Record
 from compute.reduce import LogitChunks, MeanAccumulator, reference_distribution
 
@@ -127,6 +127,7 @@ def sweep(
             progress(Progress(state["done"], total, state["tokens"],
                               swept / elapsed if elapsed > 0 else 0.0, elapsed))
 
+    allocator_for_sweeping()
     with torch.inference_mode():
         for first in range(0, n_seq, batch):
             chunk = tokens[first : first + batch]
