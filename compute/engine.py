@@ -28,7 +28,7 @@ from compute.metrics.base import (
     NeuronTokens,
     logit_chunks,
 )
-from compute.models import LoadedModel, allocator_for_sweeping
+from compute.models import LoadedModel, allocator_for_sweeping, release_free_memory
 from compute.records import Record
 from compute.reduce import LogitChunks, MeanAccumulator, reference_distribution
 
@@ -142,6 +142,7 @@ def sweep(
                 family.on_batch(ctx, accs[family.name], opts)
             tick(0)
             del ctx
+            release_free_memory()
         outputs: list[FamilyOutput] = [f.finish(lm, accs[f.name], opts, tick) for f in families]
     records = [r for o in outputs for r in o.records]
     neuron_tokens = [t for o in outputs for t in o.neuron_tokens]

@@ -815,6 +815,22 @@ def allocator_for_sweeping() -> None:
     _mallopt((_M_MMAP_THRESHOLD, 32 * 2**20), (_M_TRIM_THRESHOLD, 64 * 2**20))
 
 
+def release_free_memory() -> None:
+    """Hand the heap's free memory back to the system (glibc `malloc_trim`): called between
+    batches, so what one batch freed does not stay resident under the next step (the neurons
+    family, the next model). A no-op off glibc."""
+    import ctypes
+    import ctypes.util
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        return
+
+
 def load_model(spec: ModelSpec, device: str = "cpu") -> LoadedModel:
     """Load and process the weights a spec names. The one entry point to TransformerLens."""
     allocator_for_loading()

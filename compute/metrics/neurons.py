@@ -66,7 +66,7 @@ def neuron_moments(w_out: Float[Tensor, "n d_model"], u: Float[Tensor, "d_model 
     chunks = chunks or LogitChunks(rows=n_rows, cols=vocab)
     f64 = torch.float64
     out = torch.empty(4, n_rows, dtype=f64, device=u.device)
-    u_mean = u.double().mean(dim=1)
+    u_mean = sum(u[:, c : c + 4096].to(f64).sum(dim=1) for c in range(0, vocab, 4096)) / vocab
     for r0 in range(0, n_rows, chunks.rows):
         w = unit_rows(w_out[r0 : r0 + chunks.rows])
         mean = w.double() @ u_mean
