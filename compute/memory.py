@@ -127,11 +127,15 @@ def sweep_bytes_per_sequence(dims: ModelDims, seq_len: int, dtype_bytes: int, *,
     if patterns:
         cache += n_layers * dims.n_heads * t * t * 4
     reference = t * dims.d_vocab * 4 + 4 * t * 4
-    # One intervention in flight: a block's temporaries (QKV, MLP hidden, a few residuals) and
-    # the residual it restarts from; heads ablation widens this by its group of heads, which
-    # `logits_budget_mb` bounds separately.
-    working = t * (3 * dims.n_heads * dims.d_head + 2 * max(dims.d_mlp, d) + 6 * d) * dtype_bytes
-    return cache + reference + working
+    return cache + reference + variant_bytes_per_sequence(dims, seq_len, dtype_bytes)
+
+
+def variant_bytes_per_sequence(dims: ModelDims, seq_len: int, dtype_bytes: int) -> int:
+    """One intervention in flight, per sequence: a block's temporaries (QKV, MLP hidden and its
+    activation, a few residuals) and the residual it restarts from. Head ablation runs a group
+    of such variants at once (`compute.metrics.heads.head_group_size`)."""
+    t, d = seq_len, dims.d_model
+    return t * (3 * dims.n_heads * dims.d_head + 2 * max(dims.d_mlp, d) + 6 * d) * dtype_bytes
 
 
 def host_available_bytes() -> int:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import torch
 
+from compute.memory import ModelDims, variant_bytes_per_sequence
 from compute.metrics.base import BatchContext, EngineOptions, FamilyBase, FamilyOutput
 from compute.models import LoadedModel
 from compute.reduce import MeanAccumulator
@@ -62,6 +63,25 @@ def _ablated_block_output(ctx: BatchContext, layer: int, group: list[int]) -> to
     return (ctx.resid[layer + 1][None] - delta).flatten(0, 1)
 
 
+# Head variants run together on a CPU: about this many tokens (variants x batch tokens) per
+# wide pass. Matmuls are as fast at 2048 rows as at 10,240, while the wider passes' temporaries
+# (each block's QKV, MLP hidden and activation, [rows, d_mlp] float32) raised GPT-2 small's peak
+# RSS from 2.65x to 4.0x its weights (docs/performance.md).
+CPU_HEAD_GROUP_TOKENS = 2048
+
+
+def head_group_size(lm: LoadedModel, batch: int, seq_len: int, opts: EngineOptions) -> int:
+    """How many head variants of a layer run as one wide pass.
+
+    CPU: about `CPU_HEAD_GROUP_TOKENS` tokens per pass (at least one variant). Accelerator: as
+    many variants as `logits_budget_mb` holds at the working set of one intervention
+    (`compute.memory.variant_bytes_per_sequence`)."""
+    if lm.device == "cpu":
+        return max(1, min(lm.n_heads, CPU_HEAD_GROUP_TOKENS // (batch * seq_len)))
+    per_variant = batch * variant_bytes_per_sequence(ModelDims.of(lm), seq_len, lm.dtype_bytes)
+    return max(1, min(lm.n_heads, opts.logits_budget_mb * 2**20 // max(per_variant, 1)))
+
+
 class HeadsFamily(FamilyBase):
     name = "heads"
     needs_z = True
@@ -75,10 +95,8 @@ class HeadsFamily(FamilyBase):
 
     def on_batch(self, ctx: BatchContext, acc: MeanAccumulator, opts: EngineOptions) -> None:
         lm = ctx.lm
-        b, heads = ctx.tokens.shape[0], lm.n_heads
-        # How many head variants fit the activation budget at once.
-        per_variant = b * ctx.tokens.shape[1] * lm.d_model * 4 * 8
-        chunk = max(1, min(heads, opts.logits_budget_mb * 2**20 // max(per_variant, 1)))
+        heads = lm.n_heads
+        chunk = head_group_size(lm, ctx.tokens.shape[0], ctx.tokens.shape[1], opts)
         for layer in range(ctx.n_layers):
             for first in range(0, heads, chunk):
                 group = list(range(first, min(heads, first + chunk)))
