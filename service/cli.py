@@ -59,8 +59,9 @@ def main() -> None:
               help="automatic batch on a CPU: about this many tokens per batch (default: the "
               "measured best, 1024)")
 @click.option("--memory-budget-mb", type=int, default=None,
-              help="automatic batch on a GPU: device memory the sweep may use beyond the "
-              "weights, MiB (default: 85%% of what is free after loading)")
+              help="automatic batch: memory the sweep may use beyond the weights, MiB "
+              "(default: on a GPU 85%% of what is free after loading, on a CPU half the "
+              "weights' size, at least 64)")
 @click.option("--no-processing", is_flag=True,
               help="skip LayerNorm folding and weight centering (results of drop/swap/lens agree)")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False),

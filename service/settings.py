@@ -54,9 +54,10 @@ class WorkerSettings(BaseModel):
     max_memory_mb: int = Field(0, ge=0, description="a worker process is replaced after a job "
                                                     "that left it above this resident size, "
                                                     "MiB (0: no bound)")
-    memory_budget_mb: int | None = Field(None, ge=64, description="device memory a job's sweep "
-                                         "may use beyond the weights, MiB, when the job sets "
-                                         "none (None: 85% of what is free after loading)")
+    memory_budget_mb: int | None = Field(None, ge=64, description="memory a job's sweep may "
+                                         "use beyond the weights, MiB, when the job sets none "
+                                         "(None: on a GPU 85% of what is free after loading, "
+                                         "on a CPU half the weights' size, at least 64)")
     tokens_per_batch: int | None = Field(None, ge=1, description="on a CPU worker, about this "
                                          "many tokens per batch when the job sets none (None: "
                                          "the measured best, 1024)")

@@ -37,8 +37,9 @@ class EngineOptions(BaseModel):
         None, ge=1, description="auto batch on a CPU: about this many tokens per batch "
         "(None = the measured default, compute.engine.CPU_TOKENS_PER_BATCH)")
     memory_budget_mb: int | None = Field(
-        None, ge=64, description="auto batch on a GPU: bound on the sweep's device memory beyond "
-        "the weights (None = 85% of the device's free memory)")
+        None, ge=64, description="automatic batch: bound on the sweep's memory beyond the "
+        "weights, MiB (None = on a GPU 85% of the device's free memory, on a CPU half the "
+        "weights' bytes, at least 64 MiB)")
     logits_budget_mb: int = Field(256, ge=8, description="bound on [tokens, vocab] intermediates")
     chunk_mb: int | None = Field(None, ge=1, description="MiB of logits made and reduced at "
                                  "once (rows x vocabulary columns); auto")

@@ -15,7 +15,8 @@ import torch
 from compute.engine import auto_batch_size, sweep
 from compute.errors import ModelTooLargeError
 from compute.flops import family_flops
-from compute.memory import ModelDims
+from compute.memory import ModelDims, sweep_bytes_per_sequence
+from compute.metrics import families_named
 from compute.metrics.base import EngineOptions
 from compute.models import ModelSpec, load_model
 from tests import reference
@@ -109,6 +110,24 @@ def test_cpu_auto_batch_is_about_a_thousand_tokens(
     assert auto_batch_size(lm, 64, EngineOptions(tokens_per_batch=256)) == 4
     assert auto_batch_size(lm, 2048, EngineOptions()) == 1
     assert auto_batch_size(lm, 128, EngineOptions(batch_size=96)) == 96
+
+
+def test_cpu_auto_batch_keeps_its_memory_within_half_the_weights_or_the_budget(
+        tiny_factories: dict[str, Callable[..., Any]]) -> None:
+    """A vocabulary large against the weights (as GPT-2's): fewer than 1024 tokens, so that the
+    batch's estimated memory stays under max(64 MiB, weights / 2) or the budget given."""
+    lm = tiny_factories["random"](seed=5, d_model=64, n_heads=2, d_mlp=32, d_vocab=300_000)
+    weights = lm.n_params * lm.dtype_bytes
+    assert weights / 2 > 64 * 2**20  # the half-of-the-weights bound applies, not the floor
+    families = families_named(["intervention", "heads"])
+    per_sequence = sweep_bytes_per_sequence(ModelDims.of(lm), 16, 4, patterns=False, z=True)
+    batch = auto_batch_size(lm, 16, EngineOptions(), families)
+    assert 2 <= batch < 64  # 1024 tokens would be 64 sequences of 16
+    assert batch * per_sequence <= weights / 2 < (batch + 1) * per_sequence
+    roomy = auto_batch_size(lm, 16, EngineOptions(memory_budget_mb=8192), families)
+    # The budget given lifts the bound; the reference distribution's (logits_budget_mb) binds.
+    assert roomy == EngineOptions().logits_budget_mb * 2**20 // (16 * lm.d_vocab * 4) > batch
+    assert auto_batch_size(lm, 16, EngineOptions(memory_budget_mb=64), families) < batch
 
 
 def test_auto_batch_gives_the_fixed_batch_records(
