@@ -125,6 +125,8 @@ def sweep(
         raise TokenSpecError(f"seq_len {seq_len} exceeds the model's context n_ctx={lm.n_ctx}")
     batch = min(auto_batch_size(lm, seq_len, opts, families), n_seq)
     n_batches = -(-n_seq // batch)
+    if opts.batch_size is None:  # as few batches, of sizes as even as can be: no thin tail
+        batch = -(-n_seq // n_batches)
     total = sum(f.units_per_batch(lm) for f in families) * n_batches + \
         sum(f.units_at_finish(lm, opts) for f in families)
     chunks = logit_chunks(lm, opts)
