@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from compute.reduce import LogitChunks, compare_distributions, reference_distribution  # noqa: E402
+from compute.reduce import LogitChunks, compare_distributions, reference_distribution
 
 
 class RandomUnembedding:
