@@ -1,7 +1,7 @@
 """Capacity at real model geometries: per family, tokens/s, achieved FLOP/s, share of matmul,
 peak RSS — each family a whole `strata compute` process (model load included).
 
-    .venv/bin/python benchmarks/geometry.py                         # GPT-2 small + Pythia-160M
+    .venv/bin/python benchmarks/geometry.py                         # all three geometries
     .venv/bin/python benchmarks/geometry.py --geometry gpt2-small --families intervention,heads
     .venv/bin/python benchmarks/geometry.py --device cuda --dtype bfloat16   # on a GPU
 
@@ -10,6 +10,8 @@ Hugging Face checkpoints under build/geometry/, then loaded the way a user's che
   gpt2-small   GPT-2 small: 12 layers, d_model 768, 12 heads, d_mlp 3072, vocabulary 50,257
   pythia-160m  GPT-NeoX: 12 layers, d_model 768, 12 heads, d_mlp 3072, vocabulary 50,304,
                rotary on a quarter of each head, parallel attention and MLP
+  gpt2-6l-256  issue 11's model: GPT-2 with 6 layers, d_model 256, 4 heads, d_mlp 1024,
+               vocabulary 4,096
 Each family runs in a fresh subprocess through `compute.run.compute_run` (what `strata compute`
 calls) on seeded random tokens (.npy), n_sequences x seq_len (BOS included). The child measures
 this machine's dense float32 matmul rate in the same process (2048^2, same threads, best of
@@ -39,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 BUILD = ROOT / "build" / "geometry"
-GEOMETRIES = ("gpt2-small", "pythia-160m")
+GEOMETRIES = ("gpt2-small", "pythia-160m", "gpt2-6l-256")
 FAMILIES = ("intervention", "logit_lens", "neurons", "similarity", "attention", "norms", "heads")
 
 
@@ -54,6 +56,9 @@ def build_checkpoint(name: str) -> Path:
     torch.manual_seed(0)
     if name == "gpt2-small":
         model = GPT2LMHeadModel(GPT2Config())  # the defaults are GPT-2 small's
+    elif name == "gpt2-6l-256":  # issue 11's model: GPT-2's proportions, scaled down
+        model = GPT2LMHeadModel(GPT2Config(n_layer=6, n_embd=256, n_head=4, vocab_size=4096,
+                                           bos_token_id=0, eos_token_id=0))
     elif name == "pythia-160m":
         model = GPTNeoXForCausalLM(GPTNeoXConfig(
             vocab_size=50304, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,

@@ -3,7 +3,9 @@
 `MeanAccumulator` keeps (sum, sum of squares, count) per key on the compute device in float64, so
 peak memory does not grow with the number of tokens and there is no host sync per update.
 `compare_distributions` turns logits into per-token KL / entropy / agreement / loss against a
-reference distribution, in row chunks so the [tokens, vocab] intermediates stay bounded.
+reference distribution (`reference_distribution`), making and reducing the logits in [rows,
+cols] blocks (`LogitChunks`) so that no [tokens, vocab] intermediate exists and, on a CPU, each
+block is reduced while it is in the cache.
 """
 
 from __future__ import annotations
