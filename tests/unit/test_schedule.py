@@ -201,3 +201,35 @@ def test_cuda_fast_path_equals_hooked_and_bfloat16_is_close() -> None:
     assert compared
     for got, want in compared:
         assert got == pytest.approx(want, rel=0.1)
+
+
+def test_logit_blocks_and_head_groups_by_device(
+        tiny_factories: dict[str, Callable[..., Any]]) -> None:
+    """CPU: cache-sized [rows, cols] logit blocks and ~2048-token head groups. Accelerator (the
+    sizes only; no device needed): whole rows within a quarter of the logits budget, and as many
+    head variants as the budget holds."""
+    from types import SimpleNamespace
+
+    from compute.memory import variant_bytes_per_sequence
+    from compute.metrics.base import CPU_LOGIT_BLOCK_MB, CPU_LOGIT_COLS, logit_chunks
+    from compute.metrics.heads import CPU_HEAD_GROUP_TOKENS, head_group_size
+
+    lm = tiny_factories["random"](seed=5, d_vocab=5000, n_heads=4)
+    opts = EngineOptions()
+    cpu = logit_chunks(lm, opts)
+    assert (cpu.rows, cpu.cols) == (CPU_LOGIT_BLOCK_MB * 2**20 // 4 // CPU_LOGIT_COLS,
+                                    CPU_LOGIT_COLS)
+    assert logit_chunks(lm, EngineOptions(chunk_mb=1)).rows == cpu.rows // CPU_LOGIT_BLOCK_MB
+    assert head_group_size(lm, 4, 128, opts) == min(lm.n_heads, CPU_HEAD_GROUP_TOKENS // 512)
+    assert head_group_size(lm, 64, 128, opts) == 1
+
+    gpu = SimpleNamespace(device="cuda:0", d_vocab=lm.d_vocab, n_heads=lm.n_heads, cfg=lm.cfg,
+                          dtype_bytes=2)
+    whole = logit_chunks(gpu, opts)  # type: ignore[arg-type]
+    assert whole.cols == lm.d_vocab
+    assert whole.rows == (opts.logits_budget_mb // 4) * 2**20 // (4 * lm.d_vocab)
+    per_variant = 64 * variant_bytes_per_sequence(ModelDims.of(lm), 128, 2)
+    small = EngineOptions(logits_budget_mb=8)
+    assert head_group_size(gpu, 64, 128, small) == max(  # type: ignore[arg-type]
+        1, min(lm.n_heads, 8 * 2**20 // per_variant))
+    assert head_group_size(gpu, 1, 16, opts) == lm.n_heads  # type: ignore[arg-type]
