@@ -82,12 +82,11 @@ def auto_batch_size(lm: LoadedModel, seq_len: int, opts: EngineOptions,
     CPU: about `CPU_TOKENS_PER_BATCH` tokens (the measured optimum), fewer where the batch's
     memory would pass `memory_budget_mb` (default: half the weights' bytes, at least 64 MiB).
     GPU: as many sequences as the memory budget holds (`memory_budget_mb`, default 85% of the
-    device's free memory). Memory per sequence is `compute.memory`'s estimate; both stay
-    within the logits budget.
+    device's free memory). Memory per sequence is `compute.memory`'s estimate; a CPU batch also
+    stays within the logits budget.
     """
     if opts.batch_size is not None:
         return opts.batch_size
-    by_logits = max(1, opts.logits_budget_mb * 2**20 // (seq_len * lm.d_vocab * 4))
     families = families or []
     per_sequence = sweep_bytes_per_sequence(
         ModelDims.of(lm), seq_len, lm.dtype_bytes,
@@ -103,6 +102,7 @@ def auto_batch_size(lm: LoadedModel, seq_len: int, opts: EngineOptions,
     by_memory = max(1, budget // per_sequence)
     if on_gpu:
         return by_memory
+    by_logits = max(1, opts.logits_budget_mb * 2**20 // (seq_len * lm.d_vocab * 4))
     tokens = opts.tokens_per_batch or CPU_TOKENS_PER_BATCH
     return max(1, min(by_logits, by_memory, round(tokens / seq_len)))
 

@@ -221,7 +221,7 @@ def _streamed_logit_stats(
     whatever the model's dtype; the running sums in float64). `keep`, if given, receives the
     logits."""
     vocab = unembed.d_vocab
-    m = s = t = pz = best = top = z_target = torch.empty(0)
+    m = s = t = pz = top = z_target = torch.empty(0)
     f64 = torch.float64
     for c0 in range(0, vocab, cols):
         c1 = min(vocab, c0 + cols)
@@ -240,14 +240,13 @@ def _streamed_logit_stats(
         chunk_pz = (torch.linalg.vecdot(probs[:, c0:c1], z).to(f64) if probs is not None
                     else chunk_s)
         if c0 == 0:
-            s, t, pz, best, top, z_target = chunk_s, chunk_t, chunk_pz, chunk_max, chunk_arg, z_at
+            s, t, pz, top, z_target = chunk_s, chunk_t, chunk_pz, chunk_arg, z_at
         else:
             scale = torch.exp((m - new_m).to(f64))
             s = s * scale + chunk_s
             t = t * scale + chunk_t
             pz = pz + chunk_pz
-            later = chunk_max > best  # strictly: the first maximum wins, as in argmax
-            best = torch.where(later, chunk_max, best)
+            later = chunk_max > m  # m: the max so far; strictly, so the first maximum wins
             top = torch.where(later, chunk_arg + c0, top)
             z_target = torch.where(targets >= c0, z_at, z_target)
         m = new_m
