@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import pyarrow as pa
 import torch
 from jaxtyping import Int
 from torch import Tensor
@@ -21,6 +22,7 @@ from compute.errors import TokenSpecError
 from compute.memory import ModelDims, device_free_bytes, sweep_bytes_per_sequence
 from compute.metrics import families_named
 from compute.metrics.base import (
+    SEQUENCE_MEANS_SCHEMA,
     BatchContext,
     EngineOptions,
     Family,
@@ -57,6 +59,8 @@ class SweepResult:
     neuron_tokens: list[NeuronTokens] = field(default_factory=list)
     tokens_evaluated: int = 0
     wall_s: float = 0.0
+    # per-sequence means of every per-layer mean (compute.metrics.base.SEQUENCE_MEANS_SCHEMA)
+    sequence_means: pa.Table = field(default_factory=SEQUENCE_MEANS_SCHEMA.empty_table)
 
 
 # Tokens per batch on a CPU: measured with `benchmarks/sweep.py --batch-scan` (docs/performance.md).
@@ -133,7 +137,7 @@ def sweep(
     needs_patterns = any(f.needs_patterns for f in families)
     needs_z = any(f.needs_z for f in families)
     names = frozenset(f.name for f in families)
-    accs = {f.name: MeanAccumulator(lm.device) for f in families}
+    accs = {f.name: MeanAccumulator(lm.device, n_seq) for f in families}
     state = {"done": 0, "tokens": 0}
     start = time.perf_counter()
 
@@ -159,6 +163,7 @@ def sweep(
             state["tokens"] += chunk.shape[0] * (seq_len - 2)
             for family in families:
                 release_free_memory()  # what the previous step freed, before this one's peak
+                accs[family.name].start_batch(first, chunk.shape[0])
                 family.on_batch(ctx, accs[family.name], opts)
             tick(0)
             del ctx
@@ -166,7 +171,11 @@ def sweep(
         outputs: list[FamilyOutput] = [f.finish(lm, accs[f.name], opts, tick) for f in families]
     records = [r for o in outputs for r in o.records]
     neuron_tokens = [t for o in outputs for t in o.neuron_tokens]
-    return SweepResult(records, neuron_tokens, state["tokens"], time.perf_counter() - start)
+    means = [o.sequence_means for o in outputs if o.sequence_means is not None]
+    sequence_means = (pa.concat_tables(means) if means
+                      else SEQUENCE_MEANS_SCHEMA.empty_table())
+    return SweepResult(records, neuron_tokens, state["tokens"], time.perf_counter() - start,
+                       sequence_means)
 
 
 def clean_pass(lm: LoadedModel, tokens: Int[Tensor, "batch pos"], capture_patterns: bool,

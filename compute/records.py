@@ -35,7 +35,8 @@ CATALOG: dict[str, str] = {
     **{f"intervention.{m}": u for m, u in [
         ("kl", "nats"), ("top1_agreement", "fraction"), ("entropy", "bits"),
         ("entropy_delta", "bits"), ("loss", "nats"), ("loss_delta", "nats"),
-        ("accuracy", "fraction")]},
+        ("accuracy", "fraction"), ("swap_minus_drop_kl", "nats"),
+        ("swap_minus_drop_top1", "fraction")]},
     **{f"logit_lens.{m}": u for m, u in [
         ("kl_to_final", "nats"), ("entropy", "bits"), ("top1_agreement", "fraction"),
         ("loss", "nats")]},
@@ -43,7 +44,12 @@ CATALOG: dict[str, str] = {
         ("vocab_mean", "cosine"), ("vocab_var", "cosine^2"), ("vocab_skew", "ratio"),
         ("vocab_kurt", "ratio"), ("n_prediction", "count"), ("n_suppression", "count"),
         ("n_partition", "count"), ("frac_prediction", "fraction"),
-        ("frac_suppression", "fraction"), ("frac_partition", "fraction")]},
+        ("frac_suppression", "fraction"), ("frac_partition", "fraction"),
+        ("n_prediction_cal", "count"), ("n_suppression_cal", "count"),
+        ("n_partition_cal", "count"), ("frac_prediction_cal", "fraction"),
+        ("frac_suppression_cal", "fraction"), ("frac_partition_cal", "fraction"),
+        ("null_kurt_q999", "ratio"), ("null_skew_q999", "ratio"),
+        ("null_var_q999", "cosine^2")]},
     **{f"similarity.{m}": "cosine" for m in ("self", "index", "adjacent")},
     **{f"attention.{m}": u for m, u in [("bos", "fraction"), ("entropy", "bits")]},
     **{f"norms.{m}": u for m, u in [
@@ -60,7 +66,8 @@ PATTERNS: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"heads\.residual_cka\.(linear|rbf)"), "cka"),
     (re.compile(r"stages\.boundary_[123]"), "relative_depth"),
 ]
-COMPONENTS = frozenset({"drop", "swap", "drop_attn", "drop_mlp", "none", "attn", "mlp"})
+COMPONENTS = frozenset({"drop", "swap", "drop_attn", "drop_mlp", "none", "attn", "mlp",
+                        "swap-drop"})
 
 
 def unit_of(metric: str) -> str | None:

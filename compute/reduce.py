@@ -1,7 +1,9 @@
 """Streaming reductions: only running sums leave the sweep loop.
 
-`MeanAccumulator` keeps (sum, sum of squares, count) per key on the compute device in float64, so
-peak memory does not grow with the number of tokens and there is no host sync per update.
+`MeanAccumulator` keeps, per key and per sequence, the sum of values on the compute device in
+float64 (and the count on the host), so peak memory does not grow with the number of tokens,
+there is no host sync per update, and every mean comes with a standard error whose unit is the
+sequence.
 `compare_distributions` turns logits into per-token KL / entropy / agreement / loss against a
 reference distribution (`reference_distribution`), making and reducing the logits in [rows,
 cols] blocks (`LogitChunks`) so that no [tokens, vocab] intermediate exists and, on a CPU, each
@@ -15,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
@@ -27,65 +30,176 @@ Key = tuple[Any, ...]  # (metric, layer, component-or-head, ...) as a family cho
 
 @dataclass(frozen=True)
 class MeanStat:
-    """A token-weighted mean with its standard error (sample std / sqrt(n))."""
+    """A mean over sequences: the mean of per-sequence means, with its standard error (sample
+    std of the per-sequence means / sqrt(n)); `n` counts sequences, `tokens` the values."""
 
     value: float
     stderr: float | None
     n: int
+    tokens: int = 0
 
 
 class MeanAccumulator:
-    """Running sum, sum of squares and count per key; finalised into `MeanStat`s."""
+    """Per key and per sequence, the running sum of values (float64, on the compute device) and
+    their count (on the host); finalised into `MeanStat`s whose unit is the sequence.
 
-    def __init__(self, device: torch.device | str = "cpu") -> None:
+    The engine says which sequences a batch holds (`start_batch(first, n)`); a row of values
+    added then is batch-major — sequence after sequence, the same number of values each —
+    and is summed per sequence on the device. Values whose sequence is given per value
+    (`add_many(..., sequence_ids=)`) may have any count per sequence. A sequence may receive
+    values in several calls (batches): its sums and counts add up. Memory is [sequences, keys]
+    float64, whatever the number of tokens; nothing waits for the device until `results`.
+    """
+
+    def __init__(self, device: torch.device | str = "cpu", n_sequences: int = 0) -> None:
         self._device = torch.device(device)
         self._slots: dict[Key, int] = {}
-        self._stats = torch.zeros(0, 3, dtype=torch.float64, device=self._device)
+        self._sums = torch.zeros(n_sequences, 0, dtype=torch.float64, device=self._device)
+        self._counts = np.zeros((n_sequences, 0), dtype=np.int64)
         # Index tensors per key list, made once: a host-to-device copy per update would make
         # every update wait for the device.
-        self._indices: dict[tuple[Key, ...], Tensor] = {}
+        self._indices: dict[tuple[Key, ...], tuple[Tensor, np.ndarray]] = {}
+        self._batch: tuple[int, int] | None = None
 
-    def _slot_indices(self, keys: Sequence[Key]) -> Tensor:
+    def start_batch(self, first_sequence: int, n_sequences: int) -> None:
+        """The next rows of values are of sequences first .. first+n-1, batch-major."""
+        if first_sequence < 0 or n_sequences < 1:
+            raise ValueError(f"bad batch of sequences: first {first_sequence}, n {n_sequences}")
+        self._batch = (first_sequence, n_sequences)
+        self._grow_sequences(first_sequence + n_sequences)
+
+    def _grow_sequences(self, total: int) -> None:
+        have = self._sums.shape[0]
+        if total > have:
+            self._sums = torch.cat([self._sums, torch.zeros(
+                total - have, self._sums.shape[1], dtype=torch.float64, device=self._device)])
+            self._counts = np.concatenate(
+                [self._counts, np.zeros((total - have, self._counts.shape[1]), np.int64)])
+
+    def _slot_indices(self, keys: Sequence[Key]) -> tuple[Tensor, np.ndarray]:
         known = self._indices.get(tuple(keys))
         if known is not None:
             return known
-        new = [k for k in keys if k not in self._slots]
+        new = [k for k in dict.fromkeys(keys) if k not in self._slots]
         if new:
             for k in new:
                 self._slots[k] = len(self._slots)
-            grow = torch.zeros(len(new), 3, dtype=torch.float64, device=self._device)
-            self._stats = torch.cat([self._stats, grow])
-        index = torch.tensor([self._slots[k] for k in keys], device=self._device)
+            have = self._sums.shape[1]
+            if len(self._slots) > have:  # grow the columns by doubling: few copies in all
+                more = max(len(self._slots), 2 * have, 16) - have
+                rows = self._sums.shape[0]
+                self._sums = torch.cat([self._sums, torch.zeros(
+                    rows, more, dtype=torch.float64, device=self._device)], dim=1)
+                self._counts = np.concatenate(
+                    [self._counts, np.zeros((rows, more), np.int64)], axis=1)
+        slots = [self._slots[k] for k in keys]
+        index = (torch.tensor(slots, device=self._device), np.asarray(slots, dtype=np.int64))
         self._indices[tuple(keys)] = index
         return index
 
-    def add(self, key: Key, values: Float[Tensor, " n"]) -> None:
+    def add(self, key: Key, values: Float[Tensor, " n"], *,
+            sequence_ids: Tensor | np.ndarray | Sequence[int] | None = None) -> None:
         """Add the per-token values of one key."""
-        self.add_many([key], values.reshape(1, -1))
+        self.add_many([key], values.reshape(1, -1), sequence_ids=sequence_ids)
 
-    def add_many(self, keys: Sequence[Key], values: Float[Tensor, "k n"]) -> None:
-        """Add a row of per-token values for each key (one vectorised update)."""
-        v = values.detach().to(torch.float64)
-        update = torch.stack(
-            [v.sum(-1), (v * v).sum(-1), torch.full_like(v[:, 0], v.shape[1])], dim=-1)
-        slots = self._slot_indices(keys)  # may grow (rebind) self._stats: resolve it first
-        self._stats.index_add_(0, slots, update)
+    def add_many(self, keys: Sequence[Key], values: Float[Tensor, "k n"], *,
+                 sequence_ids: Tensor | np.ndarray | Sequence[int] | None = None) -> None:
+        """Add a row of per-token values for each key (one vectorised update).
+
+        Without `sequence_ids` the row is the current batch's sequences one after another,
+        each with n / batch values. With them, `sequence_ids[j]` is the sequence of value j.
+        """
+        v = values.detach()
+        k, n = v.shape
+        if sequence_ids is not None:
+            self._add_by_ids(keys, v, sequence_ids)
+            return
+        if self._batch is None:
+            raise ComputeError("MeanAccumulator: call start_batch(first, n) before adding "
+                               "values, or give sequence_ids")
+        first, b = self._batch
+        if n % b:
+            raise ComputeError(f"{n} values per key do not split evenly over the batch's {b} "
+                               f"sequences (keys {keys[0]!r}...)")
+        sums = v.reshape(k, b, n // b).sum(-1, dtype=torch.float64)  # [k, b]
+        slots, host_slots = self._slot_indices(keys)  # may grow: resolve before indexing
+        self._sums[first : first + b].index_add_(1, slots, sums.T)
+        rows = np.arange(first, first + b)[:, None]
+        np.add.at(self._counts, (rows, host_slots[None, :]), n // b)  # a key may repeat
+
+    def _add_by_ids(self, keys: Sequence[Key], v: Tensor,
+                    sequence_ids: Tensor | np.ndarray | Sequence[int]) -> None:
+        ids = np.asarray(sequence_ids.cpu() if isinstance(sequence_ids, Tensor)
+                         else sequence_ids, dtype=np.int64).reshape(-1)
+        n = v.shape[1]
+        if ids.shape[0] != n:
+            raise ComputeError(f"{ids.shape[0]} sequence ids for {n} values per key")
+        if n == 0:
+            return
+        if ids.min() < 0:
+            raise ComputeError("negative sequence id")
+        self._grow_sequences(int(ids.max()) + 1)
+        slots, host_slots = self._slot_indices(keys)
+        width = self._sums.shape[1]
+        flat = (torch.as_tensor(ids, device=self._device)[None, :] * width + slots[:, None])
+        self._sums.view(-1).index_add_(0, flat.reshape(-1), v.to(torch.float64).reshape(-1))
+        per_seq = np.bincount(ids, minlength=self._counts.shape[0])
+        seen = np.nonzero(per_seq)[0]
+        for slot in host_slots:  # a key may repeat: add once per occurrence
+            self._counts[seen, slot] += per_seq[seen]
+
+    def derive(self, key: Key, terms: Sequence[tuple[float, Key]]) -> None:
+        """A new key whose per-sequence sums are sum(coef * sums of term), the counts those of
+        the terms (which must all be equal): the mean of a linear combination of per-token
+        values of the same tokens, e.g. swap minus drop, or prev_k / k."""
+        if not terms:
+            raise ValueError("derive needs at least one term")
+        counts = self._counts[:, self._slots[terms[0][1]]]
+        for _, term in terms[1:]:
+            if not np.array_equal(self._counts[:, self._slots[term]], counts):
+                raise ComputeError(f"cannot combine {terms[0][1]!r} and {term!r}: their "
+                                   "values are not of the same tokens")
+        total = sum(coef * self._sums[:, self._slots[term]] for coef, term in terms)
+        _, host_slots = self._slot_indices([key])
+        self._sums[:, int(host_slots[0])] = total
+        self._counts[:, int(host_slots[0])] = counts
 
     def keys(self) -> list[Key]:
         return list(self._slots)
 
-    def result(self, key: Key) -> MeanStat:
-        s, ss, n = (float(x) for x in self._stats[self._slots[key]].tolist())
-        if not (math.isfinite(s) and math.isfinite(ss)):
-            raise ComputeError(f"non-finite values accumulated for {key!r}")
-        mean = s / n
-        if n < 2:
-            return MeanStat(mean, None, int(n))
-        var = max((ss - n * mean * mean) / (n - 1), 0.0)
-        return MeanStat(mean, math.sqrt(var / n), int(n))
+    def sequence_means(self) -> tuple[list[Key], np.ndarray, np.ndarray]:
+        """(keys, means [sequences, keys] float64, mask [sequences, keys] of sequences that
+        have values for the key). One device-to-host copy."""
+        width = len(self._slots)
+        sums = self._sums[:, :width].cpu().numpy()
+        counts = self._counts[:, :width]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            means = np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
+        return list(self._slots), means, counts > 0
 
     def results(self) -> dict[Key, MeanStat]:
-        return {k: self.result(k) for k in self._slots}
+        keys, means, has = self.sequence_means()
+        return {key: self._stat(key, means[has[:, slot], slot], self._counts[:, slot])
+                for slot, key in enumerate(keys)}
+
+    def result(self, key: Key) -> MeanStat:
+        slot = self._slots[key]
+        sums = self._sums[:, slot].cpu().numpy()
+        counts = self._counts[:, slot]
+        has = counts > 0
+        return self._stat(key, sums[has] / counts[has], counts)
+
+    @staticmethod
+    def _stat(key: Key, means: np.ndarray, counts: np.ndarray) -> MeanStat:
+        """Mean of the per-sequence means, sample std (ddof 1) / sqrt(n); n = sequences."""
+        if not np.isfinite(means).all():
+            raise ComputeError(f"non-finite values accumulated for {key!r}")
+        n = int(means.shape[0])
+        if n == 0:
+            raise ComputeError(f"no values accumulated for {key!r}")
+        value = float(means.mean())
+        stderr = float(means.std(ddof=1) / math.sqrt(n)) if n >= 2 else None
+        return MeanStat(value, stderr, n, int(counts.sum()))
 
 
 @dataclass

@@ -19,13 +19,19 @@ from pydantic import BaseModel, ConfigDict
 
 from compute.engine import ProgressFn, sweep
 from compute.metrics import DEFAULT_FAMILIES, families_named
-from compute.metrics.base import PERFORMANCE_OPTIONS, EngineOptions, NeuronTokens
+from compute.metrics.base import (
+    PERFORMANCE_OPTIONS,
+    SEQUENCE_MEANS_SCHEMA,
+    EngineOptions,
+    NeuronTokens,
+)
 from compute.models import LoadedModel, ModelSpec, load_model
 from compute.records import records_to_table, validate_records
 from compute.tokens import TokenSpec, load_tokens, resolve_token_spec
 
-# Bumped whenever a definition in docs/metrics.md changes meaning.
-METRIC_VERSION = "1"
+# Bumped whenever a definition in docs/metrics.md changes meaning. 2: the sequence is the unit of
+# every mean's stderr and n (1: the token); intervention.swap_minus_drop_*; per-sequence means.
+METRIC_VERSION = "2"
 CODE_VERSION = "0.1.0"
 
 NEURON_TOKENS_SCHEMA = pa.schema([
@@ -33,6 +39,13 @@ NEURON_TOKENS_SCHEMA = pa.schema([
     ("direction", pa.string()), ("rank", pa.int32()), ("token_id", pa.int64()),
     ("token", pa.string()), ("cosine", pa.float64()),
 ])
+
+
+def stderr_basis(metric_version: str) -> str:
+    """What a run's `stderr` and `n` count: "token" under metric version 1 (every token an
+    independent sample), "sequence" from version 2 (the mean of per-sequence means, n =
+    sequences). Stored runs keep the basis of the version they were computed under."""
+    return "token" if metric_version == "1" else "sequence"
 
 
 class RunConfig(BaseModel):
@@ -68,6 +81,8 @@ class RunResult:
     device: str
     wall_s: float
     environment: dict[str, str] = field(default_factory=dict)
+    # per-sequence means of every per-layer mean (SEQUENCE_MEANS_SCHEMA): the bootstrap's input
+    sequence_means: pa.Table = field(default_factory=SEQUENCE_MEANS_SCHEMA.empty_table)
 
 
 def neuron_tokens_table(rows: list[NeuronTokens]) -> pa.Table:
@@ -102,6 +117,7 @@ def compute_run(
         wall_s=time.perf_counter() - start,
         environment={"torch": torch.__version__, "python": platform.python_version(),
                      "strata": CODE_VERSION},
+        sequence_means=result.sequence_means,
     )
 
 
@@ -113,5 +129,6 @@ def result_metadata(result: RunResult) -> dict[str, Any]:
         "tokens_evaluated": result.tokens_evaluated, "device": result.device,
         "wall_s": round(result.wall_s, 3), "environment": result.environment,
         "metric_version": result.config.metric_version,
+        "stderr_basis": stderr_basis(result.config.metric_version),
     }
 

@@ -16,8 +16,11 @@ engine's model layer (`LoadedModel.embed / run_block / logits`); it talks to the
 - a swap exchanges the weights of blocks l and l+1 in a deep copy of the model (state-dict
   entries `blocks.l.*` <-> `blocks.{l+1}.*`) and runs a full forward of the copy;
 - the logit lens takes `run_with_cache` residuals through `model.ln_final` and `model.unembed`;
-- per-token values are collected in Python lists, then reduced with numpy: mean and sample std
-  (ddof=1) / sqrt(n); stderr is None for n < 2;
+- per-token values are collected in Python lists, one per sequence, then reduced with numpy: the
+  mean of each sequence's values, then the mean of those per-sequence means and their sample
+  std (ddof=1) / sqrt(n), n = number of sequences; stderr is None for n < 2 (docs/metrics.md:
+  the sequence is the unit of uncertainty). `reference_sequence_means` gives the per-sequence
+  means themselves;
 - neuron moments come from `scipy.stats` (population moments; kurtosis non-excess).
 
 Distributions are compared in float64 (from the model's float32 logits).
@@ -29,12 +32,14 @@ Record conventions shared with the engine (where the definitions leave a choice)
   `frac_<class>` per layer with n = d_mlp. A neuron with constant cosines (zero variance) gets
   skew 0 and kurtosis 0 (scipy would say NaN, which cannot be stored).
 - `attention.*`: per (layer, head) and per layer (head None); the per-layer value at a query is
-  the mean over heads, so its n counts queries. `prev_<k>` only for k <= seq_len-3 (an evaluated
+  the mean over heads. `prev_<k>` only for k <= seq_len-3 (an evaluated
   query q > k must exist); `prev_<k>_mean` = prev_<k> / k, stderr / k.
 - `norms.*`: attn_out (component attn), mlp_out (component mlp), resid and attn_mlp_ratio
-  (component None); the ratio has stderr None and n = tokens.
-- `heads.*`: ablation over the evaluated tokens; induction over sequences * (n-1) items, with
-  n = min(induction_n, (n_ctx-1)//2).
+  (component None); the ratio has stderr None and n = sequences.
+- `intervention.swap_minus_drop_kl` / `_top1` (component `swap-drop`, layers 0..L-2): per token
+  the swap's KL (agreement) minus the drop's, averaged per sequence.
+- `heads.*`: ablation over the evaluated tokens; induction over (n-1) items of each of the
+  induction sequences (the unit), with n = min(induction_n, (n_ctx-1)//2).
 """
 
 from __future__ import annotations
@@ -63,7 +68,8 @@ UNITS = {
     "intervention.kl": "nats", "intervention.top1_agreement": "fraction",
     "intervention.entropy": "bits", "intervention.entropy_delta": "bits",
     "intervention.loss": "nats", "intervention.loss_delta": "nats",
-    "intervention.accuracy": "fraction",
+    "intervention.accuracy": "fraction", "intervention.swap_minus_drop_kl": "nats",
+    "intervention.swap_minus_drop_top1": "fraction",
     "logit_lens.kl_to_final": "nats", "logit_lens.entropy": "bits",
     "logit_lens.top1_agreement": "fraction", "logit_lens.loss": "nats",
     "neurons.vocab_mean": "cosine", "neurons.vocab_var": "cosine^2",
@@ -71,6 +77,11 @@ UNITS = {
     "neurons.n_prediction": "count", "neurons.n_suppression": "count",
     "neurons.n_partition": "count", "neurons.frac_prediction": "fraction",
     "neurons.frac_suppression": "fraction", "neurons.frac_partition": "fraction",
+    "neurons.n_prediction_cal": "count", "neurons.n_suppression_cal": "count",
+    "neurons.n_partition_cal": "count", "neurons.frac_prediction_cal": "fraction",
+    "neurons.frac_suppression_cal": "fraction", "neurons.frac_partition_cal": "fraction",
+    "neurons.null_kurt_q999": "ratio", "neurons.null_skew_q999": "ratio",
+    "neurons.null_var_q999": "cosine^2",
     "similarity.self": "cosine", "similarity.index": "cosine", "similarity.adjacent": "cosine",
     "attention.bos": "fraction", "attention.entropy": "bits",
     "norms.attn_out": "norm", "norms.mlp_out": "norm", "norms.attn_mlp_ratio": "ratio",
@@ -110,16 +121,40 @@ def _row(metric: str, value: float, n: int, *, layer: int | None = None,
             "unit": _unit(metric)}
 
 
-def mean_row(metric: str, values: list[float], **key: Any) -> dict[str, Any]:
-    """Mean of a per-token list, with sample std / sqrt(n) as its standard error."""
-    arr = np.asarray(values, dtype=np.float64)
-    n = len(arr)
-    stderr = float(np.std(arr, ddof=1) / np.sqrt(n)) if n >= 2 else None
-    return _row(metric, float(np.mean(arr)), n, stderr=stderr, **key)
+PerSequence = dict[int, list[float]]  # sequence index -> that sequence's per-token values
+
+
+def put(store: dict[Any, PerSequence], key: Any, sequence: int, value: float) -> None:
+    store.setdefault(key, {}).setdefault(sequence, []).append(value)
+
+
+def mean_row(metric: str, by_sequence: PerSequence, **key: Any) -> dict[str, Any]:
+    """The mean of per-sequence means, with their sample std / sqrt(n sequences) as its
+    standard error. The per-sequence means ride along under "_sequences"."""
+    seqs = sorted(by_sequence)
+    means = np.asarray([np.mean(np.asarray(by_sequence[i], dtype=np.float64)) for i in seqs])
+    n = len(means)
+    stderr = float(np.std(means, ddof=1) / np.sqrt(n)) if n >= 2 else None
+    row = _row(metric, float(np.mean(means)), n, stderr=stderr, **key)
+    row["_sequences"] = dict(zip(seqs, means.tolist(), strict=True))
+    return row
 
 
 def to_frame(rows: Iterable[dict[str, Any]]) -> pl.DataFrame:
-    return pl.DataFrame(list(rows), schema=SCHEMA)
+    return pl.DataFrame([{c: r[c] for c in COLUMNS} for r in rows], schema=SCHEMA)
+
+
+SEQUENCE_SCHEMA = {"metric": pl.String, "layer": pl.Int64, "component": pl.String,
+                   "head": pl.Int64, "sequence": pl.Int64, "value": pl.Float64}
+
+
+def sequence_frame(rows: Iterable[dict[str, Any]]) -> pl.DataFrame:
+    """The per-sequence means of the per-layer rows (head None) among `rows`."""
+    out = [{"metric": r["metric"], "layer": r["layer"], "component": r["component"],
+            "head": r["head"], "sequence": seq, "value": value}
+           for r in rows if r["head"] is None and r["neuron"] is None
+           for seq, value in r.get("_sequences", {}).items()]
+    return pl.DataFrame(out, schema=SEQUENCE_SCHEMA)
 
 
 def _model(lm: Any) -> Any:
@@ -266,20 +301,30 @@ def _intervention_runs(model: Any) -> list[tuple[str, int | None, Run]]:
 
 def intervention_rows(lm: Any, tokens: torch.Tensor, opts: Any = None) -> list[dict[str, Any]]:
     model = _model(lm)
-    per_token: dict[tuple[str, str, int | None], list[float]] = {}
+    per_token: dict[tuple[str, str, int | None], PerSequence] = {}
     runs = _intervention_runs(model)
-    for seq in _sequences(tokens):
+    n_layers = model.cfg.n_layers
+    for index, seq in enumerate(_sequences(tokens)):
+        per_position: dict[tuple[str, int | None], list[dict[str, float]]] = {}
         for kind, layer, run in runs:
             clean = _forward(model, seq)  # the baseline, recomputed for every intervention
             intervened = run(seq)
-            for s in compare_sequence(clean, intervened, seq):
+            per_position[(kind, layer)] = compare_sequence(clean, intervened, seq)
+            for s in per_position[(kind, layer)]:
                 values = {"kl": s["kl"], "top1_agreement": s["agree"],
                           "entropy": s["entropy_q"],
                           "entropy_delta": s["entropy_q"] - s["entropy_p"],
                           "loss": s["loss_q"], "loss_delta": s["loss_q"] - s["loss_p"],
                           "accuracy": s["correct"]}
                 for metric in INTERVENTION_METRICS:
-                    per_token.setdefault((metric, kind, layer), []).append(values[metric])
+                    put(per_token, (metric, kind, layer), index, values[metric])
+        for layer in range(n_layers - 1):  # paired: swap minus drop, token by token
+            pairs = zip(per_position[("swap", layer)], per_position[("drop", layer)], strict=True)
+            for swap, drop in pairs:
+                put(per_token, ("swap_minus_drop_kl", "swap-drop", layer), index,
+                    swap["kl"] - drop["kl"])
+                put(per_token, ("swap_minus_drop_top1", "swap-drop", layer), index,
+                    swap["agree"] - drop["agree"])
     return [mean_row(f"intervention.{metric}", values, layer=layer, component=kind)
             for (metric, kind, layer), values in per_token.items()]
 
@@ -290,8 +335,8 @@ def intervention_rows(lm: Any, tokens: torch.Tensor, opts: Any = None) -> list[d
 def logit_lens_rows(lm: Any, tokens: torch.Tensor, opts: Any = None) -> list[dict[str, Any]]:
     model = _model(lm)
     n_layers = model.cfg.n_layers
-    per_token: dict[tuple[str, int], list[float]] = {}
-    for seq in _sequences(tokens):
+    per_token: dict[tuple[str, int], PerSequence] = {}
+    for index, seq in enumerate(_sequences(tokens)):
         final = _forward(model, seq)
         _, cache = model.run_with_cache(seq[None])
         for point in range(n_layers + 1):
@@ -301,7 +346,7 @@ def logit_lens_rows(lm: Any, tokens: torch.Tensor, opts: Any = None) -> list[dic
             for s in compare_sequence(final, lens, seq):
                 for metric, value in (("kl_to_final", s["kl"]), ("entropy", s["entropy_q"]),
                                       ("top1_agreement", s["agree"]), ("loss", s["loss_q"])):
-                    per_token.setdefault((metric, point), []).append(value)
+                    put(per_token, (metric, point), index, value)
     return [mean_row(f"logit_lens.{metric}", values, layer=point)
             for (metric, point), values in per_token.items()]
 
@@ -346,6 +391,37 @@ def neuron_classes(moments: tuple[float, float, float, float]) -> dict[str, bool
             "partition": var > PARTITION_VARIANCE}
 
 
+# The width-calibrated classes' null (docs/metrics.md, neurons.*): NULL_DIRECTIONS standard
+# normal rows of d_model from torch.Generator().manual_seed(NULL_SEED), processed as output rows.
+NULL_DIRECTIONS, NULL_SEED, NULL_QUANTILE = 4096, 0, 0.999
+
+
+def null_thresholds(lm: Any) -> tuple[float, float, float]:
+    """The 99.9th percentiles (numpy's linear interpolation) of kurtosis, |skew| and variance
+    of the random directions' cosines with the unembedding, from scipy moments in float64."""
+    u = unembedding_directions(lm)
+    gen = torch.Generator().manual_seed(NULL_SEED)
+    raw = torch.randn(NULL_DIRECTIONS, u.shape[0], generator=gen).double().numpy()
+    raw = raw - raw.mean(axis=1, keepdims=True)
+    directions = raw / np.linalg.norm(raw, axis=1, keepdims=True)
+    moments: list[tuple[float, float, float, float]] = []
+    for start in range(0, NULL_DIRECTIONS, 256):
+        moments += neuron_moments(directions[start : start + 256] @ u)
+    _, var, skew, kurt = np.array(moments).T
+    return (float(np.quantile(kurt, NULL_QUANTILE)),
+            float(np.quantile(np.abs(skew), NULL_QUANTILE)),
+            float(np.quantile(var, NULL_QUANTILE)))
+
+
+def calibrated_classes(moments: tuple[float, float, float, float],
+                       null: tuple[float, float, float]) -> dict[str, bool]:
+    _, var, skew, kurt = moments
+    null_kurt, null_skew, null_var = null
+    return {"prediction_cal": kurt > null_kurt and skew > null_skew,
+            "suppression_cal": kurt > null_kurt and skew < -null_skew,
+            "partition_cal": var > null_var}
+
+
 def _all_neuron_moments(lm: Any) -> dict[int, list[tuple[float, float, float, float]]]:
     u = unembedding_directions(lm)
     return {layer: neuron_moments(neuron_cosines(lm, layer, u))
@@ -358,14 +434,18 @@ def neurons_rows(lm: Any, tokens: torch.Tensor | None = None,
     if not _has_mlp(model):
         return []
     vocab, d_mlp = real_vocab(lm), int(model.cfg.d_mlp)
-    rows = []
+    null = null_thresholds(lm)
+    rows = [_row(f"neurons.null_{name}_q999", value, NULL_DIRECTIONS)
+            for name, value in zip(("kurt", "skew", "var"), null, strict=True)]
     for layer, per_neuron in _all_neuron_moments(lm).items():
-        counts = {"prediction": 0, "suppression": 0, "partition": 0}
+        counts = {"prediction": 0, "suppression": 0, "partition": 0, "prediction_cal": 0,
+                  "suppression_cal": 0, "partition_cal": 0}
         for neuron, moments in enumerate(per_neuron):
             for name, value in zip(("vocab_mean", "vocab_var", "vocab_skew", "vocab_kurt"),
                                    moments, strict=True):
                 rows.append(_row(f"neurons.{name}", value, vocab, layer=layer, neuron=neuron))
-            for cls, member in neuron_classes(moments).items():
+            for cls, member in {**neuron_classes(moments),
+                                **calibrated_classes(moments, null)}.items():
                 counts[cls] += int(member)
         for cls, count in counts.items():
             rows.append(_row(f"neurons.n_{cls}", count, d_mlp, layer=layer))
@@ -422,8 +502,8 @@ def similarity_rows(lm: Any, tokens: torch.Tensor, opts: Any = None) -> list[dic
     model = _model(lm)
     n_layers = model.cfg.n_layers
     swapped = {layer: swapped_model(model, layer) for layer in range(n_layers - 1)}
-    per_token: dict[tuple[str, str, int], list[float]] = {}
-    for seq in _sequences(tokens):
+    per_token: dict[tuple[str, str, int], PerSequence] = {}
+    for index, seq in enumerate(_sequences(tokens)):
         _, clean = model.run_with_cache(seq[None])
         for layer in range(n_layers - 1):
             _, moved = swapped[layer].run_with_cache(seq[None])
@@ -435,7 +515,7 @@ def similarity_rows(lm: Any, tokens: torch.Tensor, opts: Any = None) -> list[dic
                 for pos in range(1, len(seq) - 1):
                     for metric, a, b in (("self", at_l, own_next), ("index", at_l, own_l),
                                          ("adjacent", own_l, own_next)):
-                        per_token.setdefault((metric, component, layer), []).append(
+                        put(per_token, (metric, component, layer), index,
                             _cosine(a[pos], b[pos]))
     return [mean_row(f"similarity.{metric}", values, layer=layer, component=component)
             for (metric, component, layer), values in per_token.items()]
@@ -458,8 +538,8 @@ def attention_rows(lm: Any, tokens: torch.Tensor, opts: Any = None) -> list[dict
     n_heads = model.cfg.n_heads
     seq_len = tokens.shape[1]
     ks = [k for k in opts.prev_ks if k <= seq_len - 3]
-    per_head: dict[tuple[str, int, int | None], list[float]] = {}
-    for seq in _sequences(tokens):
+    per_head: dict[tuple[str, int, int | None], PerSequence] = {}
+    for index, seq in enumerate(_sequences(tokens)):
         _, cache = model.run_with_cache(seq[None], names_filter=_is_pattern)
         for layer in range(model.cfg.n_layers):
             pattern = cache[f"blocks.{layer}.attn.hook_pattern"][0].double().numpy()
@@ -477,14 +557,15 @@ def attention_rows(lm: Any, tokens: torch.Tensor, opts: Any = None) -> list[dict
                     if metric.startswith("prev_") and q <= int(metric.split("_")[1]):
                         continue
                     for h, value in enumerate(by_head):
-                        per_head.setdefault((metric, layer, h), []).append(value)
-                    per_head.setdefault((metric, layer, None), []).append(float(np.mean(by_head)))
+                        put(per_head, (metric, layer, h), index, value)
+                    put(per_head, (metric, layer, None), index, float(np.mean(by_head)))
     rows = []
     for (metric, layer, head), values in per_head.items():
         rows.append(mean_row(f"attention.{metric}", values, layer=layer, head=head))
         if metric.startswith("prev_"):
             k = int(metric.split("_")[1])
-            rows.append(mean_row(f"attention.{metric}_mean", [v / k for v in values],
+            rows.append(mean_row(f"attention.{metric}_mean",
+                                 {i: [v / k for v in vs] for i, vs in values.items()},
                                  layer=layer, head=head))
     return rows
 
@@ -494,8 +575,8 @@ def attention_rows(lm: Any, tokens: torch.Tensor, opts: Any = None) -> list[dict
 
 def norms_rows(lm: Any, tokens: torch.Tensor, opts: Any = None) -> list[dict[str, Any]]:
     model = _model(lm)
-    per_token: dict[tuple[str, str | None, int], list[float]] = {}
-    for seq in _sequences(tokens):
+    per_token: dict[tuple[str, str | None, int], PerSequence] = {}
+    for index, seq in enumerate(_sequences(tokens)):
         _, cache = model.run_with_cache(seq[None])
         for layer in range(model.cfg.n_layers):
             names = [("attn_out", "attn", f"blocks.{layer}.hook_attn_out"),
@@ -505,17 +586,17 @@ def norms_rows(lm: Any, tokens: torch.Tensor, opts: Any = None) -> list[dict[str
             for metric, component, name in names:
                 x = cache[name][0].double().numpy()
                 for pos in range(1, len(seq) - 1):
-                    per_token.setdefault((metric, component, layer), []).append(
+                    put(per_token, (metric, component, layer), index,
                         float(np.sqrt(np.sum(x[pos] ** 2))))
     rows = [mean_row(f"norms.{metric}", values, layer=layer, component=component)
             for (metric, component, layer), values in per_token.items()]
     if _has_mlp(model):
         for layer in range(model.cfg.n_layers):
-            attn = per_token[("attn_out", "attn", layer)]
-            mlp = per_token[("mlp_out", "mlp", layer)]
-            if np.mean(mlp) > 0:
-                rows.append(_row("norms.attn_mlp_ratio", float(np.mean(attn) / np.mean(mlp)),
-                                 len(attn), layer=layer))
+            attn = mean_row("norms.attn_out", per_token[("attn_out", "attn", layer)])
+            mlp = mean_row("norms.mlp_out", per_token[("mlp_out", "mlp", layer)])
+            if mlp["value"] > 0:  # a ratio of the two means: no stderr
+                rows.append(_row("norms.attn_mlp_ratio", attn["value"] / mlp["value"],
+                                 attn["n"], layer=layer))
     return rows
 
 
@@ -524,16 +605,16 @@ def norms_rows(lm: Any, tokens: torch.Tensor, opts: Any = None) -> list[dict[str
 
 def head_ablation_rows(lm: Any, tokens: torch.Tensor, opts: Any = None) -> list[dict[str, Any]]:
     model = _model(lm)
-    per_token: dict[tuple[str, int, int], list[float]] = {}
-    for seq in _sequences(tokens):
+    per_token: dict[tuple[str, int, int], PerSequence] = {}
+    for index, seq in enumerate(_sequences(tokens)):
         for layer in range(model.cfg.n_layers):
             for head in range(model.cfg.n_heads):
                 clean = _forward(model, seq)
                 ablated = _forward(model, seq,
                                    [(f"blocks.{layer}.attn.hook_z", _zero_head_hook(head))])
                 for s in compare_sequence(clean, ablated, seq):
-                    per_token.setdefault(("ablation_kl", layer, head), []).append(s["kl"])
-                    per_token.setdefault(("ablation_loss_delta", layer, head), []).append(
+                    put(per_token, ("ablation_kl", layer, head), index, s["kl"])
+                    put(per_token, ("ablation_loss_delta", layer, head), index,
                         s["loss_q"] - s["loss_p"])
     return [mean_row(f"heads.{metric}", values, layer=layer, head=head)
             for (metric, layer, head), values in per_token.items()]
@@ -553,8 +634,8 @@ def induction_rows(lm: Any, opts: Any = None) -> list[dict[str, Any]]:
     opts = opts or ReferenceOptions()
     model = _model(lm)
     tokens, n = induction_tokens(lm, opts)
-    per_item: dict[tuple[int, int], list[float]] = {}
-    for seq in _sequences(tokens):
+    per_item: dict[tuple[int, int], PerSequence] = {}
+    for index, seq in enumerate(_sequences(tokens)):
         if not (len(seq) == 2 * n + 1 and bool((seq[1 : n + 1] == seq[n + 1 :]).all())):
             raise ValueError("induction tokens are not BOS, r_1..r_n, r_1..r_n")
         _, cache = model.run_with_cache(seq[None], names_filter=_is_pattern)
@@ -563,8 +644,7 @@ def induction_rows(lm: Any, opts: Any = None) -> list[dict[str, Any]]:
             for head in range(model.cfg.n_heads):
                 for i in range(1, n):
                     # query: the second r_i (position n+i); key: the token after the first r_i
-                    per_item.setdefault((layer, head), []).append(
-                        float(pattern[head, n + i, i + 1]))
+                    put(per_item, (layer, head), index, float(pattern[head, n + i, i + 1]))
     return [mean_row("heads.induction", values, layer=layer, head=head)
             for (layer, head), values in per_item.items()]
 
@@ -586,6 +666,25 @@ FAMILY_FUNCTIONS: dict[str, Callable[[Any, torch.Tensor, Any], list[dict[str, An
 }
 
 
+def reference_rows(lm: Any, tokens: torch.Tensor, families: Iterable[str],
+                   opts: Any = None) -> list[dict[str, Any]]:
+    """Every named family's rows as dicts (mean rows carry their per-sequence means)."""
+    opts = opts or ReferenceOptions()
+    rows: list[dict[str, Any]] = []
+    with torch.no_grad():
+        for family in dict.fromkeys(families):
+            if family not in FAMILY_FUNCTIONS:
+                raise ValueError(f"unknown family {family!r}; choose from {', '.join(FAMILIES)}")
+            rows.extend(FAMILY_FUNCTIONS[family](lm, tokens, opts))
+    return rows
+
+
+def reference_sequence_means(lm: Any, tokens: torch.Tensor, families: Iterable[str],
+                             opts: Any = None) -> pl.DataFrame:
+    """The per-sequence means behind every per-layer mean (head None) of the named families."""
+    return sequence_frame(reference_rows(lm, tokens, families, opts))
+
+
 def reference_sweep(lm: Any, tokens: torch.Tensor, families: Iterable[str],
                     opts: Any = None) -> pl.DataFrame:
     """Every named family's rows, one long polars DataFrame with the record columns.
@@ -594,11 +693,4 @@ def reference_sweep(lm: Any, tokens: torch.Tensor, families: Iterable[str],
     `lm.tokenizer` are used); `tokens` is [n_sequences, seq_len] with BOS at position 0;
     `opts` is anything with the fields of `ReferenceOptions` (e.g. `EngineOptions`).
     """
-    opts = opts or ReferenceOptions()
-    rows: list[dict[str, Any]] = []
-    with torch.no_grad():
-        for family in dict.fromkeys(families):
-            if family not in FAMILY_FUNCTIONS:
-                raise ValueError(f"unknown family {family!r}; choose from {', '.join(FAMILIES)}")
-            rows.extend(FAMILY_FUNCTIONS[family](lm, tokens, opts))
-    return to_frame(rows)
+    return to_frame(reference_rows(lm, tokens, families, opts))

@@ -2,8 +2,9 @@
 
 Query positions are the evaluated positions 1..T-2. For `prev_<k>` only queries q > k count (so
 that all k previous keys exist); the value at a query is the total weight on keys q-1..q-k.
-Per-layer rows average over heads at each query first, so their n is the number of queries and
-their stderr is over queries.
+Per-layer rows average over heads at each query first. Like every mean, a row's value is the mean
+of per-sequence means and n counts sequences; every sequence has the same queries q > k, so this
+is also the mean over all its queries.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from torch import Tensor
 
 from compute.metrics.base import BatchContext, EngineOptions, FamilyBase, FamilyOutput
 from compute.models import LoadedModel
-from compute.records import Record
 from compute.reduce import LN2, MeanAccumulator
 
 
@@ -67,11 +67,11 @@ class AttentionFamily(FamilyBase):
 
     def finish(self, lm: LoadedModel, acc: MeanAccumulator, opts: EngineOptions,
                tick: Callable[[int], None]) -> FamilyOutput:
-        records = super().finish(lm, acc, opts, tick).records
-        for r in list(records):
-            if r.metric.startswith("attention.prev_"):  # the per-entry mean, as some code reports
-                k = int(r.metric.removeprefix("attention.prev_"))
-                records.append(Record.of(f"{r.metric}_mean", r.value / k, r.n, layer=r.layer,
-                                         head=r.head,
-                                         stderr=None if r.stderr is None else r.stderr / k))
-        return FamilyOutput(records)
+        # prev_<k>_mean = prev_<k> / k (the per-entry mean, as some code reports), sequence by
+        # sequence: its stderr is prev_<k>'s / k
+        known = acc.keys()  # a copy: derive adds keys
+        for key in known:
+            if key[0].startswith("prev_"):
+                k = int(key[0].removeprefix("prev_"))
+                acc.derive((f"{key[0]}_mean", *key[1:]), [(1.0 / k, key)])
+        return super().finish(lm, acc, opts, tick)

@@ -12,11 +12,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import numpy as np
+import pyarrow as pa
 import torch
 from jaxtyping import Float, Int
 from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor
 
+from compute.errors import ComputeError
 from compute.models import BlockRun, LoadedModel
 from compute.records import Record
 from compute.reduce import (
@@ -96,10 +99,22 @@ def logit_chunks(lm: LoadedModel, opts: EngineOptions) -> LogitChunks:
     return LogitChunks(rows=max(1, block // vocab), cols=vocab)
 
 
+# The per-sequence means behind every per-layer mean (rows with head null): what a bootstrap over
+# sequences resamples (docs/metrics.md: uncertainty). `sequence` is the index of the sequence in
+# the run's tokens (0 .. n_sequences-1).
+SEQUENCE_MEANS_SCHEMA = pa.schema([
+    pa.field("metric", pa.string(), nullable=False), pa.field("layer", pa.int32()),
+    pa.field("component", pa.string()), pa.field("head", pa.int32()),
+    pa.field("sequence", pa.int32(), nullable=False),
+    pa.field("value", pa.float64(), nullable=False),
+])
+
+
 @dataclass
 class FamilyOutput:
     records: list[Record]
     neuron_tokens: list[NeuronTokens] = field(default_factory=list)
+    sequence_means: pa.Table | None = None
 
 
 @dataclass
@@ -196,8 +211,35 @@ def accumulated_records(family: str, acc: MeanAccumulator,
     return records
 
 
+def accumulated_sequence_means(family: str, acc: MeanAccumulator,
+                               key_fields: tuple[str, ...]) -> pa.Table:
+    """The per-sequence means of every per-layer key (no head, or head None): one row per
+    (key, sequence that has values for it), in `SEQUENCE_MEANS_SCHEMA`."""
+    keys, means, has = acc.sequence_means()
+    cols: dict[str, list[object]] = {name: [] for name in SEQUENCE_MEANS_SCHEMA.names}
+    seqs: list[np.ndarray] = []
+    values: list[np.ndarray] = []
+    for slot, key in enumerate(keys):
+        fields = dict(zip(key_fields, key, strict=True))
+        if fields.get("head") is not None:
+            continue
+        which = np.nonzero(has[:, slot])[0]
+        if not np.isfinite(means[which, slot]).all():
+            raise ComputeError(f"non-finite values accumulated for {key!r}")
+        seqs.append(which)
+        values.append(means[which, slot])
+        for name in ("metric", "layer", "component", "head"):
+            value = f"{family}.{fields['metric']}" if name == "metric" else fields.get(name)
+            cols[name].extend([value] * len(which))
+    cols["sequence"] = np.concatenate(seqs).astype(np.int32) if seqs else []  # type: ignore[assignment]
+    cols["value"] = np.concatenate(values) if values else []  # type: ignore[assignment]
+    return pa.table({name: pa.array(cols[name], type=SEQUENCE_MEANS_SCHEMA.field(name).type)
+                     for name in SEQUENCE_MEANS_SCHEMA.names}, schema=SEQUENCE_MEANS_SCHEMA)
+
+
 class FamilyBase:
-    """Defaults for a family: no work per batch, records straight from the accumulator."""
+    """Defaults for a family: no work per batch, records (and the per-sequence means of
+    per-layer rows) straight from the accumulator."""
 
     name: str
     needs_patterns = False
@@ -215,7 +257,9 @@ class FamilyBase:
 
     def finish(self, lm: LoadedModel, acc: MeanAccumulator, opts: EngineOptions,
                tick: Callable[[int], None]) -> FamilyOutput:
-        return FamilyOutput(accumulated_records(self.name, acc, self.key_fields))
+        return FamilyOutput(accumulated_records(self.name, acc, self.key_fields),
+                            sequence_means=accumulated_sequence_means(self.name, acc,
+                                                                      self.key_fields))
 
 
 class Family(Protocol):

@@ -110,7 +110,8 @@ class HeadsFamily(FamilyBase):
 
     def finish(self, lm: LoadedModel, acc: MeanAccumulator, opts: EngineOptions,
                tick: Callable[[int], None]) -> FamilyOutput:
-        scores = induction_scores(lm, opts)
+        scores = induction_scores(lm, opts)  # batch-major over the induction sequences
+        acc.start_batch(0, opts.induction_sequences)  # the unit: one induction sequence
         for layer in range(lm.n_layers):
             acc.add_many([("induction", layer, h) for h in range(lm.n_heads)], scores[layer])
         tick(1)

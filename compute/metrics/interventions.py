@@ -14,12 +14,16 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from compute.metrics.base import BatchContext, EngineOptions, FamilyBase
+from compute.metrics.base import BatchContext, EngineOptions, FamilyBase, FamilyOutput
 from compute.models import LoadedModel
 from compute.reduce import MeanAccumulator, TokenStats
 
 KINDS = ("drop", "swap", "drop_attn", "drop_mlp")
 METRICS = ("kl", "top1_agreement", "entropy", "entropy_delta", "loss", "loss_delta", "accuracy")
+# Paired differences, swap of (l, l+1) minus drop of l at the same tokens, l = 0..L-2:
+# (metric name, the per-token metric they difference). Component `swap-drop`.
+PAIRED = (("swap_minus_drop_kl", "kl"), ("swap_minus_drop_top1", "top1_agreement"))
+PAIRED_COMPONENT = "swap-drop"
 
 
 def _kinds(lm: LoadedModel) -> tuple[str, ...]:
@@ -50,6 +54,18 @@ class InterventionFamily(FamilyBase):
             for kind, stats in _layer_runs(ctx, layer):
                 _add(acc, kind, layer, stats(), ctx)
                 ctx.tick(1)
+
+    def finish(self, lm: LoadedModel, acc: MeanAccumulator, opts: EngineOptions,
+               tick: Callable[[int], None]) -> FamilyOutput:
+        """Adds the paired swap-minus-drop means. Per sequence, the mean over its tokens of
+        (swap value - drop value) is the difference of the two per-sequence means (the same
+        tokens), so they come from the accumulated per-sequence sums at no cost in the sweep;
+        their stderr is that of the per-sequence differences (paired)."""
+        for layer in range(lm.n_layers - 1):
+            for name, metric in PAIRED:
+                acc.derive((name, PAIRED_COMPONENT, layer),
+                           [(1.0, (metric, "swap", layer)), (-1.0, (metric, "drop", layer))])
+        return super().finish(lm, acc, opts, tick)
 
 
 def _layer_runs(ctx: BatchContext, layer: int) -> list[tuple[str, Callable[[], TokenStats]]]:

@@ -2,7 +2,8 @@
 
 Norms are of the processed model, so with centered writing weights the writes are centered over
 d_model. `attn_mlp_ratio` is a ratio of means (mean ||attn_out|| / mean ||mlp_out||); it has no
-per-token standard error and is stored with stderr null.
+standard error and is stored with stderr null; its n is the number of sequences, like every
+mean's.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ class NormsFamily(FamilyBase):
 
     def finish(self, lm: LoadedModel, acc: MeanAccumulator, opts: EngineOptions,
                tick: Callable[[int], None]) -> FamilyOutput:
-        records = super().finish(lm, acc, opts, tick).records
+        out = super().finish(lm, acc, opts, tick)
+        records = out.records
         if lm.has_mlp:
             for layer in range(lm.n_layers):
                 attn = acc.result(("attn_out", "attn", layer))
@@ -38,4 +40,4 @@ class NormsFamily(FamilyBase):
                 if mlp.value > 0:
                     records.append(Record.of("norms.attn_mlp_ratio", attn.value / mlp.value,
                                              attn.n, layer=layer))
-        return FamilyOutput(records)
+        return out

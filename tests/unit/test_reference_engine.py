@@ -148,14 +148,34 @@ def assert_same(engine_rows: list[dict[str, Any]], reference_rows: pl.DataFrame)
     assert not problems, f"{len(problems)} differences:\n" + "\n".join(problems[:40])
 
 
+SequenceKey = tuple[str, int | None, str | None, int | None, int]
+
+
+def assert_same_sequence_means(result: SweepResult, family: str,
+                               expected: pl.DataFrame) -> None:
+    """The engine's per-sequence means of one family against the reference's: the same
+    (metric, layer, component, head, sequence) keys, values within the tolerance."""
+    def keyed(frame: pl.DataFrame) -> dict[SequenceKey, float]:
+        return {(r["metric"], r["layer"], r["component"], r["head"], r["sequence"]): r["value"]
+                for r in frame.iter_rows(named=True) if r["metric"].startswith(f"{family}.")}
+
+    got, want = keyed(pl.from_arrow(result.sequence_means)), keyed(expected)  # type: ignore[arg-type]
+    assert sorted(got, key=str) == sorted(want, key=str)
+    bad = [(k, got[k], want[k]) for k in want if not _close(got[k], want[k])]
+    assert not bad, bad[:20]
+
+
 # --------------------------------------------------------------------------- the tests
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_family_matches_reference(swept: Swept, family: str) -> None:
-    expected = reference.reference_sweep(swept.lm, swept.tokens, [family], swept.opts)
+    """Records (value, stderr over sequences, n = sequences) and the per-sequence means."""
+    rows = reference.reference_rows(swept.lm, swept.tokens, [family], swept.opts)
+    expected = reference.to_frame(rows)
     assert expected.height > 0 or (family == "neurons" and not swept.lm.has_mlp)
     assert_same(_engine_rows(swept.result, family), expected)
+    assert_same_sequence_means(swept.result, family, reference.sequence_frame(rows))
 
 
 def test_neuron_tokens_match_reference(swept: Swept) -> None:
@@ -219,9 +239,10 @@ def test_weights_edited_after_a_sweep_are_the_weights_analysed(
                 reference.reference_sweep(lm, tokens, families, opts))
 
 
-def test_single_sequence_single_token_has_no_stderr(
+def test_single_sequence_has_no_stderr(
         tiny_factories: dict[str, Callable[..., Any]]) -> None:
-    """One sequence of length 3 evaluates one token: n = 1 and stderr is null, not 0 or NaN."""
+    """One sequence (of length 3: one token) is one unit of uncertainty: n = 1 and stderr is
+    null, not 0 or NaN."""
     lm = tiny_factories["random"](seed=10, n_layers=2)
     tokens = tiny_factories["tokens"](1, 3, lm.d_vocab_real, lm.bos_token_id, seed=4)
     families = ["intervention", "logit_lens", "similarity", "norms"]
