@@ -1,7 +1,9 @@
 """`strata db ...`: the results database's schema, and storing a computed run from the CLI.
 
 The CLI opens the database (STRATA_DATABASE) only when no service holds it; when one does, it
-says so and exits with code 5 instead of showing DuckDB's lock error.
+says so and exits with code 5 instead of showing DuckDB's lock error — except `strata db backup`,
+which then asks the service to make the backup (POST /api/v1/admin/backup). `strata db restore`
+refuses a running service (exit 2).
 
 Wiring (service/cli.py): `main.add_command(db)`; `strata compute --store` calls
 `check_store_writable(settings)` before computing and `store_result(result, settings)` after.
@@ -12,11 +14,12 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, TypeVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from service.cli_errors import exit_code_of
+from service.cli_errors import EXIT_BAD_INPUT, EXIT_HELD, EXIT_UNREACHABLE, exit_code_of, fail
 from service.settings import Settings, get_settings
 from service.store.errors import StoreError
 
@@ -105,3 +108,105 @@ def current() -> None:
     state = "up to date" if revision == head else "run `strata db upgrade`"
     click.echo(f"{get_settings().database}: revision {revision or 'none (empty)'}; code head "
                f"{head} ({state})")
+
+
+@db.command()
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--keep", type=click.IntRange(min=1), default=None,
+              help="PATH is a folder of backups: keep only the newest KEEP of them")
+@click.option("--url", default=None, help="make the backup through this service (default: "
+              "through STRATA_API_URL when a service holds the database, else directly)")
+def backup(path: Path, keep: int | None, url: str | None) -> None:
+    """Copy a consistent snapshot of the database to PATH (a new file, or a folder: then
+    strata-<UTC time>.duckdb inside it), while the service keeps running.
+
+    With a service running (it alone may open the file) the service writes the backup: PATH is
+    then a path on its machine. Without one, the CLI opens the file itself.
+    """
+    from service.store.backup import BackupError, DiskFullError
+    from service.store.backup import backup as make_backup
+    from service.store.db import Store
+    from service.store.errors import DatabaseHeldError
+
+    settings = get_settings()
+    if url is None:
+        try:
+            store = Store.open(settings.database)
+        except DatabaseHeldError as held:
+            done = _backup_through_service(settings.api_url, path, keep, held)
+        except StoreError as exc:
+            fail(str(exc), exit_code_of(exc))
+        else:
+            try:
+                summary = make_backup(store, path, keep=keep)
+            except DiskFullError as exc:
+                fail(str(exc), 1)
+            except BackupError as exc:
+                fail(str(exc), EXIT_BAD_INPUT)
+            finally:
+                store.close()
+            done = {"path": summary.path, "bytes": summary.bytes, "seconds": summary.seconds,
+                    "runs": summary.runs, "revision": summary.revision,
+                    "removed": list(summary.removed)}
+    else:
+        done = _backup_through_service(url, path, keep, None)
+    click.echo(f"backup {done['path']}: {done['runs']} runs, {done['bytes'] / 2**20:.1f} MiB, "
+               f"schema {done['revision']}, {done['seconds']:.2f} s")
+    for old in done["removed"]:
+        click.echo(f"removed old backup {old}")
+
+
+def _backup_through_service(url: str, path: Path, keep: int | None,
+                            held: StoreError | None) -> dict[str, Any]:
+    import httpx
+
+    from service.worker.client import error_detail
+
+    settings = get_settings()
+    key = settings.client_key()
+    body: dict[str, Any] = {"path": str(path.absolute())}
+    if keep is not None:
+        body["keep"] = keep
+    try:
+        answer = httpx.post(f"{url.rstrip('/')}/api/v1/admin/backup", json=body, timeout=3600,
+                            headers={"X-API-Key": key} if key else {})
+    except httpx.HTTPError as exc:
+        if held is not None:
+            fail(f"{held} No service answers at {url} to make the backup ({exc}): give "
+                 "--url, or stop the process and run this again.", EXIT_HELD)
+        fail(f"the service at {url} cannot be reached ({exc})", EXIT_UNREACHABLE)
+    if answer.status_code >= 400:
+        fail(f"the service refused the backup: {error_detail(answer)} (HTTP "
+             f"{answer.status_code})", EXIT_BAD_INPUT if answer.status_code < 500 else 1)
+    result: dict[str, Any] = answer.json()
+    return result
+
+
+@db.command()
+@click.argument("path", type=click.Path(path_type=Path))
+def restore(path: Path) -> None:
+    """Put the backup PATH in place of the database (STRATA_DATABASE). The service must be
+    stopped; the database it replaces is kept beside it as <name>.pre-restore-<UTC time>."""
+    from service.store.backup import BackupError, DiskFullError
+    from service.store.backup import restore as put_back
+    from service.store.errors import DatabaseHeldError
+
+    settings = get_settings()
+    try:
+        done = put_back(path, settings.database)
+    except DatabaseHeldError as exc:
+        fail(f"{exc} Stop the Strata service before restoring (a restore replaces the file it "
+             "serves); nothing was changed.", EXIT_BAD_INPUT)
+    except DiskFullError as exc:
+        fail(str(exc), 1)
+    except BackupError as exc:
+        fail(str(exc), EXIT_BAD_INPUT)
+    click.echo(f"restored {done.source} into {done.database}: {done.runs} runs, schema "
+               f"{done.revision}")
+    if done.kept:
+        click.echo(f"the database it replaced is kept as {done.kept}")
+    from service.store.migrate import head_revision
+
+    if done.revision != head_revision():
+        click.echo(f"the backup's schema is {done.revision}, this code's is {head_revision()}: "
+                   "run `strata db upgrade` before `strata serve`")

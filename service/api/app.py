@@ -18,6 +18,7 @@ from litestar.di import Provide
 
 from service.api.auth import require_read_access
 from service.api.controllers.across import AcrossModelsController
+from service.api.controllers.admin import AdminController
 from service.api.controllers.dashboard import web_routes
 from service.api.controllers.families import FamiliesController
 from service.api.controllers.health import HealthController
@@ -55,7 +56,7 @@ def create_app(settings: Settings, store: Store, *, jobs: JobService | None = No
                                          "If-None-Match"],
                           expose_headers=["ETag"])
     return Litestar(
-        route_handlers=[HealthController, data, *asset_routers(), *web_routes()],
+        route_handlers=[HealthController, AdminController, data, *asset_routers(), *web_routes()],
         dependencies={"ctx": Provide(provide_ctx, sync_to_thread=False)},
         exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]
         openapi_config=openapi_config(),
