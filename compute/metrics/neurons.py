@@ -4,11 +4,20 @@ For each MLP neuron, the cosine between its output weight row (centered over d_m
 unembedding column of every real vocabulary token (W_U with the final-norm gain folded in,
 centered over d_model and over the vocabulary; padding columns beyond the tokenizer excluded).
 Moments over the vocabulary are population moments; kurtosis is non-excess (Gaussian = 3).
+
+Two sets of classes are counted. The study's fixed cut-offs (`classify`) mean different things at
+different widths: random directions in d_model dimensions give a cosine variance of about
+1/d_model, so `partition` fires on nearly every neuron below d_model ~ 200. The width-calibrated
+classes (`classify_calibrated`, the default for the dashboard and the stage rule) test each
+neuron against the null distribution of the same moments of `NULL_DIRECTIONS` seeded random
+directions of the model's d_model against its own unembedding (`null_thresholds`), so that random
+weights give about 0 at any width.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from jaxtyping import Float
@@ -28,6 +37,14 @@ from compute.reduce import LogitChunks, MeanAccumulator
 KURTOSIS_THRESHOLD = 10.0
 PARTITION_VARIANCE = 0.005
 MOMENTS = ("vocab_mean", "vocab_var", "vocab_skew", "vocab_kurt")
+# The null of the width-calibrated classes: NULL_DIRECTIONS standard normal rows of d_model
+# drawn by a torch.Generator seeded with NULL_SEED (on the CPU, float32), each processed as an
+# output weight row, and the NULL_QUANTILE quantile (linear interpolation) of their moments.
+NULL_DIRECTIONS = 4096
+NULL_SEED = 0
+NULL_QUANTILE = 0.999
+FIXED_CLASSES = ("prediction", "suppression", "partition")
+CALIBRATED_CLASSES = ("prediction_cal", "suppression_cal", "partition_cal")
 
 
 def unembedding_directions(lm: LoadedModel) -> Float[Tensor, "d_model vocab"]:
@@ -98,6 +115,55 @@ def classify(moments: Float[Tensor, "4 n"]) -> dict[str, Tensor]:
             "partition": var > PARTITION_VARIANCE}
 
 
+@dataclass(frozen=True)
+class NullThresholds:
+    """The null's NULL_QUANTILE quantiles: of vocab_kurt, of |vocab_skew| and of vocab_var."""
+
+    kurt: float
+    skew: float
+    var: float
+    n: int  # random directions the quantiles are over
+
+
+def random_directions(d_model: int, n: int = NULL_DIRECTIONS,
+                      seed: int = NULL_SEED) -> Float[Tensor, "n d_model"]:
+    """`n` seeded standard normal rows of `d_model` (CPU, float32): the null's raw directions
+    (`neuron_moments` centers them over d_model and scales them to unit norm, as it does w_out).
+
+    >>> random_directions(8, n=2).shape
+    torch.Size([2, 8])
+    """
+    return torch.randn(n, d_model, generator=torch.Generator().manual_seed(seed))
+
+
+def null_moments(u: Float[Tensor, "d_model vocab"], *, n: int = NULL_DIRECTIONS,
+                 seed: int = NULL_SEED, chunks: LogitChunks | None = None) -> Float[Tensor, "4 n"]:
+    """The vocabulary moments of `n` random directions against `u` (the same blocked code as the
+    neurons' own moments)."""
+    return neuron_moments(random_directions(u.shape[0], n, seed).to(u.device), u, chunks=chunks)
+
+
+def null_thresholds(moments: Float[Tensor, "4 n"]) -> NullThresholds:
+    """The NULL_QUANTILE quantiles (torch.quantile, linear interpolation) of a null's moments."""
+    _, var, skew, kurt = moments.double().cpu()
+
+    def q(x: Tensor) -> float:
+        return float(torch.quantile(x, NULL_QUANTILE))
+
+    return NullThresholds(kurt=q(kurt), skew=q(skew.abs()), var=q(var), n=moments.shape[1])
+
+
+def classify_calibrated(moments: Float[Tensor, "4 n"], null: NullThresholds) -> dict[str, Tensor]:
+    """Boolean masks of the width-calibrated classes (docs/metrics.md, neurons.*):
+    prediction_cal: kurt > null kurt and skew > null |skew|; suppression_cal: kurt > null kurt
+    and skew < -null |skew|; partition_cal: var > null var (a flag, may coexist)."""
+    _, var, skew, kurt = moments
+    heavy = kurt > null.kurt
+    return {"prediction_cal": heavy & (skew > null.skew),
+            "suppression_cal": heavy & (skew < -null.skew),
+            "partition_cal": var > null.var}
+
+
 class NeuronsFamily(FamilyBase):
     name = "neurons"
 
@@ -113,22 +179,30 @@ class NeuronsFamily(FamilyBase):
         with torch.inference_mode():
             u = unembedding_directions(lm)
             chunks = logit_chunks(lm, opts)
+            null = null_thresholds(null_moments(u, chunks=chunks))
+            self._null_records(out, null)
             for layer in range(lm.n_layers):
                 w_out = lm.w_out(layer)
                 moments = neuron_moments(w_out, u, chunks=chunks).cpu()
-                self._layer_records(out, layer, moments, vocab, lm.d_mlp)
+                self._layer_records(out, layer, moments, vocab, lm.d_mlp, null)
                 self._top_tokens(out, lm, layer, moments, w_out, u, opts)
                 tick(1)
         return out
 
     @staticmethod
+    def _null_records(out: FamilyOutput, null: NullThresholds) -> None:
+        """One row each, `layer` null (the null depends on W_U and d_model, not on the layer)."""
+        for name, value in (("kurt", null.kurt), ("skew", null.skew), ("var", null.var)):
+            out.records.append(Record.of(f"neurons.null_{name}_q999", value, null.n))
+
+    @staticmethod
     def _layer_records(out: FamilyOutput, layer: int, moments: Tensor, vocab: int,
-                       d_mlp: int) -> None:
+                       d_mlp: int, null: NullThresholds) -> None:
         values = moments.tolist()
         for name, column in zip(MOMENTS, values, strict=True):
             out.records.extend(Record.of(f"neurons.{name}", v, vocab, layer=layer, neuron=i)
                                for i, v in enumerate(column))
-        for cls, mask in classify(moments).items():
+        for cls, mask in {**classify(moments), **classify_calibrated(moments, null)}.items():
             count = int(mask.sum())
             out.records.append(Record.of(f"neurons.n_{cls}", count, d_mlp, layer=layer))
             out.records.append(Record.of(f"neurons.frac_{cls}", count / d_mlp, d_mlp, layer=layer))
