@@ -36,7 +36,8 @@ def assert_matches(acc: MeanAccumulator, tokens: dict[str, list[tuple[int, float
     assert set(got) == {(k,) for k in want}
     for key, (value, stderr, n, count) in want.items():
         stat = got[(key,)]
-        assert stat.n == n and stat.tokens == count, key
+        assert stat.n == n, key
+        assert stat.tokens == count, key
         assert math.isclose(stat.value, value, rel_tol=1e-9, abs_tol=1e-12), key
         if stderr is None:
             assert stat.stderr is None
