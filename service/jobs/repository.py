@@ -76,3 +76,23 @@ def in_state(session: Session, state: str) -> list[Job]:
 
 def recent(session: Session, limit: int) -> list[Job]:
     return list(session.scalars(sa.select(Job).order_by(Job.id.desc()).limit(limit)))
+
+
+def busy_by_queue(session: Session) -> dict[str, int]:
+    """Per queue: jobs a worker runs or whose message waits in the broker."""
+    rows = session.execute(sa.select(Job.queue, sa.func.count()).where(sa.or_(
+        Job.state == "running",
+        sa.and_(Job.state == "queued", Job.dispatched_at.is_not(None)))).group_by(Job.queue))
+    return {str(queue): int(n) for queue, n in rows.all()}
+
+
+def unsent(session: Session, *, background: tuple[str, ...], held: bool,
+           limit: int | None = None) -> list[tuple[int, int, str]]:
+    """(id, dispatch, queue) of queued jobs no message was sent for, oldest first: the
+    background ones (reason in `background`) when `held`, the others (people's) otherwise."""
+    reason = Job.reason.in_(background)
+    query = (sa.select(Job.id, Job.dispatch, Job.queue)
+             .where(Job.state == "queued", Job.dispatched_at.is_(None),
+                    reason if held else sa.not_(reason))
+             .order_by(Job.id).limit(limit))
+    return [(int(i), int(d), str(q)) for i, d, q in session.execute(query).all()]

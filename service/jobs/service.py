@@ -10,6 +10,14 @@ A configuration (config hash + metric version) has at most one live job. Workers
 methods over HTTP; a message whose dispatch number is not the job's current one is refused,
 so a lost-and-requeued job never runs twice, and results delivered late are stored once
 (ingest is idempotent by configuration hash).
+
+People's jobs first: a job someone submitted goes to the broker at once; a job reconciliation
+queued (reason `reconcile`) stays in the database, unsent, until its queue has a worker with
+nothing to do — no more messages wait in the broker for a queue than it has workers. A
+person's job submitted behind any number of reconciliation jobs is therefore next in the broker
+on every transport (filesystem, Redis, RabbitMQ alike: no message priorities), and a running
+reconciliation job is never interrupted. Held jobs are released as jobs end (delivered, failed,
+cancelled) and on every upkeep round.
 """
 
 from __future__ import annotations
@@ -37,6 +45,9 @@ from service.store.ingest import IngestSummary, ingest_result
 from service.store.models import FINAL_STATES, JOB_STATES, Job, RegisteredModel, utcnow
 
 log = logging.getLogger("strata.jobs")
+
+# Jobs made by reconciliation, which wait behind people's jobs (`release_background`).
+BACKGROUND_REASONS = ("reconcile",)
 
 
 @dataclass(frozen=True)
@@ -75,6 +86,7 @@ class JobService:
         self.broker = broker
         self.board = board
         self._reconcile_lock = threading.Lock()
+        self._release_lock = threading.Lock()
 
     # ------------------------------------------------------------------ reads
     def view(self, job: Job, names: dict[int, str] | None = None) -> JobView:
@@ -182,6 +194,12 @@ class JobService:
         job, new = self._create(model, config, request, reason)
         if new and job.state == "queued":
             self._dispatch_new(job)
+        elif job.state == "queued" and job.dispatched_at is None and \
+                job.reason in BACKGROUND_REASONS:  # a person asks for a held job: not held now
+            promoted = self._set(job.id, only_if=_still_queued(job.dispatch), reason=reason)
+            if promoted is not None:
+                self._send(promoted.id, promoted.dispatch, promoted.queue)
+                job = self.get(job.id).job
         return self.view(job), new
 
     def _create(self, model: RegisteredModel, config: RunConfig, request: JobRequest,
@@ -246,6 +264,7 @@ class JobService:
             raise JobConflictError(f"job {job_id} has already {current.state}; only queued or "
                                    "running jobs can be cancelled")
         self.board.forget(job_id)
+        self.release_background()
         return self.view(job)
 
     # ------------------------------------------------------------------ the worker's side
@@ -271,6 +290,7 @@ class JobService:
             session.flush()
             claimed = Claimed(dict(job.config), job.device, job.attempts)
         if refused is not None:
+            self.release_background()
             raise JobConflictError(refused)
         self.board.start(job_id, dispatch, worker)
         return claimed
@@ -299,6 +319,7 @@ class JobService:
                                    f"{current.dispatch}): this failure report is stale")
         self.board.forget(job_id)
         log.info("job %s failed on %s: %s", job_id, worker, error)
+        self.release_background()
         return self.view(job)
 
     def deliver(self, result: RunResult, job_id: int) -> IngestSummary:
@@ -322,6 +343,7 @@ class JobService:
 
         summary = ingest_result(self.store, result, also=mark)
         self.board.forget(job_id)
+        self.release_background()
         return summary
 
     # ------------------------------------------------------------------ upkeep
@@ -356,18 +378,57 @@ class JobService:
         return resent
 
     def dispatch_pending(self) -> None:
-        """Send queued jobs that no message was sent for (a re-queue, or a crash between
-        storing and sending). A broker that is down is tried again on the next round."""
+        """Send people's queued jobs that no message was sent for (a re-queue, or a crash
+        between storing and sending), then the held reconciliation jobs that have a free
+        worker. A broker that is down is tried again on the next round."""
         with self.store.read() as conn, Session(bind=conn) as session:
-            pending = [(j.id, j.dispatch, j.queue) for j in repo.in_state(session, "queued")
-                       if j.dispatched_at is None]
+            pending = repo.unsent(session, background=BACKGROUND_REASONS, held=False)
         for job_id, dispatch, queue in pending:
-            try:
-                self.broker.send(job_id, dispatch, queue)
-            except Exception as exc:
-                log.warning("job %s not re-sent: %s", job_id, exc)
+            if not self._send(job_id, dispatch, queue):
                 return
-            self._set(job_id, only_if=_still_queued(dispatch), dispatched_at=utcnow())
+        self.release_background()
+
+    def _send(self, job_id: int, dispatch: int, queue: str) -> bool:
+        """Send a stored, unsent job's message and note it; False if the broker refused."""
+        try:
+            self.broker.send(job_id, dispatch, queue)
+        except Exception as exc:
+            log.warning("job %s not sent yet: %s", job_id, exc)
+            return False
+        self._set(job_id, only_if=_still_queued(dispatch), dispatched_at=utcnow())
+        return True
+
+    def queue_slots(self, queue: str) -> int:
+        """How many messages of `queue` may be in flight (running or waiting in the broker)
+        before reconciliation jobs are held back: one per worker that consumes it, at least
+        one (so the first worker to appear finds work)."""
+        return max(1, sum(queue in w.queues for w in self.compute_workers()))
+
+    def release_background(self) -> list[int]:
+        """Send held reconciliation jobs, oldest first, to queues with fewer jobs in flight
+        than workers (`queue_slots`); the rest stay in the database, behind any job a person
+        submits meanwhile. Returns the sent job ids. Never raises: it runs after a job's end
+        has been stored, and the next upkeep round tries again."""
+        sent: list[int] = []
+        try:
+            with self._release_lock:
+                with self.store.read() as conn, Session(bind=conn) as session:
+                    busy = repo.busy_by_queue(session)
+                    held = repo.unsent(session, background=BACKGROUND_REASONS, held=True,
+                                       limit=1000)
+                slots: dict[str, int] = {}
+                for job_id, dispatch, queue in held:
+                    if queue not in slots:
+                        slots[queue] = self.queue_slots(queue)
+                    if busy.get(queue, 0) >= slots[queue]:
+                        continue
+                    if not self._send(job_id, dispatch, queue):
+                        break
+                    busy[queue] = busy.get(queue, 0) + 1
+                    sent.append(job_id)
+        except Exception:  # logged; the next upkeep round tries again
+            log.exception("releasing held reconciliation jobs failed")
+        return sent
 
     def grace_running(self) -> None:
         """After a restart: every running job gets a fresh lease (its worker may still be at
@@ -413,13 +474,9 @@ class JobService:
                 if known:
                     continue
                 job, new = self._create(model, config, JobRequest(model=str(model.id)), reason)
-                if new and job.state == "queued":
-                    try:
-                        self.broker.send(job.id, job.dispatch, job.queue)
-                        self._set(job.id, dispatched_at=utcnow())
-                    except Exception as exc:  # left queued: dispatch_pending sends it later
-                        log.warning("job %s not sent yet: %s", job.id, exc)
+                if new and job.state == "queued":  # held: sent when a worker is free
                     queued.append(job.id)
         if queued:
             log.info("reconcile queued jobs %s", queued)
+            self.release_background()
         return queued
