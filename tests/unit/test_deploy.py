@@ -49,8 +49,17 @@ def manifests() -> list[tuple[str, dict[str, Any]]]:
     return docs
 
 
+def pod_spec(doc: dict[str, Any]) -> dict[str, Any]:
+    """The pod template's spec of a Deployment, Job or CronJob ({} for other kinds)."""
+    spec = doc.get("spec", {})
+    if doc.get("kind") == "CronJob":
+        spec = spec.get("jobTemplate", {}).get("spec", {})
+    found: dict[str, Any] = spec.get("template", {}).get("spec", {})
+    return found
+
+
 def pod_containers(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    spec = doc.get("spec", {}).get("template", {}).get("spec", {})
+    spec = pod_spec(doc)
     return [*spec.get("initContainers", []), *spec.get("containers", [])]
 
 
@@ -173,7 +182,7 @@ def test_celery_commands_name_the_app(tmp_path: Path, monkeypatch: pytest.Monkey
 
 def test_the_contract_commands_are_used() -> None:
     """The deployment runs the API, workers, beat and migrations."""
-    assert {"serve", "worker", "beat", "db upgrade"} <= set(STRATA_COMMANDS)
+    assert {"serve", "worker", "beat", "db upgrade", "db backup"} <= set(STRATA_COMMANDS)
 
 
 def test_environment_names_are_settings() -> None:
@@ -356,12 +365,63 @@ def test_manifest_env_references_are_defined_first() -> None:
 
 def test_pods_run_unprivileged() -> None:
     for fname, doc in manifests():
-        if doc["kind"] != "Deployment":
+        if doc["kind"] not in ("Deployment", "CronJob"):
             continue
-        assert doc["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True, fname
+        assert pod_spec(doc)["securityContext"]["runAsNonRoot"] is True, fname
         for c in pod_containers(doc):
             assert c["securityContext"]["allowPrivilegeEscalation"] is False, c["name"]
             assert c["securityContext"]["capabilities"]["drop"] == ["ALL"], c["name"]
+
+
+def test_backup_cronjob_asks_the_api_which_writes_to_its_backup_volume() -> None:
+    """The CronJob cannot open the API's volume (ReadWriteOnce, held by the API): it asks the API
+    (`strata db backup PATH --url <the API Service>`), and PATH is on a volume the API mounts."""
+    (cron,) = [d for _, d in manifests() if d["kind"] == "CronJob"]
+    assert cron["spec"]["concurrencyPolicy"] == "Forbid", "one backup at a time"
+    (container,) = pod_containers(cron)
+    args = strata_argv(container["command"])
+    assert args is not None
+    assert args[:2] == ["db", "backup"]
+    path, url = args[2], args[args.index("--url") + 1]
+    assert "--keep" in args, "retention"
+    services = {d["metadata"]["name"]: d for _, d in manifests() if d["kind"] == "Service"}
+    host, port = url.removeprefix("http://").split(":")
+    assert host == "strata-api"
+    assert int(port) in {p["port"] for p in services[host]["spec"]["ports"]}
+    api = pod_spec(_deployment("strata-api"))
+    (api_container,) = api["containers"]
+    mounts = {m["mountPath"]: m["name"] for m in api_container["volumeMounts"]}
+    assert path in mounts, "the API mounts the folder it writes backups to"
+    (volume,) = [v for v in api["volumes"] if v["name"] == mounts[path]]
+    pvcs = {d["metadata"]["name"] for _, d in manifests() if d["kind"] == "PersistentVolumeClaim"}
+    assert volume["persistentVolumeClaim"]["claimName"] in pvcs
+    assert volume["persistentVolumeClaim"]["claimName"] != "strata-data", \
+        "backups on their own volume, not beside the database"
+
+
+def test_backup_timer_runs_the_backup_unit() -> None:
+    """strata-backup.timer starts strata-backup.service, a oneshot `strata db backup` with
+    retention, ordered after the API service."""
+    import configparser
+
+    def unit(name: str) -> configparser.ConfigParser:
+        parser = configparser.ConfigParser(strict=False, interpolation=None)
+        parser.optionxform = str  # type: ignore[assignment,method-assign]
+        parser.read_string((DEPLOY / name).read_text())
+        return parser
+
+    timer, service = unit("strata-backup.timer"), unit("strata-backup.service")
+    assert timer["Timer"]["Unit"] == "strata-backup.service"
+    assert timer["Timer"]["OnCalendar"]
+    assert timer["Timer"]["Persistent"] == "true"
+    assert timer["Install"]["WantedBy"] == "timers.target"
+    assert service["Service"]["Type"] == "oneshot"
+    assert "strata.service" in service["Unit"]["After"]
+    argv = shlex.split(service["Service"]["ExecStart"])
+    args = strata_argv(argv)
+    assert args is not None
+    assert args[:2] == ["db", "backup"]
+    assert "--keep" in args
 
 
 def test_kustomization_lists_every_manifest_but_the_example_secret() -> None:
@@ -437,9 +497,9 @@ def test_torch_pin_matches_the_project() -> None:
 
 def test_worker_image_is_cuda() -> None:
     worker = _args("Dockerfile.worker")
-    assert worker["CUDA_IMAGE"].startswith("nvidia/cuda:")
+    assert worker["BASE"].startswith("nvidia/cuda:")
     (base,) = [i.value[0] for i in instructions(DEPLOY / "Dockerfile.worker") if i.cmd == "FROM"]
-    assert base == "${CUDA_IMAGE}"
+    assert base == "${BASE}"
     assert re.search(r"/whl/cu\d+$", worker["TORCH_INDEX"]), "torch's CUDA build"
     volumes = [v for i in instructions(DEPLOY / "Dockerfile.worker") if i.cmd == "VOLUME"
                for v in i.value]
