@@ -15,6 +15,12 @@
     prediction neurons of layer 6, with tokens, of a model's current run; and one metric at one
     layer) and a cross-model query (intervention.kl/drop of every model's current run). Median
     of --repeat, warm.
+(c) Backup (`--backup`, only this part): a store of --models models (GPT-2-small shape, one
+    run each with every family, as in (b)) backed up with `service.store.backup.backup` -- the
+    code behind `strata db backup` and POST /api/v1/admin/backup -- into a new file (best of
+    --repeat), its size beside the database's, and `restore` of it into a new path.
+
+    .venv/bin/python benchmarks/store.py --backup --models 100
 Prints a JSON summary as the last line.
 """
 
@@ -255,12 +261,54 @@ def bench_queries(folder: Path, total_runs: int, n_models: int, repeat: int,
     return out
 
 
+def bench_backup(folder: Path, n_models: int, repeat: int, shape: tuple[int, int, int]
+                 ) -> dict[str, float]:
+    from service.store.backup import backup, restore
+
+    n_layers, d_mlp, n_heads = shape
+    db = folder / "backup-source.duckdb"
+    start = time.perf_counter()
+    with Store.open(db) as store:
+        upgrade(store)
+        for m in range(n_models):
+            ingest_result(store, synthetic_result(n_layers, d_mlp, n_heads, name=f"model-{m}",
+                                                  seed=m, all_families=True, top_tokens=True))
+        fill_s = time.perf_counter() - start
+        with store.write() as conn:
+            conn.exec_driver_sql("CHECKPOINT")
+        db_bytes = db.stat().st_size
+        times, size, runs = [], 0, 0
+        for i in range(repeat):
+            summary = backup(store, folder / f"copy-{i}.duckdb")
+            times.append(summary.seconds)
+            size, runs = summary.bytes, summary.runs
+    start = time.perf_counter()
+    restore(folder / "copy-0.duckdb", folder / "restored.duckdb")
+    restore_s = time.perf_counter() - start
+    return {"models": n_models, "runs": runs, "fill_s": fill_s, "database_mb": db_bytes / 2**20,
+            "backup_mb": size / 2**20, "backup_s": min(times),
+            "backup_mb_per_s": size / 2**20 / min(times), "restore_s": restore_s}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke check")
     parser.add_argument("--runs", type=int, default=1000)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--backup", action="store_true", help="only (c), the backup benchmark")
+    parser.add_argument("--models", type=int, default=100, help="models in (c)'s store")
     args = parser.parse_args()
+    if args.backup:
+        shape = (6, 512, 8) if args.quick else (12, 3072, 12)
+        with tempfile.TemporaryDirectory(prefix="strata-bench-") as tmp:
+            result = bench_backup(Path(tmp), args.models, min(args.repeat, 3), shape)
+        print(f"{result['models']} models ({result['runs']} runs) stored in "
+              f"{result['fill_s']:.0f} s; database {result['database_mb']:.1f} MiB")
+        print(f"backup: {result['backup_s']:.2f} s (best of {min(args.repeat, 3)}), "
+              f"{result['backup_mb']:.1f} MiB = {result['backup_mb_per_s']:.0f} MiB/s; "
+              f"restore {result['restore_s']:.2f} s")
+        print(json.dumps({"backup": result}))
+        return
     ingest_shape = (8, 1600) if args.quick else (48, 6400)
     runs = 100 if args.quick else args.runs
     query_shape = (6, 512, 8) if args.quick else (12, 3072, 12)
