@@ -5,15 +5,20 @@ W_Q, W_K, W_V and W_O on every call, runs three projections instead of one, mate
 attention pattern even when nobody reads it, and computes GELU in seven elementwise passes. For
 the architectures it covers (`supports`), this module computes the same function with
 
-- one fused QKV projection (`addmm` on a [d_model, 3 * n_heads * d_head] matrix laid out once),
+- one fused QKV projection (`addmm` on a [d_model, (n_heads + 2 n_kv) * d_head] matrix laid out
+  once; grouped-query attention projects K and V for its n_kv key/value heads only and shares
+  each among its group of query heads, as TransformerLens's `GroupedQueryAttention` does),
 - PyTorch's scaled-dot-product attention (fused, no [q, k] pattern in memory) when no family
-  needs the pattern, and an explicit float32 softmax when one does,
+  needs the pattern, and an explicit float32 softmax when one does; GPT-Neo's local layers
+  (`attn_type == "local"`) get the same window mask as TransformerLens's (a key is visible
+  while q - k < window_size),
 - `F.layer_norm` for LayerNorm / LayerNormPre and `F.gelu(approximate="tanh")` for gelu_new
-  (the same formula as TransformerLens's, fused).
+  (the same formula as TransformerLens's, fused),
+- gated MLPs (Llama, Mistral, Qwen, OLMo, Gemma) with W_gate and W_in fused into one matmul,
+  where TransformerLens's `GatedMLP` makes a transposed copy of both on every call.
 
-Anything else — grouped-query attention, post-norm architectures, ALiBi, soft-capped scores,
-attention sinks — runs through the TransformerLens block with hooks (`LoadedModel.run_block`
-falls back). The float32 results agree with TransformerLens to float rounding; the reference
+Anything else — post-norm architectures, ALiBi, soft-capped scores, attention sinks — runs
+through the TransformerLens block with hooks (`LoadedModel.run_block` falls back). The float32 results agree with TransformerLens to float rounding; the reference
 tests (`tests/unit/test_reference_engine.py`) hold both paths to 1e-4.
 """
 
@@ -47,7 +52,6 @@ def supports(cfg: Any, block: Any) -> bool:
         and not cfg.use_normalization_before_and_after
         and cfg.original_architecture not in POST_NORM_ARCHITECTURES
         and cfg.positional_embedding_type in ("standard", "rotary")
-        and (cfg.n_key_value_heads is None or cfg.n_key_value_heads == cfg.n_heads)
         and (not cfg.attn_scores_soft_cap or cfg.attn_scores_soft_cap <= 0)
     )
     ok = ok and not getattr(cfg, "use_attention_sinks", False) and cfg.clip_qkv is None
@@ -56,7 +60,8 @@ def supports(cfg: Any, block: Any) -> bool:
     ok = ok and not getattr(cfg, "use_qk_norm", False) and cfg.original_architecture not in (
         "OlmoeForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM")
     ok = ok and isinstance(block.ln1, norms)
-    ok = ok and type(block.attn).__name__ == "Attention"
+    ok = ok and type(block.attn).__name__ in ("Attention", "GroupedQueryAttention")
+    ok = ok and block.attn.attn_type in ("global", "local")
     if not cfg.attn_only:
         ok = ok and isinstance(block.ln2, norms)
     return bool(ok)
@@ -66,21 +71,31 @@ def supports(cfg: Any, block: Any) -> bool:
 class FastWeights:
     """Weights of one block laid out for the fast forward (derived; rebuilt when they change)."""
 
-    w_qkv: Float[Tensor, "d_model three_hd"]
-    b_qkv: Float[Tensor, " three_hd"]
+    w_qkv: Float[Tensor, "d_model qkv"]
+    b_qkv: Float[Tensor, " qkv"]
     w_o: Float[Tensor, "hd d_model"]
     b_o: Float[Tensor, " d_model"]
+    n_kv_heads: int  # key/value heads (n_heads unless grouped-query attention)
+    # A gated MLP's W_gate and W_in side by side ([d_model, 2 * d_mlp]); None otherwise.
+    w_gate_in: Float[Tensor, "d_model two_mlp"] | None = None
 
 
 def fast_weights(block: Any) -> FastWeights:
     attn = block.attn
     h, d, dh = attn.W_Q.shape
-    # [h, d, dh] -> [d, h * dh]; Q, K, V side by side so one matmul projects all three.
-    w = torch.cat([attn.W_Q, attn.W_K, attn.W_V]).detach()  # [3h, d, dh]
-    w_qkv = w.permute(1, 0, 2).reshape(d, 3 * h * dh).contiguous()
-    b_qkv = torch.cat([attn.b_Q, attn.b_K, attn.b_V]).detach().reshape(-1).contiguous()
+    # Grouped-query attention keeps its n_kv key/value projections unexpanded (_W_K, _W_V).
+    w_k, w_v = getattr(attn, "_W_K", attn.W_K), getattr(attn, "_W_V", attn.W_V)
+    b_k, b_v = getattr(attn, "_b_K", attn.b_K), getattr(attn, "_b_V", attn.b_V)
+    # [heads, d, dh] -> [d, heads * dh]; Q, K, V side by side so one matmul projects all three.
+    w = torch.cat([attn.W_Q, w_k, w_v]).detach()
+    w_qkv = w.permute(1, 0, 2).reshape(d, -1).contiguous()
+    b_qkv = torch.cat([attn.b_Q, b_k, b_v]).detach().reshape(-1).contiguous()
     w_o = attn.W_O.detach().reshape(h * dh, d).contiguous()
-    return FastWeights(w_qkv, b_qkv, w_o, attn.b_O.detach())
+    w_gate_in = None
+    mlp = getattr(block, "mlp", None)
+    if mlp is not None and type(mlp).__name__ == "GatedMLP":
+        w_gate_in = torch.cat([mlp.W_gate, mlp.W_in], dim=1).detach().contiguous()
+    return FastWeights(w_qkv, b_qkv, w_o, attn.b_O.detach(), int(w_k.shape[0]), w_gate_in)
 
 
 def norm(module: Any, x: Tensor) -> Tensor:
@@ -94,15 +109,27 @@ def norm(module: Any, x: Tensor) -> Tensor:
     return module(x)  # RMSNorm(Pre): TransformerLens's own (no fused kernel gains much)
 
 
-def mlp(block: Any, cfg: Any, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
-    """The block's MLP on an already normalised input."""
+def mlp(block: Any, cfg: Any, x: Float[Tensor, "... d_model"],
+        weights: FastWeights | None = None) -> Float[Tensor, "... d_model"]:
+    """The block's MLP on an already normalised input.
+
+    A gated MLP computes (act(x W_gate) * (x W_in) + b_in) W_out + b_out, TransformerLens's
+    `GatedMLP` formula, with both input projections in one matmul when `weights` carries them.
+    """
     m = block.mlp
     act = _ACTIVATIONS.get(cfg.act_fn)
-    if act is None or cfg.gated_mlp or type(m).__name__ != "MLP":
+    kind = type(m).__name__
+    w_gate_in = weights.w_gate_in if weights is not None else None
+    plain = kind == "MLP" and not cfg.gated_mlp
+    if act is None or not (plain or (kind == "GatedMLP" and w_gate_in is not None)):
         return m(x)
     flat = x.reshape(-1, x.shape[-1])
-    pre = torch.addmm(m.b_in, flat, m.W_in)
-    out = torch.addmm(m.b_out, act(pre), m.W_out)
+    if w_gate_in is not None:
+        gate, linear = (flat @ w_gate_in).chunk(2, dim=-1)
+        post = torch.addcmul(m.b_in, act(gate), linear)
+    else:
+        post = act(torch.addmm(m.b_in, flat, m.W_in))
+    out = torch.addmm(m.b_out, post, m.W_out)
     return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
@@ -118,17 +145,25 @@ def attention(
     attn = block.attn
     b, t, d = x.shape
     h, dh = attn.W_Q.shape[0], attn.W_Q.shape[2]
-    qkv = torch.addmm(weights.b_qkv, x.reshape(-1, d), weights.w_qkv).view(b, t, 3, h, dh)
-    q, k, v = qkv.unbind(2)  # [b, t, h, dh]
+    kv = weights.n_kv_heads
+    qkv = torch.addmm(weights.b_qkv, x.reshape(-1, d), weights.w_qkv).view(b, t, h + 2 * kv, dh)
+    q, k, v = qkv.split([h, kv, kv], dim=2)  # [b, t, heads, dh]
     if attn.cfg.positional_embedding_type == "rotary":
         q, k = attn.apply_rotary(q), attn.apply_rotary(k)
-    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [b, h, t, dh]
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [b, heads, t, dh]
+    if kv != h:  # each key/value head serves h // kv consecutive query heads
+        k, v = k.repeat_interleave(h // kv, dim=1), v.repeat_interleave(h // kv, dim=1)
+    visible = torch.ones(t, t, dtype=torch.bool, device=x.device).tril_()
+    if attn.attn_type == "local":
+        visible.triu_(1 - int(attn.cfg.window_size))  # keys q - window < k <= q
     pattern = None
     if capture_pattern:
         scores = (q.float() @ k.float().transpose(-1, -2)) / float(attn.attn_scale)
-        causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril_()
-        pattern = torch.softmax(scores.masked_fill_(~causal, float("-inf")), dim=-1)
+        pattern = torch.softmax(scores.masked_fill_(~visible, float("-inf")), dim=-1)
         z = pattern.to(v.dtype) @ v
+    elif attn.attn_type == "local":
+        z = F.scaled_dot_product_attention(q, k, v, attn_mask=visible,
+                                           scale=1.0 / float(attn.attn_scale))
     else:
         z = F.scaled_dot_product_attention(q, k, v, is_causal=True,
                                            scale=1.0 / float(attn.attn_scale))

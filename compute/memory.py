@@ -85,7 +85,8 @@ class ModelDims:
         return cls(n_layers=n_layers, d_model=d_model, n_heads=n_heads,
                    d_head=pick("head_dim") or d_model // n_heads, d_mlp=d_mlp, d_vocab=vocab,
                    n_ctx=pick("n_positions", "max_position_embeddings", "n_ctx") or 2048,
-                   gated_mlp=model_type in ("llama", "mistral", "gemma", "gemma2", "qwen2"),
+                   gated_mlp=model_type in ("llama", "mistral", "gemma", "gemma2", "qwen2", "qwen3",
+                                              "olmo", "olmo2"),
                    learned_positions=model_type in ("gpt2", "gpt_neo", "opt"))
 
     @property
@@ -104,8 +105,11 @@ class ModelDims:
         return self.n_params * DTYPE_BYTES[dtype]
 
     def fast_path_extra_bytes(self, dtype: str = "float32") -> int:
-        """The fused QKV and flattened W_O laid out once per layer by `compute.blocks`."""
-        return self.n_layers * 4 * self.d_model * self.n_heads * self.d_head * DTYPE_BYTES[dtype]
+        """The fused QKV and flattened W_O laid out once per layer by `compute.blocks` (an upper
+        bound under grouped-query attention), and a gated MLP's fused W_gate and W_in."""
+        gated = 2 * self.d_model * self.d_mlp if self.gated_mlp else 0
+        return self.n_layers * (4 * self.d_model * self.n_heads * self.d_head + gated) * \
+            DTYPE_BYTES[dtype]
 
 
 def load_peak_bytes(dims: ModelDims, dtype: str, device: str) -> int:

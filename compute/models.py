@@ -300,23 +300,26 @@ def _has_tokenizer(path: Path) -> bool:
 
 @contextlib.contextmanager
 def _readable_config(path: Path) -> Iterator[str]:
-    """A directory whose config.json TransformerLens 3.9 can convert.
+    """A directory holding a copy of the checkpoint's config.json that TransformerLens 3.9 can
+    convert; the weights are still read from the original directory.
 
-    GPT-2 configs saved by transformers 5 lack `n_ctx`, which TransformerLens reads (and config
-    overrides passed as keyword arguments are dropped). For GPT-2 n_ctx means n_positions, so a
-    patched copy of config.json alone is written to a temporary directory; weights are still read
-    from the original directory.
+    The copy always goes to a neutrally named temporary directory: TransformerLens infers the
+    architecture from the *name* of any path containing "llama" or "gemma" and then never reads
+    the config at all (`/models/llama-3-8b` fails; a Mistral folder named `my-llama-tune` would
+    be loaded with Llama's hard-coded dimensions). GPT-2 configs saved by transformers 5 lack
+    `n_ctx`, which TransformerLens reads: for GPT-2 n_ctx means n_positions, so it is added.
     """
     try:
         raw = json.loads((path / "config.json").read_text())
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"{path}/config.json is unreadable: {exc}") from exc
     if raw.get("model_type") == "gpt2" and "n_ctx" not in raw and "n_positions" in raw:
-        with tempfile.TemporaryDirectory(prefix="strata-config-") as tmp:
-            (Path(tmp) / "config.json").write_text(json.dumps({**raw, "n_ctx": raw["n_positions"]}))
-            yield tmp
-    else:
-        yield str(path)
+        raw = {**raw, "n_ctx": raw["n_positions"]}
+    with tempfile.TemporaryDirectory(prefix="strata-config-") as tmp:
+        directory = Path(tmp) / "checkpoint"
+        directory.mkdir()
+        (directory / "config.json").write_text(json.dumps(raw))
+        yield str(directory)
 
 
 class ZooSource(HFDirSource):
@@ -665,7 +668,7 @@ class LoadedModel:
         if not self.has_mlp:
             return BlockRun(resid + attn_out, attn_out, None, pattern, z)
         mlp_in = resid if self.parallel else resid + attn_out
-        mlp_out = blocks.mlp(block, self.cfg, blocks.norm(block.ln2, mlp_in))
+        mlp_out = blocks.mlp(block, self.cfg, blocks.norm(block.ln2, mlp_in), weights)
         if zero_mlp:
             mlp_out = torch.zeros_like(mlp_out)
         out = resid + attn_out + mlp_out if self.parallel else mlp_in + mlp_out
@@ -677,7 +680,8 @@ class LoadedModel:
         parallel attention/MLP): its norm, the MLP, and nothing else."""
         block = self.model.blocks[layer]
         if self.fast_path:
-            return blocks.mlp(block, self.cfg, blocks.norm(block.ln2, resid))
+            return blocks.mlp(block, self.cfg, blocks.norm(block.ln2, resid),
+                              self._fast_weights(layer))
         return block.apply_mlp(block.ln2(resid))
 
     def head_writes(self, layer: int, z: Float[Tensor, "batch pos head d_head"],

@@ -50,9 +50,21 @@ def _randomise_norms_and_biases(model: Any, seed: int) -> None:
 
 def build_hf_checkpoint(path: Path, kind: str, *, vocab: int = 100, tokenizer_vocab: int = 100,
                         n_layers: int = 3, seed: int = 0) -> Path:
-    """Save a tiny GPT-2 or GPT-NeoX (rotary, parallel) checkpoint with a tokenizer to `path`."""
+    """Save a tiny checkpoint with a tokenizer to `path`: `gpt2`, `neox` (rotary, parallel),
+    `llama` (RMSNorm, rotary, grouped-query attention 4 query heads over 2 key/value heads,
+    SiLU-gated MLP, tied embeddings, as SmolLM2) or `neo` (GPT-Neo: global and local attention
+    layers alternating, window 4, learned positions)."""
     import torch
-    from transformers import GPT2Config, GPT2LMHeadModel, GPTNeoXConfig, GPTNeoXForCausalLM
+    from transformers import (
+        GPT2Config,
+        GPT2LMHeadModel,
+        GPTNeoConfig,
+        GPTNeoForCausalLM,
+        GPTNeoXConfig,
+        GPTNeoXForCausalLM,
+        LlamaConfig,
+        LlamaForCausalLM,
+    )
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -67,6 +79,23 @@ def build_hf_checkpoint(path: Path, kind: str, *, vocab: int = 100, tokenizer_vo
                                    use_parallel_residual=True, bos_token_id=0, eos_token_id=0,
                                    initializer_range=0.2, tie_word_embeddings=False)
             model = GPTNeoXForCausalLM(config)
+        elif kind == "llama":
+            config = LlamaConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=n_layers,
+                                 num_attention_heads=4, num_key_value_heads=2,
+                                 intermediate_size=48, max_position_embeddings=64,
+                                 rms_norm_eps=1e-5, rope_theta=10_000.0, hidden_act="silu",
+                                 tie_word_embeddings=True, bos_token_id=0, eos_token_id=0,
+                                 initializer_range=0.2)
+            model = LlamaForCausalLM(config)
+        elif kind == "neo":
+            pairs, odd = divmod(n_layers, 2)
+            config = GPTNeoConfig(vocab_size=vocab, hidden_size=32, num_layers=n_layers,
+                                  attention_types=[[["global", "local"], pairs],
+                                                   [["global"], odd]],
+                                  num_heads=4, window_size=4,
+                                  max_position_embeddings=64, bos_token_id=0, eos_token_id=0,
+                                  initializer_range=0.2)
+            model = GPTNeoForCausalLM(config)
         else:
             raise ValueError(kind)
     model.eval()
@@ -82,6 +111,18 @@ def hf_gpt2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """GPT-2 (LayerNorm, sequential), 3 layers; the tokenizer knows 90 of W_U's 100 columns."""
     return build_hf_checkpoint(tmp_path_factory.mktemp("hf") / "gpt2", "gpt2",
                                tokenizer_vocab=90)
+
+
+@pytest.fixture(scope="session")
+def hf_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Llama (RMSNorm, rotary, grouped-query attention, gated MLP, tied embeddings), 3 layers."""
+    return build_hf_checkpoint(tmp_path_factory.mktemp("hf") / "llama", "llama")
+
+
+@pytest.fixture(scope="session")
+def hf_neo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """GPT-Neo, 3 layers: global, local (window 4), global."""
+    return build_hf_checkpoint(tmp_path_factory.mktemp("hf") / "neo", "neo")
 
 
 @pytest.fixture(scope="session")
