@@ -307,7 +307,9 @@ def test_stage_boundaries_land_where_planted(
     # the third boundary is not found.
     flipped = df.with_columns(pl.col("metric").replace({
         "neurons.n_prediction": "neurons.n_suppression",
-        "neurons.n_suppression": "neurons.n_prediction"}))
+        "neurons.n_suppression": "neurons.n_prediction",
+        "neurons.n_prediction_cal": "neurons.n_suppression_cal",
+        "neurons.n_suppression_cal": "neurons.n_prediction_cal"}))
     assert infer_stages(flipped, P.STAGES_LAYERS)[2].layer != P.SUPPRESSION_LAYER
 
 
