@@ -173,6 +173,9 @@ def _write_outputs(result: Any, out: Path) -> None:
     if result.neuron_tokens.num_rows:
         side = out.with_name(f"{out.stem}.neuron_tokens{out.suffix}")
         payloads.append((side, fmt.encode(result.neuron_tokens, None)))
+    if result.sequence_means.num_rows:  # the per-sequence means (docs/metrics.md: uncertainty)
+        side = out.with_name(f"{out.stem}.sequence_means{out.suffix}")
+        payloads.append((side, fmt.encode(result.sequence_means, None)))
     for path, data in payloads:
         write_atomic(path, data)
 

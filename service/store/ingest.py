@@ -32,6 +32,7 @@ from service.store.models import (
     NEURON_COLUMNS,
     NEURON_TOKEN_COLUMNS,
     RESULT_COLUMNS,
+    SEQUENCE_MEAN_COLUMNS,
     Run,
     StageBoundary,
     utcnow,
@@ -46,7 +47,7 @@ before_commit: Callable[[], None] | None = None
 
 # Tables owned by a run, children first (DuckDB has no ON DELETE CASCADE).
 _RUN_ROWS = (("neuron_tokens", NEURON_TOKEN_COLUMNS), ("neurons", NEURON_COLUMNS),
-             ("results", RESULT_COLUMNS))
+             ("results", RESULT_COLUMNS), ("sequence_means", SEQUENCE_MEAN_COLUMNS))
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,7 @@ class IngestSummary:
     neurons: int
     neuron_tokens: int
     stage_boundaries: int = 0
+    sequence_means: int = 0
 
 
 def ingest_result(store: Store, result: RunResult, *, run_id: int | None = None,
@@ -74,7 +76,7 @@ def ingest_result(store: Store, result: RunResult, *, run_id: int | None = None,
             f"config_hash {result.config_hash[:12]}… does not match the run's configuration "
             f"({result.config.config_hash()[:12]}…): results and configuration were mixed up")
     info = parse_model_info(result.model_info)
-    rows = prepare_rows(result.records, result.neuron_tokens, info)
+    rows = prepare_rows(result.records, result.neuron_tokens, info, result.sequence_means)
     if result.tokens_evaluated < 0:
         raise IngestError(f"tokens_evaluated is negative ({result.tokens_evaluated})")
     boundaries = infer_boundaries(result.records, result.config.families, info.n_layers)
@@ -92,13 +94,14 @@ def ingest_result(store: Store, result: RunResult, *, run_id: int | None = None,
         if replaced:
             delete_run_rows(session, run.id)
         for (table, columns), data in zip(
-                _RUN_ROWS, (rows.neuron_tokens, rows.neurons, rows.results), strict=True):
+                _RUN_ROWS, (rows.neuron_tokens, rows.neurons, rows.results,
+                            rows.sequence_means), strict=True):
             bulk_insert(raw, table, columns, run.id, data)
         store_boundaries(session, run.id, model.id, boundaries)
         session.flush()
         summary = IngestSummary(run.id, model.id, replaced, rows.results.num_rows,
                                 rows.neurons.num_rows, rows.neuron_tokens.num_rows,
-                                len(boundaries))
+                                len(boundaries), rows.sequence_means.num_rows)
         if also is not None:
             also(session, summary)
         if before_commit is not None:

@@ -242,6 +242,29 @@ def cross_model(conn: sa.Connection, metric: str, *, component: str | None = Non
         ORDER BY m.name, m.id, rows.component, rows.layer, rows.head""", params * len(runs))
 
 
+def sequence_means(conn: Any, run_id: int, metrics: Sequence[str] | None = None
+                   ) -> pl.DataFrame:
+    """A run's per-sequence means (docs/metrics.md: uncertainty): columns metric, layer,
+    component, head, sequence, value, ordered by metric, component, layer, head, sequence;
+    only `metrics` if given. `conn` may be a SQLAlchemy connection or session, or a DuckDB
+    cursor. Runs of metric version 1 have none (an empty frame)."""
+    if isinstance(conn, Session):
+        conn = conn.connection()
+    where: list[str] = [f"run_id = {int(run_id)}"]
+    params: list[Any] = []
+    if metrics is not None:
+        if not metrics:
+            where.append("FALSE")
+        else:
+            where.append(f"metric IN ({', '.join('?' for _ in metrics)})")
+            params.extend(metrics)
+    return _frame(conn, f"""
+        SELECT metric, layer, component, head, sequence, value FROM sequence_means
+        WHERE {' AND '.join(where)}
+        ORDER BY metric, component NULLS FIRST, layer NULLS FIRST, head NULLS FIRST, sequence
+        """, params)
+
+
 def run_records(conn: sa.Connection, run_id: int) -> pa.Table:
     """Every record of a run in the record format (docs/metrics.md) (`RECORD_SCHEMA`), for exports:
     the record rows and the per-neuron moments turned back into records."""

@@ -11,7 +11,7 @@ logit-lens points 0..L), duplicate keys, and complete per-neuron moments. The fo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import polars as pl
@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from compute.errors import SpecError
 from compute.metrics.neurons import MOMENTS, classify
 from compute.records import validate_records
-from compute.run import NEURON_TOKENS_SCHEMA
+from compute.run import NEURON_TOKENS_SCHEMA, SEQUENCE_MEANS_SCHEMA
 from service.store.errors import IngestError
 
 MOMENT_METRICS: tuple[str, ...] = tuple(f"neurons.{m}" for m in MOMENTS)
@@ -77,6 +77,7 @@ class PreparedRows:
     neurons: pa.Table
     neuron_tokens: pa.Table
     n_records: int
+    sequence_means: pa.Table = field(default_factory=SEQUENCE_MEANS_SCHEMA.empty_table)
 
 
 def relative_depth(layer: pa.ChunkedArray | pa.Array, lens: pa.ChunkedArray | pa.Array | bool,
@@ -91,9 +92,9 @@ def relative_depth(layer: pa.ChunkedArray | pa.Array, lens: pa.ChunkedArray | pa
 
 
 def prepare_rows(records: pa.Table, neuron_tokens: pa.Table | None,
-                 info: ModelInfo) -> PreparedRows:
-    """Check a run's records and top tokens against the format and the model; split and shape
-    them for the store. Raises `IngestError` naming the first problem."""
+                 info: ModelInfo, sequence_means: pa.Table | None = None) -> PreparedRows:
+    """Check a run's records, top tokens and per-sequence means against the format and the
+    model; split and shape them for the store. Raises `IngestError` naming the first problem."""
     try:
         table = validate_records(records, n_layers=info.n_layers)
     except SpecError as exc:
@@ -103,7 +104,8 @@ def prepare_rows(records: pa.Table, neuron_tokens: pa.Table | None,
     results = _result_rows(table.filter(pc.invert(is_moment)), info)
     neurons, present = _neuron_rows(table.filter(is_moment), info)
     tokens = _token_rows(neuron_tokens, info, present)
-    return PreparedRows(results, neurons, tokens, table.num_rows)
+    means = _sequence_mean_rows(sequence_means, results)
+    return PreparedRows(results, neurons, tokens, table.num_rows, means)
 
 
 def _first(table: pa.Table, mask: pa.ChunkedArray | pa.Array) -> dict[str, object]:
@@ -244,3 +246,52 @@ def _token_rows(table: pa.Table | None, info: ModelInfo, present: np.ndarray) ->
         raise IngestError("duplicate neuron tokens: " + ", ".join(f"{k}={row[k]}"
                                                                    for k in TOKEN_KEY))
     return table.sort_by([("layer", "ascending"), ("neuron", "ascending")])
+
+
+SEQUENCE_KEY: tuple[str, ...] = ("metric", "layer", "component", "head")
+
+
+def _sequence_mean_rows(table: pa.Table | None, results: pa.Table) -> pa.Table:
+    """Per-sequence means, checked: the schema, no nulls where required, finite values,
+    sequences >= 0, no key twice, and each (metric, layer, component, head) a per-layer mean
+    among the records whose n is its number of sequences (docs/metrics.md: uncertainty)."""
+    if table is None:
+        return SEQUENCE_MEANS_SCHEMA.empty_table()
+    missing = [c for c in SEQUENCE_MEANS_SCHEMA.names if c not in table.column_names]
+    if missing:
+        raise IngestError(f"per-sequence means are missing columns: {', '.join(missing)}")
+    try:
+        table = table.select(SEQUENCE_MEANS_SCHEMA.names).cast(SEQUENCE_MEANS_SCHEMA, safe=True)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:
+        raise IngestError(f"per-sequence means have wrong column types: {exc}") from None
+    if table.num_rows == 0:
+        return table
+    for name in ("metric", "sequence", "value"):
+        if table.column(name).null_count:
+            raise IngestError(f"per-sequence means: column {name!r} has null values")
+    if not pc.all(pc.is_finite(table.column("value"))).as_py():
+        raise IngestError("per-sequence means: column 'value' has NaN or infinite values")
+    if pc.min(table.column("sequence")).as_py() < 0:
+        raise IngestError("per-sequence means: negative sequence index")
+    frame = pl.DataFrame(table.select([*SEQUENCE_KEY, "sequence"]))
+    duplicated = frame.is_duplicated()
+    if duplicated.any():
+        row = frame.filter(duplicated).row(0, named=True)
+        raise IngestError("duplicate per-sequence means: " + ", ".join(
+            f"{k}={row[k]}" for k in (*SEQUENCE_KEY, "sequence") if row[k] is not None))
+    counts = frame.group_by(SEQUENCE_KEY).len("sequences")
+    records = pl.DataFrame(results.select([*SEQUENCE_KEY, "n"]))
+    joined = counts.join(records, on=list(SEQUENCE_KEY), how="left", nulls_equal=True)
+    orphan = joined.filter(pl.col("n").is_null())
+    if orphan.height:
+        row = orphan.row(0, named=True)
+        raise IngestError("per-sequence means of a mean that is not among the records: " +
+                          ", ".join(f"{k}={row[k]}" for k in SEQUENCE_KEY if row[k] is not None))
+    wrong = joined.filter(pl.col("n") != pl.col("sequences"))
+    if wrong.height:
+        row = wrong.row(0, named=True)
+        key = ", ".join(f"{k}={row[k]}" for k in SEQUENCE_KEY if row[k] is not None)
+        raise IngestError(f"per-sequence means of {key}: {row['sequences']} sequences, but the "
+                          f"record says n={row['n']}")
+    return table.sort_by([("metric", "ascending"), ("component", "ascending"),
+                          ("layer", "ascending"), ("sequence", "ascending")])

@@ -107,6 +107,8 @@ def run_job(job_id: int, dispatch: int, *, settings: Settings, client: ApiClient
             body = FORMATS["arrow"].encode(result.records, result_metadata(result))
             if result.neuron_tokens.num_rows:
                 body += FORMATS["arrow"].encode(result.neuron_tokens, None)
+            if result.sequence_means.num_rows:  # recognised by its columns (queries/ingest.py)
+                body += FORMATS["arrow"].encode(result.sequence_means, None)
             client.deliver(job_id, body, deadline_s=deadline)
             log.info("job %s succeeded: %s records", job_id, result.records.num_rows)
             return "succeeded"

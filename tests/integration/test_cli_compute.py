@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
+import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
@@ -38,10 +39,19 @@ def test_compute_writes_every_format_with_the_same_rows(tmp_path: Path) -> None:
     kl = frame.filter((pl.col("metric") == "intervention.kl") & (pl.col("component") == "drop"))
     assert kl["layer"].to_list() == [0, 1]
     assert (kl["value"] > 0).all()
-    assert (frame.filter(pl.col("metric") == "intervention.kl")["n"] == 3 * 22).all()
+    # n counts sequences (the unit of uncertainty); the token count travels with the run
+    assert (frame.filter(pl.col("metric") == "intervention.kl")["n"] == 3).all()
+    meta = json.loads(pq.read_schema(out).metadata[b"strata"])
+    assert meta["tokens_evaluated"] == 3 * 22
+    assert meta["stderr_basis"] == "sequence"
     side = tmp_path / "r.neuron_tokens.parquet"
     assert side.exists()
     assert pl.read_parquet(side).height > 0
+    per_sequence = pl.read_parquet(tmp_path / "r.sequence_means.parquet")
+    drop = per_sequence.filter((pl.col("metric") == "intervention.kl")
+                               & (pl.col("component") == "drop") & (pl.col("layer") == 0))
+    assert drop["sequence"].sort().to_list() == [0, 1, 2]
+    assert drop["value"].mean() == pytest.approx(kl["value"][0], rel=1e-9)
 
     runner = CliRunner()
     for suffix in (".json", ".csv"):

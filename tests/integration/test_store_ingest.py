@@ -7,12 +7,14 @@ import dataclasses
 import math
 from collections.abc import Callable
 
+import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from sqlalchemy.orm import Session
 
 from compute.records import RECORD_SCHEMA
-from compute.run import RunResult
+from compute.run import METRIC_VERSION, RunResult
 from service.store import IngestError, RunNotFoundError, Store, ingest
 from service.store import repositories as repo
 from service.store import runs as lifecycle
@@ -23,7 +25,8 @@ from tests.integration.synthetic import variant
 def _counts(store: Store) -> dict[str, int]:
     with store.read() as conn:
         return {t: conn.exec_driver_sql(f"SELECT count(*) FROM {t}").scalar() for t in
-                ("models", "token_sources", "runs", "results", "neurons", "neuron_tokens")}
+                ("models", "token_sources", "runs", "results", "neurons", "neuron_tokens",
+                 "sequence_means")}
 
 
 def _sorted(table: pa.Table) -> list[dict[str, object]]:
@@ -45,7 +48,7 @@ def test_round_trip_returns_every_record(store: Store, run_result: RunResult) ->
                                                            run_result.config_hash)
     assert run.n_records == run_result.records.num_rows
     assert run.tokens_evaluated == run_result.tokens_evaluated
-    assert run.config["metric_version"] == run.metric_version == "1"
+    assert run.config["metric_version"] == run.metric_version == METRIC_VERSION == "2"
     assert (model.n_layers, model.d_mlp, model.n_heads, model.fold_ln) == (3, 64, 4, True)
     assert summary.neuron_tokens == run_result.neuron_tokens.num_rows
 
@@ -72,7 +75,7 @@ def test_other_configuration_or_version_is_another_run(store: Store,
     assert len({a.run_id, b.run_id, c.run_id}) == 3
     assert a.model_id == b.model_id == c.model_id
     with store.read() as conn:
-        assert repo.current_run(conn, a.model_id).id == b.run_id  # latest under version "1"
+        assert repo.current_run(conn, a.model_id).id == b.run_id  # latest under version "2"
         assert repo.current_run(conn, a.model_id, metric_version="0").id == c.run_id
 
 
@@ -228,3 +231,81 @@ def test_failed_run_is_not_current(store: Store, run_result: RunResult) -> None:
     assert lifecycle.enqueue(store, variant(run_result, seed=4).config).status == "queued"
     with pytest.raises(RunNotFoundError):
         lifecycle.mark_running(store, 12345)
+
+
+SEQUENCE_KEY = ["metric", "layer", "component", "head"]
+
+
+def test_sequence_means_round_trip_and_agree_with_the_records(store: Store,
+                                                              run_result: RunResult) -> None:
+    """Every per-layer mean's per-sequence means are stored and read back; per key their mean
+    is the record's value and their count its n (6 sequences), their std / sqrt(n) its stderr."""
+    summary = ingest_result(store, run_result)
+    assert summary.sequence_means == run_result.sequence_means.num_rows > 0
+    with store.read() as conn:
+        stored = repo.sequence_means(conn, summary.run_id)
+        only = repo.sequence_means(conn, summary.run_id, ["intervention.swap_minus_drop_kl"])
+        with Session(bind=conn) as session:
+            via_session = repo.sequence_means(session, summary.run_id, [])
+    sent = pl.DataFrame(run_result.sequence_means).cast(dict(stored.schema))
+    key = [*SEQUENCE_KEY, "sequence"]
+    assert stored.sort(key, nulls_last=True).equals(sent.sort(key, nulls_last=True))
+    assert set(only["metric"]) == {"intervention.swap_minus_drop_kl"}
+    assert only.height == 2 * 6  # layers 0..L-2 of a 3-layer model, 6 sequences
+    assert via_session.height == 0
+    per_key = stored.group_by(SEQUENCE_KEY).agg(
+        pl.col("value").mean().alias("mean"), pl.len().alias("count"),
+        (pl.col("value").std(ddof=1) / pl.len().sqrt()).alias("se"))
+    records = pl.DataFrame(run_result.records).filter(pl.col("head").is_null()
+                                                       & pl.col("neuron").is_null())
+    joined = per_key.join(records.cast({"layer": pl.Int32, "head": pl.Int32}),
+                          on=SEQUENCE_KEY, nulls_equal=True)
+    assert joined.height == per_key.height
+    assert (joined["count"] == joined["n"]).all()
+    assert (joined["count"] == 6).all()
+    assert ((joined["mean"] - joined["value"]).abs()
+            <= 1e-9 * (1 + joined["value"].abs())).all()
+    has_se = joined.filter(pl.col("stderr").is_not_null())
+    assert ((has_se["se"] - has_se["stderr"]).abs() <= 1e-9 * (1 + has_se["stderr"])).all()
+    # every per-layer mean of the sweep families has its sequences (not the ratio of means)
+    means = records.filter(pl.col("stderr").is_not_null())
+    assert means.join(per_key, on=SEQUENCE_KEY, nulls_equal=True, how="anti").height == 0
+
+
+def test_sequence_means_are_replaced_with_their_run(store: Store, run_result: RunResult) -> None:
+    first = ingest_result(store, run_result)
+    counts = _counts(store)
+    second = ingest_result(store, run_result)
+    assert second.run_id == first.run_id
+    assert _counts(store) == counts
+
+
+def _seq_set(column: str, index: int, value: object, type_: pa.DataType):
+    def change(table: pa.Table) -> pa.Table:
+        values = table.column(column).to_pylist()
+        values[index] = value
+        return table.set_column(table.schema.get_field_index(column), column,
+                                pa.array(values, type_))
+    return change
+
+
+def test_malformed_sequence_means_are_refused(store: Store, run_result: RunResult) -> None:
+    means = run_result.sequence_means
+    frame = pl.DataFrame(means)
+    one_fewer = frame.filter(~((pl.col("metric") == "intervention.kl")
+                               & (pl.col("component") == "drop") & (pl.col("layer") == 1)
+                               & (pl.col("sequence") == 3))).to_arrow()
+    assert one_fewer.num_rows == means.num_rows - 1
+    cases = {
+        "missing columns: sequence": means.drop_columns(["sequence"]),
+        "NaN or infinite": _seq_set("value", 0, math.nan, pa.float64())(means),
+        "negative sequence": _seq_set("sequence", 0, -1, pa.int32())(means),
+        "duplicate per-sequence means": pa.concat_tables([means, means.slice(0, 1)]),
+        "not among the records": _seq_set("metric", 0, "logit_lens.entropy", pa.string())(
+            _seq_set("layer", 0, 99, pa.int32())(means)),
+        "5 sequences, but the record says n=6": one_fewer,
+    }
+    for message, table in cases.items():
+        with pytest.raises(IngestError, match=message):
+            ingest_result(store, dataclasses.replace(run_result, sequence_means=table))
+    assert _counts(store)["runs"] == 0

@@ -1,16 +1,19 @@
 """Results delivered over HTTP: Arrow IPC in, `service.store.ingest.ingest_result` behind.
 
-The body is one Arrow IPC stream, or two back to back (`Content-Type:
+The body is one Arrow IPC stream, or up to three back to back (`Content-Type:
 application/vnd.apache.arrow.stream`):
 
 1. the run's records (docs/metrics.md record format), whose schema metadata key `strata` holds the
    run's identity as JSON — exactly what `strata compute --out run.arrow` writes (`config`,
    `config_hash`, `model`, `tokens_evaluated`, `device`, `wall_s`, `environment`);
-2. optionally, the neurons family's top tokens (`run.neuron_tokens.arrow` beside it).
+2. optionally, the neurons family's top tokens (`run.neuron_tokens.arrow` beside it) and the
+   per-sequence means (`run.sequence_means.arrow`), in either order: each is recognised by its
+   columns (`neuron_class`; `sequence`).
 
 So a worker that computed a run delivers it with
-`cat run.arrow run.neuron_tokens.arrow | curl -H 'X-API-Key: ...' --data-binary @- \\
- -H 'Content-Type: application/vnd.apache.arrow.stream' http://host:8000/api/v1/runs/ingest`.
+`cat run.arrow run.neuron_tokens.arrow run.sequence_means.arrow | curl -H 'X-API-Key: ...' \\
+ --data-binary @- -H 'Content-Type: application/vnd.apache.arrow.stream' \\
+ http://host:8000/api/v1/runs/ingest`.
 The ingest is atomic per run and idempotent by configuration hash: delivering a run again
 replaces it. `?run_id=` delivers to a queued run.
 """
@@ -24,7 +27,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 from pydantic import ValidationError
 
-from compute.run import NEURON_TOKENS_SCHEMA, RunConfig, RunResult
+from compute.run import NEURON_TOKENS_SCHEMA, SEQUENCE_MEANS_SCHEMA, RunConfig, RunResult
 from service.api.errors import NotFoundError, UnprocessableError
 from service.store import Store
 from service.store.errors import RunNotFoundError
@@ -60,11 +63,23 @@ def decode(body: bytes) -> RunResult:
         raise UnprocessableError("the body is empty: send the run's records as an Arrow IPC stream")
     source = pa.BufferReader(pa.py_buffer(body))
     records = _read_stream(source, "records")
-    tokens = NEURON_TOKENS_SCHEMA.empty_table()
-    if source.tell() < len(body):
-        tokens = _read_stream(source, "neuron tokens (the second stream)")
-        if source.tell() < len(body):
-            raise UnprocessableError("the body holds more than two Arrow streams")
+    side: dict[str, pa.Table] = {}
+    while source.tell() < len(body):
+        if len(side) == 2:
+            raise UnprocessableError("the body holds more than three Arrow streams")
+        table = _read_stream(source, f"side table (stream {len(side) + 2})")
+        kind = ("sequence_means" if "sequence" in table.column_names
+                else "neuron_tokens" if "neuron_class" in table.column_names else None)
+        if kind is None:
+            raise UnprocessableError(
+                f"stream {len(side) + 2} is neither neuron tokens (a 'neuron_class' column) nor "
+                f"per-sequence means (a 'sequence' column); its columns: "
+                f"{', '.join(table.column_names)}")
+        if kind in side:
+            raise UnprocessableError(f"the body holds {kind} twice")
+        side[kind] = table
+    tokens = side.get("neuron_tokens", NEURON_TOKENS_SCHEMA.empty_table())
+    means = side.get("sequence_means", SEQUENCE_MEANS_SCHEMA.empty_table())
     raw = (records.schema.metadata or {}).get(METADATA_KEY)
     if raw is None:
         raise UnprocessableError("the records' schema metadata has no 'strata' key with the run's "
@@ -85,7 +100,7 @@ def decode(body: bytes) -> RunResult:
                      records=records.replace_schema_metadata(None), neuron_tokens=tokens,
                      model_info=meta.model, tokens_evaluated=meta.tokens_evaluated,
                      device=meta.device, wall_s=meta.wall_s,
-                     environment=dict(meta.environment))
+                     environment=dict(meta.environment), sequence_means=means)
 
 
 def ingest(store: Store, body: bytes, run_id: int | None) -> IngestSummary:

@@ -8,12 +8,14 @@ from service.store.models.neuron import NEURON_COLUMNS, NEURON_TOKEN_COLUMNS, Ne
 from service.store.models.registered_model import RegisteredModel
 from service.store.models.result import RESULT_COLUMNS, Result
 from service.store.models.run import RUN_STATUSES, Run, RunStatus
+from service.store.models.sequence_mean import SEQUENCE_MEAN_COLUMNS, SequenceMean
 from service.store.models.stage import StageBoundary
 from service.store.models.token_source import TokenSource
 
 __all__ = [
     "FINAL_STATES", "JOB_STATES", "LIVE_STATES", "NEURON_COLUMNS", "NEURON_TOKEN_COLUMNS",
-    "RESULT_COLUMNS", "RUN_STATUSES", "Base", "Job", "JobState", "NeuronRow", "NeuronToken",
+    "RESULT_COLUMNS", "RUN_STATUSES", "SEQUENCE_MEAN_COLUMNS", "Base", "Job", "JobState",
+    "NeuronRow", "NeuronToken",
     "RefitFamily", "RefitFamilyMember", "RegisteredModel", "Result", "Run", "RunStatus",
-    "StageBoundary", "TokenSource", "utcnow",
+    "SequenceMean", "StageBoundary", "TokenSource", "utcnow",
 ]
