@@ -12,14 +12,18 @@ the API's Arrow IPC answers, jobs submitted and waited for.
 columns of the API's CSV / Parquet / Arrow answer (docs/api.md); the context of the last data
 answer (model, run, ...) is in `client.last_context`.
 
+A 429 (over the service's rate limit) is waited out and retried, reads and writes alike (the
+refused request did nothing), as long as its `Retry-After` fits in what is left of
+`rate_limit_wait_s` (60 s per call by default); past that it is raised as `RateLimitedError`.
+
 Exceptions (all `ClientError`):
 
     ClientError
     ├── ApiError              the API answered an error: .status, .error, .detail (its body)
     │   ├── BadRequestError       400    ├── ConflictError          409
     │   ├── UnauthorizedError     401    ├── UnprocessableError     422
-    │   ├── ForbiddenError        403    └── UnavailableError       503
-    │   └── NotFoundError         404
+    │   ├── ForbiddenError        403    ├── RateLimitedError       429
+    │   └── NotFoundError         404    └── UnavailableError       503
     ├── UnreachableError      the service could not be reached (reads are retried first)
     ├── JobFailedError        wait(): the job failed or was cancelled (.job)
     └── WaitTimeoutError      wait(): the job had not finished in time (.job)
@@ -93,9 +97,16 @@ class UnavailableError(ApiError):
     pass
 
 
+class RateLimitedError(ApiError):
+    """429: over the service's rate limit for longer than the client waits; `.retry_after`
+    is the number of seconds the service asked for."""
+
+    retry_after: float | None = None
+
+
 _BY_STATUS: dict[int, type[ApiError]] = {
     400: BadRequestError, 401: UnauthorizedError, 403: ForbiddenError, 404: NotFoundError,
-    409: ConflictError, 422: UnprocessableError, 503: UnavailableError}
+    409: ConflictError, 422: UnprocessableError, 429: RateLimitedError, 503: UnavailableError}
 
 
 class UnreachableError(ClientError):
@@ -126,7 +137,18 @@ def api_error(response: httpx.Response) -> ApiError:
     except (ValueError, KeyError, TypeError):
         error, detail = f"http_{response.status_code}", response.text[:500]
     cls = _BY_STATUS.get(response.status_code, ApiError)
-    return cls(response.status_code, error, detail)
+    exc = cls(response.status_code, error, detail)
+    if isinstance(exc, RateLimitedError):
+        exc.retry_after = retry_after(response)
+    return exc
+
+
+def retry_after(response: httpx.Response) -> float | None:
+    """The seconds of a `Retry-After` header (the API sends whole seconds), or None."""
+    try:
+        return max(float(response.headers["Retry-After"]), 0.0)
+    except (KeyError, ValueError):
+        return None
 
 
 # ------------------------------------------------------------------------------------ jobs
@@ -199,12 +221,13 @@ class BaseClient(ABC, Generic[FrameT]):
     """The API's reads and writes; subclasses choose the DataFrame type."""
 
     def __init__(self, url: str, api_key: str | None = None, *, timeout: float = 60.0,
-                 retries: int = 3, backoff_s: float = 0.25,
+                 retries: int = 3, backoff_s: float = 0.25, rate_limit_wait_s: float = 60.0,
                  transport: httpx.BaseTransport | None = None) -> None:
         self.url = url.rstrip("/")
         self.api_key = api_key
         self.retries = retries
         self.backoff_s = backoff_s
+        self.rate_limit_wait_s = rate_limit_wait_s
         headers = {"X-API-Key": api_key} if api_key else {}
         self._http = httpx.Client(base_url=self.url, timeout=timeout, headers=headers,
                                   transport=transport)
@@ -225,22 +248,30 @@ class BaseClient(ABC, Generic[FrameT]):
 
     def _send(self, method: str, path: str, *, params: dict[str, Any] | None = None,
               body: Any = None, accept: str = "application/json") -> httpx.Response:
-        """One request; reads (GET) are retried on connection errors with a growing pause."""
+        """One request; reads (GET) are retried on connection errors with a growing pause, and
+        any request refused with 429 after its `Retry-After` (within `rate_limit_wait_s`)."""
         clean = {k: _param(v) for k, v in (params or {}).items() if v is not None}
         attempts = 1 + (self.retries if method == "GET" else 0)
-        for attempt in range(attempts):
+        attempt, waited = 0, 0.0
+        while True:
             try:
                 response = self._http.request(method, path, params=clean, json=body,
                                               headers={"Accept": accept})
             except httpx.TransportError as exc:
-                if attempt + 1 >= attempts:
+                attempt += 1
+                if attempt >= attempts:
                     raise UnreachableError(f"{method} {self.url}{path}: {exc!r}") from exc
-                time.sleep(self.backoff_s * 2 ** attempt)
+                time.sleep(self.backoff_s * 2 ** (attempt - 1))
                 continue
+            if response.status_code == 429:
+                pause = retry_after(response)
+                if pause is not None and waited + pause <= self.rate_limit_wait_s:
+                    time.sleep(pause)
+                    waited += pause
+                    continue
             if response.is_error:
                 raise api_error(response)
             return response
-        raise AssertionError("unreachable")  # pragma: no cover
 
     def _json(self, method: str, path: str, **kwargs: Any) -> Any:
         return self._send(method, path, **kwargs).json()

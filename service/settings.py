@@ -7,10 +7,11 @@ Nested sections use a double underscore: `STRATA_API__PUBLIC_READS=false`,
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -38,6 +39,22 @@ class ApiSettings(BaseModel):
                                                         "when the client accepts it")
     duckdb_threads: int | None = Field(None, ge=1, description="DuckDB threads per query "
                                                                "(default: all cores)")
+    read_rate_limit: str = Field("12000/minute", description="reads (GET) allowed per client "
+                                 "address, `N/second|minute|hour|day` in a fixed window; "
+                                 "beyond it 429 with Retry-After; empty: no limit")
+    write_rate_limit: str = Field("600/minute", description="writes allowed per API key, in "
+                                  "the same form; the workers' claims, heartbeats, failure "
+                                  "reports and deliveries are never limited; empty: no limit")
+
+    @field_validator("read_rate_limit", "write_rate_limit")
+    @classmethod
+    def _rate(cls, value: str) -> str:
+        """`N/unit`, checked when the settings are read (not at the first request)."""
+        value = value.strip()
+        if value and not re.fullmatch(r"[1-9]\d*\s*/\s*(second|minute|hour|day)", value):
+            raise ValueError(f"{value!r} is not a rate such as 600/minute (N/second, "
+                             "N/minute, N/hour or N/day; empty for no limit)")
+        return value
 
 
 class WorkerSettings(BaseModel):
@@ -154,4 +171,14 @@ class Settings(BaseSettings):
 
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
-    return Settings()
+    settings = Settings()
+    use_data_dir(settings)
+    return settings
+
+
+def use_data_dir(settings: Settings) -> None:
+    """Point compute's file caches at the data directory: GGUF files are dequantized once into
+    `<data_dir>/gguf/<sha256>/` (every process of a deployment that shares data_dir shares it)."""
+    from compute.gguf import set_cache_dir
+
+    set_cache_dir(settings.data_dir / "gguf")

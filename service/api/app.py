@@ -27,10 +27,11 @@ from service.api.controllers.models import ModelsController
 from service.api.controllers.runs import RunsController
 from service.api.docs import asset_routers, openapi_config
 from service.api.errors import EXCEPTION_HANDLERS
+from service.api.ratelimit import RateLimitMiddleware
 from service.api.respond import ApiContext
 from service.jobs.service import JobService
 from service.jobs.upkeep import Upkeep
-from service.settings import Settings
+from service.settings import Settings, use_data_dir
 from service.store import Store
 
 # Bodies other than an ingest (which reads its own, up to STRATA_API__INGEST_MAX_MB) are small.
@@ -40,6 +41,7 @@ MAX_BODY_BYTES = 1 << 20
 def create_app(settings: Settings, store: Store, *, jobs: JobService | None = None,
                upkeep: Upkeep | None = None,
                on_shutdown: Sequence[Callable[[], None]] = ()) -> Litestar:
+    use_data_dir(settings)
     ctx = ApiContext.build(store, settings, jobs)
 
     def provide_ctx() -> ApiContext:
@@ -55,7 +57,9 @@ def create_app(settings: Settings, store: Store, *, jobs: JobService | None = No
                           allow_headers=["X-API-Key", "Authorization", "Content-Type",
                                          "If-None-Match"],
                           expose_headers=["ETag"])
+    limits = RateLimitMiddleware(settings)
     return Litestar(
+        middleware=[limits] if limits.active else [],
         route_handlers=[HealthController, AdminController, data, *asset_routers(), *web_routes()],
         dependencies={"ctx": Provide(provide_ctx, sync_to_thread=False)},
         exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]

@@ -10,6 +10,7 @@
         ├── ConflictError            409   the request contradicts what is stored
         ├── PayloadTooLargeError     413   an ingest body over the configured size
         ├── UnprocessableError       422   well-formed but meaningless (unknown metric, source, ...)
+        ├── TooManyRequestsError     429   over a rate limit; `Retry-After` says when to retry
         └── ServiceUnavailableError  503   a part of the service it needs is not running
 
 Every error answer has one body, `{"error": <code>, "detail": <what to fix>, "status": <int>}`
@@ -83,6 +84,10 @@ class PayloadTooLargeError(ApiError):
 
 class UnprocessableError(ApiError):
     status = 422
+
+
+class TooManyRequestsError(ApiError):
+    status = 429
 
 
 class ServiceUnavailableError(ApiError):

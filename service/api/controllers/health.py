@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from litestar import Controller, Response, get
 
+from service.api.ratelimit import NO_RATE_LIMIT
 from service.api.respond import ApiContext, errors
 from service.api.schemas.health import Health, Ready
 
@@ -12,12 +13,12 @@ class HealthController(Controller):
     path = "/api/v1"
     tags = ["health"]  # noqa: RUF012
 
-    @get("/health")
+    @get("/health", opt={NO_RATE_LIMIT: True})
     async def health(self) -> Health:
         """Liveness: the process answers."""
         return Health("ok")
 
-    @get("/ready", sync_to_thread=True, responses=errors())
+    @get("/ready", sync_to_thread=True, responses=errors(), opt={NO_RATE_LIMIT: True})
     def ready(self, ctx: ApiContext) -> Response[Ready]:
         """Readiness: the database answers and its schema is at this code's revision (else
         503 with the same body)."""

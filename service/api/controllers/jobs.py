@@ -12,6 +12,7 @@ from litestar.params import Parameter
 from service.api.auth import SECURITY, require_write_key
 from service.api.errors import BadRequestError, ServiceUnavailableError
 from service.api.queries.jobs import job_out, worker_out
+from service.api.ratelimit import NO_RATE_LIMIT
 from service.api.respond import ApiContext, errors
 from service.api.schemas.jobs import (
     Claim,
@@ -89,7 +90,8 @@ class JobsController(Controller):
         return job_out(jobs_of(ctx).cancel(job_id))
 
     @post("/reconcile", status_code=200, sync_to_thread=True, responses=errors(401, 403),
-          guards=[require_write_key], security=SECURITY)
+          guards=[require_write_key], security=SECURITY,
+          opt={NO_RATE_LIMIT: True})
     def reconcile(self, ctx: ApiContext) -> Reconciled:
         """Queue the default run of every registered model that lacks current results (what
         beat asks for on its schedule); nothing when reconciliation is off
@@ -98,14 +100,16 @@ class JobsController(Controller):
 
     # -------------------------------------------------- what workers call
     @post("/{job_id:int}/claim", status_code=200, sync_to_thread=True,
-          responses=errors(400, 401, 403, 404, 409), guards=[require_write_key], security=SECURITY)
+          responses=errors(400, 401, 403, 404, 409), guards=[require_write_key], security=SECURITY,
+          opt={NO_RATE_LIMIT: True})
     def claim(self, ctx: ApiContext, job_id: JobId, data: Claim) -> Claimed:
         """A worker starts a job (API key): allowed once per dispatch of a queued job."""
         got = jobs_of(ctx).claim(job_id, data.dispatch, data.worker, data.device)
         return Claimed(got.config, got.device, got.attempt)
 
     @post("/{job_id:int}/heartbeat", status_code=200, sync_to_thread=True,
-          responses=errors(400, 401, 403, 404), guards=[require_write_key], security=SECURITY)
+          responses=errors(400, 401, 403, 404), guards=[require_write_key], security=SECURITY,
+          opt={NO_RATE_LIMIT: True})
     def heartbeat(self, ctx: ApiContext, job_id: JobId, data: Heartbeat) -> HeartbeatAnswer:
         """A running job's progress and lease (API key); `stop` tells the worker to stop."""
         stop = jobs_of(ctx).heartbeat(job_id, data.dispatch, data.worker, done=data.done,
@@ -114,7 +118,8 @@ class JobsController(Controller):
         return HeartbeatAnswer(stop)
 
     @post("/{job_id:int}/fail", status_code=200, sync_to_thread=True,
-          responses=errors(400, 401, 403, 404, 409), guards=[require_write_key], security=SECURITY)
+          responses=errors(400, 401, 403, 404, 409), guards=[require_write_key], security=SECURITY,
+          opt={NO_RATE_LIMIT: True})
     def fail(self, ctx: ApiContext, job_id: JobId, data: Failure) -> Job:
         """A worker reports that a job failed (API key), with the reason."""
         return job_out(jobs_of(ctx).fail(job_id, data.dispatch, data.worker, data.error))
@@ -131,7 +136,8 @@ class WorkersController(Controller):
         return [worker_out(w) for w in service.board.workers(service.worker_window())]
 
     @post("/heartbeat", status_code=204, sync_to_thread=False, responses=errors(400, 401, 403),
-          guards=[require_write_key], security=SECURITY)
+          guards=[require_write_key], security=SECURITY,
+          opt={NO_RATE_LIMIT: True})
     def heartbeat(self, ctx: ApiContext, data: WorkerBeat) -> None:
         """A worker says it is alive, and what it runs on (API key)."""
         jobs_of(ctx).board.worker_seen(WorkerSeen(data.name, data.device, data.dtype,
