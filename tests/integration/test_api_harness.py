@@ -56,10 +56,13 @@ def free_port() -> int:
 
 
 def arrow_body(result: RunResult, *, tokens: bool = True) -> bytes:
-    """What `strata compute --out run.arrow` writes (run.arrow + run.neuron_tokens.arrow)."""
+    """What `strata compute --out run.arrow` writes (run.arrow + run.neuron_tokens.arrow +
+    run.sequence_means.arrow)."""
     body = FORMATS["arrow"].encode(result.records, result_metadata(result))
     if tokens and result.neuron_tokens.num_rows:
         body += FORMATS["arrow"].encode(result.neuron_tokens, None)
+    if result.sequence_means.num_rows:
+        body += FORMATS["arrow"].encode(result.sequence_means, None)
     return body
 
 

@@ -54,6 +54,29 @@ def test_ingest_round_trip_with_tokens_and_stages(server: Api) -> None:
     assert listed["n_records"] == server.results["rand-3l"].records.num_rows
 
 
+def test_ingest_carries_per_sequence_means_in_either_order(server: Api) -> None:
+    """Records, then per-sequence means and neuron tokens in either order: both side tables
+    are recognised by their columns and stored; a run's means twice is refused."""
+    computed = server.results["rand-3l"]
+    assert computed.sequence_means.num_rows > 0
+    renamed = dataclasses.replace(computed, config=computed.config.model_copy(update={
+        "model": computed.config.model.model_copy(update={"name": "rand-3l-seq"})}))
+    renamed = dataclasses.replace(renamed, config_hash=renamed.config.config_hash())
+    records = FORMATS["arrow"].encode(renamed.records, result_metadata(renamed))
+    means = FORMATS["arrow"].encode(renamed.sequence_means, None)
+    tokens = FORMATS["arrow"].encode(renamed.neuron_tokens, None)
+    response = post(server, records + means + tokens)
+    assert response.status_code == 201, response.text
+    assert response.json()["sequence_means"] == renamed.sequence_means.num_rows
+    assert response.json()["neuron_tokens"] == renamed.neuron_tokens.num_rows
+    again = post(server, records + tokens + means)
+    assert again.status_code == 200, again.text
+    assert again.json()["sequence_means"] == renamed.sequence_means.num_rows
+    twice = post(server, records + means + means)
+    assert twice.status_code == 422
+    assert "sequence_means twice" in twice.json()["detail"]
+
+
 def test_refusals_store_nothing(server: Api) -> None:
     before = count_runs(server)
     good = line(5)

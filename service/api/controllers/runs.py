@@ -83,7 +83,8 @@ class RunsController(Controller):
 
         Body (`application/vnd.apache.arrow.stream`): one Arrow IPC stream of the records, whose
         schema metadata `strata` is the run (as `strata compute --out run.arrow` writes it),
-        optionally followed by a second stream of the neuron top tokens."""
+        optionally followed by streams of the neuron top tokens and of the per-sequence means
+        (recognised by their columns)."""
         body = await read_limited(request, ctx.settings.api.ingest_max_mb)
         if job_id is not None:
             if run_id is not None:
@@ -94,7 +95,7 @@ class RunsController(Controller):
         else:
             s = await anyio.to_thread.run_sync(ingest_queries.ingest, ctx.store, body, run_id)
         return Response(IngestSummary(s.run_id, s.model_id, s.replaced, s.results, s.neurons,
-                                      s.neuron_tokens, s.stage_boundaries),
+                                      s.neuron_tokens, s.stage_boundaries, s.sequence_means),
                         status_code=200 if s.replaced else 201)
 
 

@@ -54,3 +54,4 @@ class IngestSummary(msgspec.Struct):
     neurons: int
     neuron_tokens: int
     stage_boundaries: int
+    sequence_means: int = 0
