@@ -42,9 +42,9 @@ NEURON_TOKENS_SCHEMA = pa.schema([
 
 
 def stderr_basis(metric_version: str) -> str:
-    """What a run's `stderr` and `n` count: "token" under metric version 1 (every token an
-    independent sample; so are older versions), "sequence" from version 2 (the mean of per-sequence means, n =
-    sequences). Stored runs keep the basis of the version they were computed under."""
+    """What a run's `stderr` and `n` count: "token" under metric version 1 and older (every
+    token an independent sample), "sequence" from version 2 (the mean of per-sequence means,
+    n = sequences). Stored runs keep the basis of the version they were computed under."""
     try:
         return "token" if int(metric_version) < 2 else "sequence"
     except ValueError:  # not a number: not one of ours before version 2
