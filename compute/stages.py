@@ -47,8 +47,8 @@ CATASTROPHIC_KL = 1.0  # nats: the least drop KL of every detokenization layer
 SHARPNESS_MIN = 3.0  # boundaries 1 and 2: least median sharpness of the primary signals
 KNEE_GAIN_MIN = 0.5  # boundary 2: least mean gain of the hinge over a straight line
 CONVERGENCE_MIN = math.log(2.0)  # boundary 2: the lens KL falls at least twofold past the knee
-SUPPRESSION_EXCESS_MIN = 3  # boundary 3: least surplus of suppression neurons in each layer
-SUPPRESSION_Z_MIN = 1.0  # boundary 3: least surplus / sqrt(total) in each layer
+SUPPRESSION_EXCESS_MIN = 3  # boundary 3: least surplus of suppression neurons over the run
+SUPPRESSION_Z_MIN = 1.0  # boundary 3: least surplus / sqrt(total count) over the run
 NOISE_FLOOR = 0.01  # a curve's noise is at least this fraction of its change (sharpness <= 100)
 N_RESAMPLES = 200
 BOOTSTRAP_SEED = 0
@@ -341,22 +341,23 @@ def _sharpening(counts: tuple[np.ndarray, np.ndarray, str] | None, n_layers: int
                           "n_suppression(_cal) for every layer")
     pred, supp, kind = counts
     excess = supp - pred
-    z = excess / np.sqrt(np.maximum(supp + pred, 1.0))
     estimate = next((k for k in range(max(start, 1), n_layers) if (excess[k:] > 0).all()), None)
-    extra = {"counts": kind, "search_start": start}
+    extra: dict[str, Any] = {"counts": kind, "search_start": start,
+                             "n_prediction": pred.tolist(), "n_suppression": supp.tolist()}
     if estimate is None:
         return _Placement(None, False, None, f"suppression never dominates to the end from "
                           f"layer {max(start, 1)} on ({kind} counts)", [], extra)
-    sharpness = float(z[estimate:].min())
+    # summed over the run: the surplus in standard deviations of a difference of counts
+    surplus = float(excess[estimate:].sum())
+    sharpness = surplus / math.sqrt(max(float((supp + pred)[estimate:].sum()), 1.0))
+    extra["surplus"] = surplus
     reason = None
-    if excess[estimate:].min() < SUPPRESSION_EXCESS_MIN or sharpness < SUPPRESSION_Z_MIN:
-        reason = (f"too few neurons: suppression exceeds prediction by "
-                  f"{excess[estimate:].min():.0f} (z {sharpness:.3g}) at the weakest layer "
-                  f"from {estimate} on; needs {SUPPRESSION_EXCESS_MIN} and z "
-                  f"{SUPPRESSION_Z_MIN}")
+    if surplus < SUPPRESSION_EXCESS_MIN or sharpness < SUPPRESSION_Z_MIN:
+        reason = (f"too few neurons: suppression exceeds prediction by {surplus:.0f} neurons "
+                  f"(z {sharpness:.3g}) over layers {estimate}..{n_layers - 1}; needs "
+                  f"{SUPPRESSION_EXCESS_MIN} and z {SUPPRESSION_Z_MIN}")
     return _Placement(estimate, reason is None, sharpness, reason,
-                      [_Signal("neuron_dominance", estimate, sharpness,
-                               float(excess[estimate:].min()))], extra)
+                      [_Signal("neuron_dominance", estimate, sharpness, surplus)], extra)
 
 
 # --------------------------------------------------------------------------- the rule
@@ -386,8 +387,8 @@ RULES = (
     f"it, median sharpness >= {SHARPNESS_MIN} and the signals agree",
     "start of residual sharpening: the first layer at or after max(boundary 1, boundary 2) from "
     "which suppression neurons outnumber prediction neurons in every later layer (calibrated "
-    f"counts when present); clear if the surplus is >= {SUPPRESSION_EXCESS_MIN} neurons and "
-    f">= {SUPPRESSION_Z_MIN} sqrt(total) in each of those layers",
+    f"counts when present); clear if, summed over those layers, the surplus is >= "
+    f"{SUPPRESSION_EXCESS_MIN} neurons and >= {SUPPRESSION_Z_MIN} sqrt(total count)",
 )
 
 
@@ -428,6 +429,16 @@ def _boundary(index: int, placed: _Placement, curves: Curves, n_layers: int) -> 
                                 "sharpness": placed.sharpness, **placed.extra}
     if placed.reason:
         evidence["reason"] = placed.reason
+    at = placed.estimate
+    if index == 1:  # the values the first rule quoted, kept for clients that read them
+        drop = curves.get("intervention.kl[drop]", {})
+        evidence["layer_0_kl"] = drop.get(0)
+        evidence["kl_at_layer"] = drop.get(at) if at is not None else None
+    elif index == 2:
+        lens = curves.get("logit_lens.kl_to_final", {})
+        evidence["knee_point"] = at
+        evidence["kl_at_knee"] = lens.get(at) if at is not None else None
+        evidence["kl_at_point_0"] = lens.get(0)
     signals: dict[str, Any] = {}
     for s in placed.signals:
         entry: dict[str, Any] = {"own_layer": s.own, "sharpness": s.sharpness,

@@ -79,7 +79,8 @@ def ingest_result(store: Store, result: RunResult, *, run_id: int | None = None,
     rows = prepare_rows(result.records, result.neuron_tokens, info, result.sequence_means)
     if result.tokens_evaluated < 0:
         raise IngestError(f"tokens_evaluated is negative ({result.tokens_evaluated})")
-    boundaries = infer_boundaries(result.records, result.config.families, info.n_layers)
+    boundaries = infer_boundaries(result.records, result.config.families, info.n_layers,
+                                  rows.sequence_means)
     with store.write() as conn, Session(bind=conn, expire_on_commit=False) as session:
         run = _target_run(session, result, run_id)
         replaced = run is not None and run.n_records is not None

@@ -36,13 +36,19 @@ def _plain(value: Any) -> Any:
 
 
 def infer_boundaries(records: pa.Table, families: tuple[str, ...] | list[str],
-                     n_layers: int) -> list[dict[str, Any]]:
+                     n_layers: int, sequence_means: pa.Table | None = None
+                     ) -> list[dict[str, Any]]:
     """The boundaries of a run as `stage_boundaries` rows (no ids yet); none when the run lacks
-    a family the rule reads or the model is too shallow for stages."""
+    a family the rule reads or the model is too shallow for stages. With the run's per-sequence
+    means, each boundary's evidence carries its bootstrap interval over sequences."""
     if not set(families) >= STAGE_FAMILIES:
         return []
+    means = None
+    if sequence_means is not None and sequence_means.num_rows:
+        means = pl.from_arrow(sequence_means)
     try:
-        boundaries = infer_stages(pl.from_arrow(records), n_layers)  # type: ignore[arg-type]
+        boundaries = infer_stages(pl.from_arrow(records), n_layers,  # type: ignore[arg-type]
+                                  means)  # type: ignore[arg-type]
     except SpecError:
         return []
     return [{"boundary": b.index, "found": b.layer is not None, "layer": b.layer,
