@@ -3,7 +3,8 @@
 Boundaries come from the model's latest succeeded run that has them (they are inferred at
 ingest for runs with intervention, logit_lens and neurons: `service.store.stages`). Boundary k is
 the first block of stage k+1, so stage k spans blocks [b_{k-1}, b_k - 1] with b_0 = 0 and
-b_4 = L. A stage is `clear` when both its bounds are known; when a boundary falls at or before
+b_4 = L. Each boundary also carries, lifted out of its stored evidence, its sharpness, the range
+of layers its signals give and its bootstrap interval over sequences (`boundary`). A stage is `clear` when both its bounds are known; when a boundary falls at or before
 the previous one the stage between them is empty (clear, but no span and n_points 0). Only clear
 stages get spans and aggregates — an unknown boundary leaves both stages it separates without
 one.
@@ -59,6 +60,32 @@ def _spans(model: ModelEntry, found: dict[int, int | None]) -> list[dict[str, An
                       "relative_depth_start": _depth(start, n_layers),
                       "relative_depth_end": _depth(end, n_layers)})
     return spans
+
+
+def _ints(value: Any) -> list[int] | None:
+    if isinstance(value, list) and len(value) == 2 and all(isinstance(v, int) for v in value):
+        return [int(v) for v in value]
+    return None
+
+
+def boundary(row: dict[str, Any]) -> Boundary:
+    """A stored boundary with its interval, sharpness and range lifted out of the evidence
+    (where `compute.stages` puts them; boundaries stored before they existed have none)."""
+    evidence = row["evidence"] or {}
+    boot = evidence.get("bootstrap") if isinstance(evidence.get("bootstrap"), dict) else {}
+    sharpness = evidence.get("sharpness")
+    estimate = evidence.get("estimate")
+    depths = boot.get("interval_relative_depth")
+    return Boundary(
+        row["boundary"], STAGE_NAMES[row["boundary"] - 1], row["found"], row["layer"],
+        row["relative_depth"], row["rule"], evidence, clear=bool(row["found"]),
+        estimate=estimate if isinstance(estimate, int) else row["layer"],
+        sharpness=float(sharpness) if isinstance(sharpness, int | float) else None,
+        range=_ints(evidence.get("range")), interval=_ints(boot.get("interval")),
+        interval_relative_depth=[float(d) for d in depths] if isinstance(depths, list)
+        and len(depths) == 2 else None,
+        interval_level=float(boot["level"]) if isinstance(boot.get("level"), int | float)
+        and boot.get("interval") is not None else None)
 
 
 def _depth(layer: int | None, n_layers: int) -> float | None:
@@ -119,8 +146,7 @@ def stages(reader: Reader, snap: Snapshot, *, models: list[str], metric: str | N
             context.models.append(ModelStages(
                 model.id, model.name, model.n_layers, run.id if run else None,
                 metric_run.id if metric_run else None,
-                [Boundary(r["boundary"], STAGE_NAMES[r["boundary"] - 1], r["found"], r["layer"],
-                          r["relative_depth"], r["rule"], r["evidence"]) for r in rows]))
+                [boundary(r) for r in rows]))
             spans += _spans(model, {r["boundary"]: r["layer"] for r in rows})
         frame = pl.DataFrame(spans, schema={
             "model_id": pl.Int64, "model": pl.String, "stage": pl.Int64,

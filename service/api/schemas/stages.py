@@ -8,7 +8,14 @@ import msgspec
 
 
 class Boundary(msgspec.Struct):
-    """Boundary k ends stage k: `layer` is the first block of stage k+1 (null: not clear)."""
+    """Boundary k ends stage k: `layer` is the first block of stage k+1 (null: not clear).
+
+    `clear` equals `found`; `estimate` is the rule's best layer even when not clear;
+    `sharpness` how abrupt the change is (the change over the curve's robust noise); `range`
+    [lo, hi] the layers where the agreeing signals put it; `interval` [lo, hi] the seeded
+    percentile bootstrap interval over sequences at `interval_level` (null for runs without
+    per-sequence means, or boundaries stored before intervals existed: see
+    `evidence.bootstrap.reason`). docs/metrics.md: stages.*."""
 
     boundary: int
     ends_stage: str
@@ -17,6 +24,13 @@ class Boundary(msgspec.Struct):
     relative_depth: float | None
     rule: str
     evidence: dict[str, Any]
+    clear: bool = False
+    estimate: int | None = None
+    sharpness: float | None = None
+    range: list[int] | None = None
+    interval: list[int] | None = None
+    interval_relative_depth: list[float] | None = None
+    interval_level: float | None = None
 
 
 class ModelStages(msgspec.Struct):
