@@ -231,6 +231,72 @@ def test_compare_lines_up_models_of_different_depth(server: Api) -> None:
                                                                             "line-24": 24}
 
 
+def _per_sequence(api: Api, name: str, metric: str, component: str | None) -> np.ndarray:
+    """[layers, sequences] per-sequence means of one computed run, from its RunResult."""
+    frame = pl.DataFrame(api.results[name].sequence_means).filter(
+        (pl.col("metric") == metric) & pl.col("head").is_null())
+    if component is not None:
+        frame = frame.filter(pl.col("component") == component)
+    wide = frame.pivot(on="sequence", index="layer", values="value").sort("layer")
+    return wide.drop("layer").to_numpy()
+
+
+@pytest.mark.parametrize("method", ["interpolate", "mean"])
+def test_compare_errors_are_over_sequences(server: Api, method: str) -> None:
+    """A bin's stderr is the std over sequences of the bin's value computed sequence by
+    sequence (np.interp at the centre, or the mean of the bin's layers), / sqrt(sequences);
+    n is the number of sequences. Models: the zoo run (3 sequences, 2 layers) and rand-3l
+    (its latest registration, 6 sequences, 3 layers)."""
+    bins = 5
+    got = server.get(f"{V1}/compare", params={
+        "metric": "intervention.kl", "component": "drop", "models": "tiny-2l-s0,rand-3l",
+        "bins": bins, "method": method})
+    body = got.json()
+    assert {m["name"]: m["stderr_basis"] for m in body["models"]} == {
+        "tiny-2l-s0": "sequence", "rand-3l": "sequence"}
+    table = rows(got)
+    centres = (np.arange(bins) + 0.5) / bins
+    for name, result in (("tiny-2l-s0", "tiny-2l-s0"), ("rand-3l", "rand-3l-raw")):
+        m = _per_sequence(server, result, "intervention.kl", "drop")
+        n_layers, n_seq = m.shape
+        depth = np.arange(n_layers) / (n_layers - 1)
+        mine = table.filter(pl.col("model") == name).sort("bin")
+        for b in range(bins):
+            if method == "interpolate":
+                x = np.array([np.interp(centres[b], depth, m[:, s]) for s in range(n_seq)])
+            else:
+                inside = np.minimum((depth * bins).astype(int), bins - 1) == b
+                if not inside.any():
+                    assert mine["value"][b] is None
+                    continue
+                x = m[inside].mean(axis=0)
+            assert mine["value"][b] == pytest.approx(x.mean(), rel=1e-6)
+            assert mine["stderr"][b] == pytest.approx(np.std(x, ddof=1) / np.sqrt(n_seq),
+                                                      rel=1e-6)
+            assert mine["n"][b] == n_seq
+
+
+def test_runs_say_what_their_errors_count(server: Api) -> None:
+    """stderr_basis: "sequence" for runs of metric version 2, "token" for older ones, on runs,
+    per-layer answers and their exports."""
+    assert server.get(f"{V1}/runs/{server.runs['rand-3l']}").json()["stderr_basis"] == \
+        "sequence"
+    assert server.get(f"{V1}/runs/{server.runs['rand-3l-v0']}").json()["stderr_basis"] == \
+        "token"
+    params = {"metric": "intervention.kl", "component": "drop"}
+    current = server.get(f"{V1}/models/tiny-2l-s0/metrics", params=params).json()
+    assert current["run"]["stderr_basis"] == "sequence"
+    assert (pl.DataFrame(current["rows"])["n"] == 3).all()  # 3 sequences of 12 tokens
+    old = server.get(f"{V1}/models/rand-3l/metrics",
+                     params={**params, "metric_version": "0",
+                             "model_id": _model_id(server, "rand-3l", fold_ln=True)}).json()
+    assert old["run"]["stderr_basis"] == "token"
+    parquet = server.get(f"{V1}/models/tiny-2l-s0/metrics", params={**params,
+                                                                     "format": "parquet"})
+    meta = json.loads(pq.read_schema(io.BytesIO(parquet.content)).metadata[b"strata"])
+    assert meta["run"]["stderr_basis"] == "sequence"
+
+
 def test_compare_real_models_and_errors(server: Api) -> None:
     got = server.get(f"{V1}/compare", params={"metric": "logit_lens.kl_to_final", "bins": 4,
                                                "models": "tiny-2l-s0,stagey,line-12"})

@@ -15,7 +15,7 @@ import msgspec
 import polars as pl
 
 from compute.records import COMPONENTS, unit_of
-from compute.run import METRIC_VERSION
+from compute.run import METRIC_VERSION, stderr_basis
 from service.api.errors import NotFoundError, UnprocessableError
 from service.api.queries.index import ModelEntry, RunEntry, Snapshot
 from service.api.schemas.common import ModelRef, RunRef
@@ -94,4 +94,4 @@ def model_ref(model: ModelEntry) -> ModelRef:
 
 def run_ref(run: RunEntry) -> RunRef:
     finished = None if run.finished_at is None else run.finished_at.replace(tzinfo=UTC)
-    return RunRef(run.id, run.metric_version, finished)
+    return RunRef(run.id, run.metric_version, finished, stderr_basis(run.metric_version))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from compute.run import METRIC_VERSION
+from compute.run import METRIC_VERSION, stderr_basis
 from service.api.errors import NotFoundError
 from service.api.queries.index import Snapshot
 from service.api.schemas.models import AppliedProcessing, Model, ModelDetail, ModelPage
@@ -68,7 +68,8 @@ def run_out(run: RunRow, model_name: str) -> Run:
         id=run.id, model_id=run.model_id, model=model_name, status=run.status,
         progress=run.progress, error=run.error, families=list(run.families),
         config_hash=run.config_hash, metric_version=run.metric_version,
-        code_version=run.code_version, config=run.config, device=run.device, dtype=run.dtype,
+        stderr_basis=stderr_basis(run.metric_version), code_version=run.code_version,
+        config=run.config, device=run.device, dtype=run.dtype,
         tokens_evaluated=run.tokens_evaluated, n_records=run.n_records,
         token_source_id=run.token_source_id,
         timings=Timings(utc(run.created_at), utc(run.started_at),  # type: ignore[arg-type]

@@ -14,8 +14,10 @@ class ModelRef(msgspec.Struct):
 
 
 class RunRef(msgspec.Struct):
-    """The run a data answer was read from."""
+    """The run a data answer was read from. `stderr_basis`: what its stderr and n count —
+    "sequence" (metric version 2 on: n = sequences) or "token" (version 1: n = tokens)."""
 
     id: int
     metric_version: str
     finished_at: datetime | None
+    stderr_basis: str = "sequence"

@@ -54,6 +54,7 @@ class CompareModel(msgspec.Struct):
     n_layers: int | None
     run_id: int | None
     n_points: int
+    stderr_basis: str | None = None  # "sequence" or "token" (docs/metrics.md); null: no run
 
 
 class CompareRow(msgspec.Struct):

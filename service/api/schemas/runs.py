@@ -25,6 +25,7 @@ class Run(msgspec.Struct):
     families: list[str]
     config_hash: str
     metric_version: str
+    stderr_basis: str  # what stderr and n count: "sequence" (version 2 on) or "token" (1)
     code_version: str
     config: dict[str, Any]
     device: str | None
