@@ -8,6 +8,7 @@ import click
 
 from service.cli_errors import EXIT_BAD_INPUT, fail
 from service.jobs.broker import COMPUTE_QUEUE
+from service.worker.launch import WARM_SHUTDOWN_S
 
 
 def _apply(api_url: str | None) -> None:
@@ -30,10 +31,13 @@ def _apply(api_url: str | None) -> None:
               help="replace the worker process after this many jobs")
 @click.option("--max-memory-mb", type=click.IntRange(0), default=None,
               help="replace the worker process after a job that left it above this size")
+@click.option("--warm-shutdown-s", type=click.FloatRange(min=0), default=WARM_SHUTDOWN_S,
+              show_default=True, help="on SIGTERM the running job may finish for this long; "
+              "then it is abandoned (the API sends it again) and the worker exits")
 @click.option("--loglevel", default="INFO", show_default=True)
 def worker(gpus: str | None, device: str | None, queues: str, api_url: str | None,
            name: str | None, max_tasks_per_child: int | None, max_memory_mb: int | None,
-           loglevel: str) -> None:
+           warm_shutdown_s: float, loglevel: str) -> None:
     """Run computations: a Celery worker per GPU (or one on the CPU), one job at a time each.
     Results go to the API over HTTP; the worker never opens the database."""
     import socket
@@ -57,7 +61,7 @@ def worker(gpus: str | None, device: str | None, queues: str, api_url: str | Non
             fail(f"--gpus {gpus!r}: give comma-separated GPU indices, e.g. 0,1", EXIT_BAD_INPUT)
         if not indices:
             fail("--gpus names no GPU", EXIT_BAD_INPUT)
-        raise SystemExit(gpu_children(indices, queue_list, name, {}))
+        raise SystemExit(gpu_children(indices, queue_list, name, {}, warm_shutdown_s))
     if device is not None:
         if device.split(":")[0] not in ("cpu", "cuda", "mps"):
             fail(f"--device {device!r}: give cpu, cuda or mps", EXIT_BAD_INPUT)
@@ -71,7 +75,8 @@ def worker(gpus: str | None, device: str | None, queues: str, api_url: str | Non
     label = os.environ.get("STRATA_WORKER_NAME") or f"{name or kind.split(':')[0]}@" \
                                                    f"{socket.gethostname()}"
     os.environ["STRATA_WORKER_NAME"] = label
-    run_celery(worker_argv(queue_list, f"{label}-{os.getpid()}", loglevel))
+    run_celery(worker_argv(queue_list, f"{label}-{os.getpid()}", loglevel),
+               warm_shutdown_s=warm_shutdown_s)
 
 
 @click.command()
