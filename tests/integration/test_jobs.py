@@ -16,6 +16,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from compute.run import METRIC_VERSION
 from tests.integration.jobs_harness import LONG, SMALL, V1, Deployment, make_broker, wait_for
 
 BROKERS = ["filesystem", "redis"]
@@ -286,7 +287,7 @@ def test_cancel_a_queued_and_a_running_job(broker_kind: str) -> None:
 
 
 # ---------------------------------------------------------------- reconciliation
-def old_version_body(d: Deployment) -> bytes:
+def old_version_body(d: Deployment, version: str = "0") -> bytes:
     """tiny-4l-s0's default run as computed under an older metric version (what a store holds
     after METRIC_VERSION is bumped), encoded as `strata compute --out run.arrow` writes it."""
     import dataclasses
@@ -298,7 +299,7 @@ def old_version_body(d: Deployment) -> bytes:
 
     config = RunConfig(model=resolve_model_spec("zoo:tiny-4l-s0"),
                        tokens=TokenSpec(source="builtin", n_sequences=2, seq_len=16),
-                       families=("intervention", "logit_lens"), metric_version="0")
+                       families=("intervention", "logit_lens"), metric_version=version)
     result = compute_run(config)
     result = dataclasses.replace(result, config_hash=result.config.config_hash())
     return FORMATS["arrow"].encode(result.records, result_metadata(result))
@@ -331,12 +332,12 @@ def test_registration_version_bump_beat_and_watch_folder_lead_to_results(
         d.start_beat()
         bumped = wait_for("recomputation under the current metric version", lambda: [
             j for j in d.client.get(f"{V1}/jobs", params={"model": "tiny-4l-s0"}).json()["items"]
-            if j["metric_version"] == "1"], timeout=60)
+            if j["metric_version"] == METRIC_VERSION], timeout=60)
         assert len(bumped) == 1
         done = d.wait_state(bumped[0]["id"], "succeeded", "failed")
         assert done["state"] == "succeeded", done["error"]
         versions = sorted(r["metric_version"] for r in d.runs() if r["model"] == "tiny-4l-s0")
-        assert versions == ["0", "1"]  # the old run stays queryable
+        assert versions == ["0", METRIC_VERSION]  # the old run stays queryable
         # 3. a checkpoint folder appearing in the watch folder: registered by its folder name
         shutil.copytree(checkpoint_source(), d.tmp / "staging")
         (d.tmp / "staging").rename(watch / "dropped-in")
@@ -364,6 +365,29 @@ def checkpoint_source() -> Path:
     from compute.models import zoo_path
 
     return zoo_path("tiny-2l-s0")
+
+
+def test_token_level_runs_of_version_1_are_recomputed_under_version_2() -> None:
+    """After the bump to metric version 2 (errors over sequences), a model whose default run
+    exists only under version 1 gets it queued again; the old run stays, labelled "token"."""
+    assert METRIC_VERSION == "2"
+    d = deploy("filesystem", STRATA_JOBS__RECONCILE="true",
+               STRATA_JOBS__RECONCILE_INTERVAL_S="3600")
+    try:
+        d.start_api()
+        stored = d.client.post(f"{V1}/runs/ingest", content=old_version_body(d, "1"), headers={
+            "Content-Type": "application/vnd.apache.arrow.stream"})
+        assert stored.status_code == 201, stored.text
+        old = d.client.get(f"{V1}/runs/{stored.json()['run_id']}").json()
+        assert (old["metric_version"], old["stderr_basis"]) == ("1", "token")
+        queued = d.client.post(f"{V1}/jobs/reconcile").json()["queued"]
+        assert len(queued) == 1
+        job = d.client.get(f"{V1}/jobs/{queued[0]}").json()
+        assert job["metric_version"] == "2"
+        assert job["model"] == "tiny-4l-s0"
+        assert d.client.post(f"{V1}/jobs/reconcile").json()["queued"] == []  # once
+    finally:
+        d.close()
 
 
 def test_racing_reconciliations_queue_a_model_once() -> None:
