@@ -10,7 +10,9 @@ one-machine default, a local worker and beat.
 
 from __future__ import annotations
 
+import io
 import logging
+import os
 import secrets
 import sys
 from pathlib import Path
@@ -21,6 +23,71 @@ import click
 from service.settings import Settings
 
 log = logging.getLogger("strata.serve")
+
+
+class _ConsoleFilter(logging.Filter):
+    """The console shows Strata's own log lines, and errors from anyone."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.name.split(".")[0] == "strata" or record.levelno >= logging.ERROR
+
+
+def configure_logging(settings: Settings, log_level: str) -> Path:
+    """Every log record goes to `<data_dir>/logs/api.log` (third-party libraries at their own
+    level: TransformerLens's model loading, kombu's and Celery's warnings, uvicorn's access
+    log); the console gets Strata's own lines and errors. Returns the log file."""
+    log_dir = settings.data_dir.resolve() / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_file = log_dir / "api.log"
+    to_file = logging.FileHandler(log_file, encoding="utf-8")
+    to_file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    console = logging.StreamHandler(sys.stderr)
+    console.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    console.addFilter(_ConsoleFilter())
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    root.addHandler(to_file)
+    root.addHandler(console)
+    root.setLevel(log_level.upper())
+    logging.captureWarnings(True)  # `warnings.warn` from libraries: into the file too
+    # Loading models prints: TransformerLens's print() calls and transformers' progress bars.
+    # The former go to the file (Strata itself writes its console lines to stderr), the
+    # latter are switched off.
+    sys.stdout = _LogStream(logging.getLogger("stdout"))
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"  # also for the local worker and beat
+    from huggingface_hub.utils import disable_progress_bars
+
+    disable_progress_bars()
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    return log_file
+
+
+class _LogStream(io.TextIOBase):
+    """A text stream whose lines become INFO records of a logger."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self.logger = logger
+        self._pending = ""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        lines = (self._pending + text).split("\n")
+        self._pending = lines.pop()
+        for line in lines:
+            if line.strip():
+                self.logger.info(line.rstrip())
+        return len(text)
+
+    def flush(self) -> None:
+        if self._pending.strip():
+            self.logger.info(self._pending.rstrip())
+        self._pending = ""
 
 
 def ensure_key(settings: Settings) -> Settings:
@@ -55,7 +122,7 @@ def run_service(settings: Settings, *, host: str | None, port: int | None,
     from service.worker.app import make_app
     from service.worker.launch import LocalProcesses
 
-    logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    log_file = configure_logging(settings, log_level)
     host = host or settings.host
     port = settings.port if port is None else port
     local = (not settings.broker_url) if local_worker is None else local_worker
@@ -101,9 +168,10 @@ def run_service(settings: Settings, *, host: str | None, port: int | None,
                          on_shutdown=[processes.stop] if processes is not None else [])
         if processes is not None:
             processes.start()
-        _announce(settings, url, local)
+        _announce(settings, url, local, log_file)
+        # log_config=None: uvicorn's loggers keep to the handlers of `configure_logging`.
         uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=access_log,
-                    workers=1)
+                    workers=1, log_config=None)
     finally:
         if processes is not None:
             processes.stop()
@@ -129,20 +197,20 @@ def register_zoo(store: Any, settings: Settings, register: Any) -> None:
                "their default runs are queued", err=True)
 
 
-def _announce(settings: Settings, url: str, local: bool) -> None:
+def _announce(settings: Settings, url: str, local: bool, log_file: Path) -> None:
     lines = [f"Strata: serving {settings.database} on {url}",
              f"  web page:  {url}/", f"  API docs:  {url}/schema",
              f"  jobs:      {url}/api/v1/jobs  (strata jobs list)"]
     if local:
         lines += [f"  broker:    filesystem, {settings.data_dir.resolve() / 'broker'} (a local "
                   "worker and beat run beside the API)",
-                  f"  logs:      {settings.data_dir.resolve() / 'logs'}"]
+                  f"  logs:      {log_file.parent} (api.log, worker.log, beat.log)"]
         if settings.key_file.is_file() and not settings.api_key:
             lines.append(f"  API key:   in {settings.key_file} (the CLI reads it from there)")
     else:
         where = settings.broker_url.split("@")[-1] or \
             f"filesystem, {settings.data_dir.resolve() / 'broker'}"
-        lines.append(f"  broker:    {where} (start workers with `strata worker`, one "
-                     "`strata beat`)")
+        lines += [f"  broker:    {where} (start workers with `strata worker`, one "
+                  "`strata beat`)", f"  log:       {log_file}"]
     click.echo("\n".join(lines), err=True)
     sys.stderr.flush()

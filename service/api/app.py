@@ -60,6 +60,9 @@ def create_app(settings: Settings, store: Store, *, jobs: JobService | None = No
     limits = RateLimitMiddleware(settings)
     return Litestar(
         middleware=[limits] if limits.active else [],
+        # Logging is the process's business (`strata serve` sends it to its log file): the
+        # default config would replace the root logger's handlers with its own console one.
+        logging_config=None,
         route_handlers=[HealthController, AdminController, data, *asset_routers(), *web_routes()],
         dependencies={"ctx": Provide(provide_ctx, sync_to_thread=False)},
         exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]

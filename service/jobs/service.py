@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -87,6 +88,9 @@ class JobService:
         self.board = board
         self._reconcile_lock = threading.Lock()
         self._release_lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._threads_lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
 
     # ------------------------------------------------------------------ reads
     def view(self, job: Job, names: dict[int, str] | None = None) -> JobView:
@@ -446,7 +450,20 @@ class JobService:
             except Exception:  # logged; the next scheduled reconciliation tries again
                 log.exception("reconciliation failed")
 
-        threading.Thread(target=run, name="strata-reconcile", daemon=True).start()
+        thread = threading.Thread(target=run, name="strata-reconcile", daemon=True)
+        with self._threads_lock:
+            self._threads = [t for t in self._threads if t.is_alive()] + [thread]
+        thread.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """At shutdown: background reconciliations stop after the model at hand, and are
+        waited for (a thread cut off inside a DuckDB call at exit aborts the process)."""
+        self._stopping.set()
+        with self._threads_lock:
+            threads = list(self._threads)
+        end = time.monotonic() + timeout_s
+        for thread in threads:
+            thread.join(timeout=max(end - time.monotonic(), 0.0))
 
     def reconcile(self, *, reason: str = "reconcile") -> list[int]:
         """Queue the default run of every registered model that lacks it under the current
@@ -461,6 +478,8 @@ class JobService:
                 models = repo.all_models(session)
                 session.expunge_all()
             for model in models:
+                if self._stopping.is_set():
+                    break
                 try:
                     _, config = self.configure(JobRequest(model=str(model.id)))
                 except SpecError as exc:

@@ -37,6 +37,7 @@ class Upkeep:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        self.jobs.stop()
 
     def tick(self) -> None:
         self.jobs.requeue_lost()
