@@ -7,7 +7,10 @@ norm, and the processed weights.
 
 Sources (looked up in `SOURCES`, in order):
   zoo               a tiny model that ships with Strata (`compute/zoo/checkpoints/<name>`)
-  hf_dir            a local Hugging Face checkpoint directory (GPT-2 and GPT-NeoX verified)
+  hf_dir            a local Hugging Face checkpoint directory (GPT-2, GPT-NeoX, GPT-Neo and
+                    Llama verified against Hugging Face's forward)
+  gguf              a llama.cpp GGUF file, dequantized once into a cached checkpoint directory
+                    (`compute.gguf`) and then loaded as `hf_dir`
   transformer_lens  a TransformerLens official name (`gpt2`, `pythia-410m-deduped`, ...): needs
                     network or a warm Hugging Face cache
   random            randomly initialised weights with a given architecture (tests, null baselines)
@@ -32,7 +35,7 @@ from typing import Any, Literal, Protocol
 
 import torch
 from jaxtyping import Float, Int
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor
 
 from compute import blocks
@@ -65,9 +68,12 @@ class ModelSpec(BaseModel):
     """Everything that identifies the weights a run analyses. Stored with every run."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-    source: Literal["zoo", "hf_dir", "transformer_lens", "random"]
+    source: Literal["zoo", "hf_dir", "gguf", "transformer_lens", "random"]
     name: str
     revision: str | None = None
+    # Only for weights read from a quantized file (source="gguf"): its quantization type, e.g.
+    # "Q4_1". Left out of the identity when None, so specs from before it keep their hashes.
+    quantization: str | None = Field(default=None, exclude_if=lambda v: v is None)
     dtype: DType = "float32"
     processing: Processing = Processing()
     # Only for source="random": HookedTransformerConfig fields and the init seed.
@@ -346,6 +352,33 @@ class ZooSource(HFDirSource):
         return super().load(spec.model_copy(update={"name": str(path)}), device)
 
 
+class GGUFSource(HFDirSource):
+    """A GGUF file (`path/to/model.gguf`): dequantized once into a cached Hugging Face checkpoint
+    (`compute.gguf.dequantized_checkpoint`), which is then loaded like any checkpoint folder."""
+
+    name = "gguf"
+
+    def recognises(self, ref: str) -> bool:
+        return ref.lower().endswith(".gguf")
+
+    def canonical_name(self, ref: str) -> str:
+        return str(Path(ref).resolve())
+
+    def load(self, spec: ModelSpec, device: str) -> tuple[Any, Any, AppliedProcessing]:
+        from compute.gguf import dequantized_checkpoint
+
+        sha = spec.revision.removeprefix("sha256:") if spec.revision else None
+        checkpoint, info = dequantized_checkpoint(Path(spec.name), sha if sha and len(sha) == 64
+                                                  else None)
+        if spec.quantization is not None and spec.quantization != info.quantization:
+            raise ModelLoadError(f"{spec.name}: the file is now {info.quantization}, the run "
+                                 f"asked for {spec.quantization}: the file changed")
+        model, tokenizer, applied = super().load(
+            spec.model_copy(update={"name": str(checkpoint)}), device)
+        model.cfg.model_name = Path(spec.name).stem
+        return model, tokenizer, applied
+
+
 def _is_planted(name: str) -> bool:
     from compute.zoo.planted import PLANTED
 
@@ -446,7 +479,8 @@ class RandomSource:
 
 
 SOURCES: dict[str, ModelSource] = {
-    s.name: s for s in (ZooSource(), HFDirSource(), TransformerLensSource(), RandomSource())
+    s.name: s for s in (ZooSource(), GGUFSource(), HFDirSource(), TransformerLensSource(),
+                        RandomSource())
 }
 
 
@@ -473,6 +507,8 @@ def resolve_model_spec(
     """Turn a user's model reference into a spec, choosing the source from the registry."""
     for source in SOURCES.values():
         if source.recognises(ref):
+            if source.name == "gguf":
+                return _gguf_spec(ref, dtype=dtype, processing=processing)
             return ModelSpec(source=source.name, name=source.canonical_name(ref),
                              revision=revision or _checksum(source.name, ref), dtype=dtype,
                              processing=processing or Processing())
@@ -481,6 +517,17 @@ def resolve_model_spec(
         f"unknown model {ref!r}: not a zoo model ({hint}), not a directory with config.json, "
         "and not a TransformerLens official name (e.g. gpt2, pythia-410m-deduped)"
     )
+
+
+def _gguf_spec(ref: str, *, dtype: DType, processing: Processing | None) -> ModelSpec:
+    """A GGUF file's spec: its full SHA-256 as the revision and its quantization type, both read
+    (and the file checked) before anything is dequantized."""
+    from compute.gguf import inspect_gguf
+
+    info = inspect_gguf(Path(ref))
+    return ModelSpec(source="gguf", name=str(Path(ref).resolve()), revision="sha256:" +
+                     info.sha256, quantization=info.quantization, dtype=dtype,
+                     processing=processing or Processing())
 
 
 def _checksum(source: str, ref: str) -> str | None:
@@ -871,4 +918,4 @@ def _dims_before_loading(spec: ModelSpec) -> ModelDims | None:
     if spec.source in ("zoo", "hf_dir"):
         path = zoo_path(spec.name) if spec.source == "zoo" else Path(spec.name)
         return ModelDims.from_hf_config(path)
-    return None
+    return None  # a GGUF file's dimensions are checked once its checkpoint exists (hf_dir)

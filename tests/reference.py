@@ -206,19 +206,12 @@ def _zero_head_hook(head: int) -> Callable[..., torch.Tensor]:
 
 
 def swapped_model(model: Any, layer: int) -> Any:
-    """A deep copy of the model with the weights of blocks `layer` and `layer+1` exchanged."""
+    """A deep copy of the model with blocks `layer` and `layer+1` exchanged as whole modules: each
+    block takes its weights and its own attention kind along (a GPT-Neo local-attention block
+    stays local at its new position), as reordering a model's list of layers does."""
     other = copy.deepcopy(model)
-    state = other.state_dict()
-    a, b = f"blocks.{layer}.", f"blocks.{layer + 1}."
-    exchanged = {}
-    for name, tensor in state.items():
-        if name.startswith(a):
-            exchanged[name] = state[b + name[len(a):]].clone()
-        elif name.startswith(b):
-            exchanged[name] = state[a + name[len(b):]].clone()
-        else:
-            exchanged[name] = tensor
-    other.load_state_dict(exchanged)
+    other.blocks[layer], other.blocks[layer + 1] = other.blocks[layer + 1], other.blocks[layer]
+    other.setup()  # hook names follow the modules' new places
     other.eval()
     return other
 

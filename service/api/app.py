@@ -23,10 +23,12 @@ from service.api.controllers.dashboard import web_routes
 from service.api.controllers.families import FamiliesController
 from service.api.controllers.health import HealthController
 from service.api.controllers.jobs import JobsController, WorkersController
+from service.api.controllers.metrics import metrics
 from service.api.controllers.models import ModelsController
 from service.api.controllers.runs import RunsController
 from service.api.docs import asset_routers, openapi_config
 from service.api.errors import EXCEPTION_HANDLERS
+from service.api.metrics import RequestMetricsMiddleware, ServiceMetrics
 from service.api.ratelimit import RateLimitMiddleware
 from service.api.respond import ApiContext
 from service.jobs.service import JobService
@@ -58,12 +60,15 @@ def create_app(settings: Settings, store: Store, *, jobs: JobService | None = No
                                          "If-None-Match"],
                           expose_headers=["ETag"])
     limits = RateLimitMiddleware(settings)
+    counted = ServiceMetrics(store, jobs)
     return Litestar(
-        middleware=[limits] if limits.active else [],
+        # Outermost first: requests refused by the rate limit are counted too.
+        middleware=[RequestMetricsMiddleware(counted), *([limits] if limits.active else [])],
         # Logging is the process's business (`strata serve` sends it to its log file): the
         # default config would replace the root logger's handlers with its own console one.
         logging_config=None,
-        route_handlers=[HealthController, AdminController, data, *asset_routers(), *web_routes()],
+        route_handlers=[HealthController, AdminController, data, metrics, *asset_routers(),
+                        *web_routes()],
         dependencies={"ctx": Provide(provide_ctx, sync_to_thread=False)},
         exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]
         openapi_config=openapi_config(),
@@ -71,7 +76,7 @@ def create_app(settings: Settings, store: Store, *, jobs: JobService | None = No
                                              minimum_size=settings.api.gzip_min_bytes,
                                              gzip_compress_level=5),
         cors_config=cors,
-        state=State({"settings": settings, "ctx": ctx}),
+        state=State({"settings": settings, "ctx": ctx, "metrics": counted}),
         request_max_body_size=MAX_BODY_BYTES,
         on_startup=[upkeep.start] if upkeep is not None else [],
         on_shutdown=[*([upkeep.stop] if upkeep is not None else []), *on_shutdown],

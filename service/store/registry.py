@@ -43,9 +43,12 @@ def token_spec_hash(spec: TokenSpec) -> str:
 
 def default_model_name(spec: ModelSpec) -> str:
     """The name a model is registered under when none is given: a checkpoint directory's
-    folder name (not its absolute path, which no URL can carry); otherwise the spec's name."""
+    folder name or a GGUF file's stem (not its absolute path, which no URL can carry);
+    otherwise the spec's name."""
     if spec.source == "hf_dir":
         return Path(spec.name).name or spec.name
+    if spec.source == "gguf":  # the file's stem: SmolLM2-135M-Instruct.Q4_1
+        return Path(spec.name).stem or spec.name
     return spec.name
 
 

@@ -72,6 +72,10 @@ CASES: dict[str, Case] = {
     "gpt2-random-auto-batch": Case(_random(seed=3, n_layers=2), n_sequences=2, seq_len=12,
                                    batch_size=None),
     "neox-hf": Case(_hf("hf_neox_dir")),
+    # Llama: RMSNorm, rotary, grouped-query attention (4 query heads over 2 key/value heads),
+    # SiLU-gated MLP, tied embeddings; GPT-Neo: a local-attention layer with window 4 < seq_len.
+    "llama-hf": Case(_hf("hf_llama_dir")),
+    "neo-hf-local-attention": Case(_hf("hf_neo_dir"), n_sequences=2),
     "rotary-parallel-random": Case(_random(seed=4, positional_embedding_type="rotary",
                                            parallel_attn_mlp=True, rotary_dim=4)),
     "rms-gated-random": Case(_random(seed=5, normalization_type="RMS", gated_mlp=True,

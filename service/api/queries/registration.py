@@ -38,11 +38,14 @@ from service.store.rows import ModelInfo, parse_model_info
 
 
 def _checkpoint_dir(source: str) -> Path | None:
-    """The directory a source names, if it is a checkpoint directory (not a zoo name)."""
+    """The local weights a source names, if it is a checkpoint directory or a GGUF file (not a
+    zoo name)."""
     if source.startswith("zoo:"):
         return None
     try:
         path = Path(source)
+        if source.lower().endswith(".gguf"):
+            return path
         return path if (path / "config.json").is_file() else None
     except (OSError, ValueError):  # a name too long for the file system, a NUL byte, ...
         return None
@@ -54,12 +57,12 @@ def _check_root(path: Path, settings: Settings) -> None:
         if resolved.is_relative_to(root.resolve()):
             return
     raise UnprocessableError(
-        "checkpoint directories can be registered over HTTP only under a configured root "
-        "(STRATA_API__CHECKPOINT_ROOTS); this one is not under any")
+        "checkpoint directories and GGUF files can be registered over HTTP only under a "
+        "configured root (STRATA_API__CHECKPOINT_ROOTS); this one is not under any")
 
 
 def _weights_mb(path: Path) -> float:
-    files = [*path.glob("*.safetensors"), *path.glob("*.bin")]
+    files = [path] if path.is_file() else [*path.glob("*.safetensors"), *path.glob("*.bin")]
     return sum(f.stat().st_size for f in files) / 2**20
 
 
@@ -75,7 +78,7 @@ def resolve(request: RegisterModel, settings: Settings) -> ModelSpec:
     try:
         return resolve_model_spec(request.source, processing=processing,
                                   revision=request.revision)
-    except SpecError as exc:
+    except (SpecError, ModelLoadError) as exc:  # unknown, or a GGUF file that fails its checks
         raise UnprocessableError(str(exc)) from None
 
 
@@ -128,7 +131,7 @@ def register(store: Store, settings: Settings, request: RegisterModel
                 raise ConflictError(f"{request.source!r} with this processing and revision is "
                                     f"registered already, as {existing.name!r} (id {existing.id})")
             return existing, False
-    info = loaded_numbers(spec, settings) if spec.source in ("zoo", "hf_dir") else None
+    info = loaded_numbers(spec, settings) if spec.source in ("zoo", "hf_dir", "gguf") else None
     numbers = offline_numbers(spec) if spec.source == "transformer_lens" else {}
     with store.write() as conn, Session(bind=conn, expire_on_commit=False) as session:
         existing = find_model(session, spec)  # registered meanwhile by another request
