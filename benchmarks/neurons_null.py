@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -55,8 +56,8 @@ def main() -> None:
         cols = min(vocab, CPU_LOGIT_COLS)
         chunks = LogitChunks(rows=max(1, CPU_LOGIT_BLOCK_MB * 2**20 // 4 // cols), cols=cols)
         with torch.inference_mode():
-            layer_s = best_of(args.reps, lambda: neuron_moments(w_out, u, chunks=chunks))
-            null_s = best_of(args.reps, lambda: null_moments(u, chunks=chunks))
+            layer_s = best_of(args.reps, partial(neuron_moments, w_out, u, chunks=chunks))
+            null_s = best_of(args.reps, partial(null_moments, u, chunks=chunks))
         family_s = layer_s * n_layers
         print(f"{label}: one layer {layer_s:.2f} s, family moments ~{family_s:.1f} s, "
               f"null {null_s:.2f} s = {100 * null_s / family_s:.1f}% of the family's moments")

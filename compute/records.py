@@ -58,7 +58,9 @@ CATALOG: dict[str, str] = {
     **{f"heads.{m}": u for m, u in [
         ("ablation_kl", "nats"), ("ablation_loss_delta", "nats"), ("induction", "fraction"),
         ("stability", "cosine"), ("stability_null", "cosine"), ("stability_std", "cosine"),
-        ("stability_null_std", "cosine")]},
+        ("stability_null_std", "cosine"), ("stability_greedy", "cosine"),
+        ("stability_greedy_std", "cosine"), ("stability_null_greedy", "cosine"),
+        ("stability_null_greedy_std", "cosine")]},
 }
 PATTERNS: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"attention\.prev_[1-9]\d*"), "fraction"),

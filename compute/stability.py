@@ -4,9 +4,15 @@ Attention patterns and residual streams are computed once per model on one fixed
 every pairwise comparison is then batched matrix work:
   - each head's pattern on each prompt is flattened to the causal lower triangle and unit-normed;
   - for anchor layer l, the [H_anchor, H_other] cosine matrix averaged over prompts is one einsum;
-  - stability of an anchor head = max over the other refit's heads of the same layer (greedy,
-    many-to-one), averaged over refits. The null baseline repeats this against randomly
-    initialised models of the same architecture.
+  - each anchor head is matched to one head of the same layer of the other refit, one-to-one:
+    the assignment (Hungarian, `scipy.optimize.linear_sum_assignment`) that maximises the sum of
+    matched cosines; stability of an anchor head = its matched cosine, averaged over refits.
+    The greedy many-to-one match (each anchor head's best head, which two anchor heads may
+    share) is kept beside it as `heads.stability_greedy`. The null baseline repeats both against
+    randomly initialised models of the anchor's architecture (its normalization included).
+Refits must share the anchor's architecture (layers, heads, d_model), its vocabulary (W_U width)
+and its tokenizer (the token -> id map and BOS id): the prompts are the anchor's token ids, which
+mean other tokens to a model with another tokenizer. Otherwise `RefitMismatchError`.
 CKA compares the residual stream after each block (anchor vs each refit) on the same tokens:
 linear CKA, and RBF CKA with the median-heuristic bandwidth.
 """
@@ -15,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 from jaxtyping import Float
@@ -24,6 +31,13 @@ from torch import Tensor
 from compute.errors import SpecError
 from compute.models import LoadedModel, ModelSpec
 from compute.records import Record
+
+Matching = Literal["one_to_one", "greedy"]
+
+
+class RefitMismatchError(SpecError):
+    """A refit cannot be compared with the anchor: another architecture, vocabulary or
+    tokenizer. (A `SpecError`: the CLI exits 2 with the message.)"""
 
 
 class StabilityOptions(BaseModel):
@@ -65,12 +79,26 @@ def model_activations(lm: LoadedModel, prompts: Tensor, cka_tokens: int) -> Mode
     return ModelActivations(torch.stack(patterns).cpu(), torch.stack(resid).cpu())
 
 
-def head_match(anchor: ModelActivations, other: ModelActivations) -> Float[Tensor, "layer head"]:
-    """For each anchor head: max over the other model's heads of the same layer of the
-    prompt-averaged cosine of their patterns."""
+def head_match(anchor: ModelActivations, other: ModelActivations, *,
+               matching: Matching = "one_to_one") -> Float[Tensor, "layer head"]:
+    """For each anchor head, the prompt-averaged cosine of its pattern with its match among the
+    other model's heads of the same layer.
+
+    `one_to_one`: the matches are the assignment of distinct heads that maximises the layer's sum
+    of cosines (Hungarian algorithm). `greedy`: each anchor head's own best head (many-to-one).
+    """
+    from scipy.optimize import linear_sum_assignment
+
     a, b = anchor.patterns, other.patterns
     cos = torch.einsum("lhpk,lgpk->lhg", a, b) / a.shape[2]
-    return cos.max(dim=-1).values
+    if matching == "greedy":
+        return cos.max(dim=-1).values
+    out = torch.zeros(cos.shape[:2], dtype=cos.dtype)
+    for layer in range(cos.shape[0]):
+        rows, cols = linear_sum_assignment(cos[layer].double().numpy(), maximize=True)
+        out[layer, torch.from_numpy(rows)] = cos[layer, torch.from_numpy(rows),
+                                                 torch.from_numpy(cols)]
+    return out
 
 
 def _center_gram(k: Tensor) -> Tensor:
@@ -114,8 +142,12 @@ def random_counterpart(lm: LoadedModel, seed: int) -> ModelSpec:
     fields = ("n_layers", "d_model", "n_heads", "d_head", "d_mlp", "d_vocab", "n_ctx", "act_fn",
               "attn_only", "positional_embedding_type", "rotary_dim", "parallel_attn_mlp",
               "n_key_value_heads", "gated_mlp", "d_vocab_out")
-    arch = {f: getattr(cfg, f) for f in fields if getattr(cfg, f, None) is not None}
-    arch["normalization_type"] = (cfg.normalization_type or "LN").replace("Pre", "")
+    arch: dict[str, Any] = {f: getattr(cfg, f) for f in fields
+                            if getattr(cfg, f, None) is not None}
+    # Processing folds LN into LNPre (RMS into RMSPre); the random model is built unfolded with
+    # the anchor's own normalization, and a norm-free anchor stays norm-free.
+    norm = cfg.normalization_type
+    arch["normalization_type"] = norm.removesuffix("Pre") if norm is not None else None
     return ModelSpec(source="random", name=f"random-{cfg.model_name}-{seed}", architecture=arch,
                      seed=seed, processing=lm.spec.processing)
 
@@ -131,24 +163,54 @@ def stability_records(
     if not refits:
         raise SpecError("a family needs at least one refit besides the anchor")
     for other in refits:
-        if (other.n_layers, other.n_heads, other.d_model) != (
-                anchor.n_layers, anchor.n_heads, anchor.d_model):
-            raise SpecError(f"{other.spec.name} does not share the anchor's architecture "
-                            f"(layers, heads, d_model); refits must be of one architecture")
+        check_refit(anchor, other)
     base = model_activations(anchor, prompts, opts.cka_tokens)
     others = [model_activations(m, prompts, opts.cka_tokens) for m in refits]
     nulls = [model_activations(load(random_counterpart(anchor, 10_000 + i)), prompts,
                                opts.cka_tokens) for i in range(opts.n_null)]
-    records = _head_records("stability", torch.stack([head_match(base, o) for o in others]))
-    if nulls:
-        records += _head_records("stability_null",
-                                 torch.stack([head_match(base, o) for o in nulls]))
+    records: list[Record] = []
+    matchings: tuple[tuple[str, Matching], ...] = (("", "one_to_one"), ("_greedy", "greedy"))
+    for suffix, matching in matchings:
+        records += _head_records(f"stability{suffix}", torch.stack(
+            [head_match(base, o, matching=matching) for o in others]))
+        if nulls:
+            records += _head_records(f"stability_null{suffix}", torch.stack(
+                [head_match(base, o, matching=matching) for o in nulls]))
     for layer in range(anchor.n_layers):
         for kind, fn in (("linear", linear_cka), ("rbf", rbf_cka)):
             values = torch.tensor([fn(base.resid[layer], o.resid[layer]) for o in others])
             records.append(Record.of(f"heads.residual_cka.{kind}", float(values.mean()),
                                      len(values), layer=layer, stderr=_stderr(values)))
     return records
+
+
+def check_refit(anchor: LoadedModel, other: LoadedModel) -> None:
+    """Raise `RefitMismatchError` unless `other` can be compared with `anchor`: the same layers,
+    heads and d_model, the same W_U width, and the same tokenizer (token -> id map and BOS id;
+    both without one is allowed, then only the width is checked)."""
+    name = other.spec.name
+    if (other.n_layers, other.n_heads, other.d_model) != (
+            anchor.n_layers, anchor.n_heads, anchor.d_model):
+        raise RefitMismatchError(
+            f"{name} does not share the anchor's architecture (layers, heads, d_model: "
+            f"{other.n_layers}, {other.n_heads}, {other.d_model} vs {anchor.n_layers}, "
+            f"{anchor.n_heads}, {anchor.d_model}); refits must be of one architecture")
+    if other.d_vocab != anchor.d_vocab:
+        raise RefitMismatchError(
+            f"{name} has a vocabulary of {other.d_vocab} tokens but the anchor "
+            f"{anchor.spec.name} has {anchor.d_vocab}; refits must share the vocabulary")
+    mine, theirs = anchor.tokenizer, other.tokenizer
+    if (mine is None) != (theirs is None):
+        raise RefitMismatchError(
+            f"{name if theirs is None else anchor.spec.name} has no tokenizer, so its "
+            "vocabulary cannot be checked against the other's; give every refit its tokenizer "
+            "files (refits must share the tokenizer)")
+    if mine is not None and (mine.get_vocab() != theirs.get_vocab()
+                             or anchor.bos_token_id != other.bos_token_id):
+        raise RefitMismatchError(
+            f"{name} has another tokenizer than the anchor {anchor.spec.name} (its token -> id "
+            "map or BOS id differs): the anchor's prompts would mean other tokens to it; "
+            "refits must share the tokenizer")
 
 
 def _stderr(values: Tensor) -> float | None:

@@ -60,7 +60,8 @@ def test_random_weights_give_about_zero_at_any_width(d_model: int, d_mlp: int) -
     for cls in CALIBRATED:
         assert total(df, cls) <= 0.005 * n_neurons, (cls, total(df, cls))
     fractions = df.filter(pl.col("metric") == "neurons.frac_partition_cal")["value"]
-    assert fractions.len() == lm.n_layers and fractions.max() <= 0.005  # type: ignore[operator]
+    assert fractions.len() == lm.n_layers
+    assert fractions.max() <= 0.005  # type: ignore[operator]
     if d_model == 64:  # the problem the calibration fixes: 1/d_model > 0.005
         assert total(df, "partition") > 0.9 * n_neurons
 
@@ -72,7 +73,8 @@ def test_null_rows_are_stored_once_per_model() -> None:
     assert sorted(null["metric"].to_list()) == ["neurons.null_kurt_q999",
                                                 "neurons.null_skew_q999",
                                                 "neurons.null_var_q999"]
-    assert null["layer"].null_count() == 3 and set(null["n"].to_list()) == {NULL_DIRECTIONS}
+    assert null["layer"].null_count() == 3
+    assert set(null["n"].to_list()) == {NULL_DIRECTIONS}
     values = dict(zip(null["metric"].to_list(), null["value"].to_list(), strict=True))
     # Random cosines in 64 dimensions: variance about 1/64, nearly Gaussian (kurtosis about 3).
     assert 1 / 64 < values["neurons.null_var_q999"] < 3 / 64

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
+import os
 
 import polars as pl
 import pytest
@@ -11,7 +13,9 @@ import torch
 from compute.models import LoadedModel, ModelSpec, load_model
 from compute.records import records_to_table, validate_records
 from compute.stability import (
+    ModelActivations,
     StabilityOptions,
+    head_match,
     linear_cka,
     model_activations,
     rbf_cka,
@@ -138,8 +142,149 @@ def test_trained_refits_are_more_alike_than_random_models() -> None:
     tokens = load_tokens(spec, anchor.tokenizer, bos_token_id=anchor.bos_token_id,
                          d_vocab=anchor.d_vocab, n_ctx=anchor.n_ctx)
     df = frame(stability_records(anchor, [refit], tokens, opts, load_model))
+    # Greedy (many-to-one) matching: above the null in every layer.
+    trained = per_layer(df, "heads.stability_greedy")
+    null = per_layer(df, "heads.stability_null_greedy")
+    assert all(t > n for t, n in zip(trained, null, strict=True))
+    # One-to-one (the default) is stricter: with 4 heads a layer, one layer of these refits
+    # (layer 1: 0.58 against 0.60 when measured) falls to the null's level; on average over the
+    # layers the trained refits are still well above it (0.11 when measured).
     trained = per_layer(df, "heads.stability")
     null = per_layer(df, "heads.stability_null")
-    assert all(t > n for t, n in zip(trained, null, strict=True))
+    assert sum(t > n for t, n in zip(trained, null, strict=True)) >= len(trained) - 1
     assert sum(t - n for t, n in zip(trained, null, strict=True)) / len(trained) > 0.05
     assert all(t < 0.99 for t in trained)  # independently trained: similar, not identical
+
+
+# --------------------------------------------------------------------------- issue 17 fixes
+
+
+@pytest.mark.parametrize("norm", [None, "LN", "RMS"])
+def test_null_models_have_the_anchors_normalization(norm: str | None) -> None:
+    """A norm-free (or RMSNorm) anchor gets null models of its own architecture, not LayerNorm."""
+    anchor = load_model(ModelSpec(source="random", name="a", seed=1,
+                                  architecture={**ARCH, "normalization_type": norm}))
+    loaded: list[LoadedModel] = []
+
+    def load(spec: ModelSpec) -> LoadedModel:
+        loaded.append(load_model(spec))
+        return loaded[-1]
+
+    stability_records(anchor, [random_model(2) if norm == "LN" else anchor], prompts(),
+                      OPTS, load)
+    assert len(loaded) == OPTS.n_null
+    for null in loaded:
+        assert null.spec.architecture is not None
+        assert null.spec.architecture["normalization_type"] == norm
+        assert null.cfg.normalization_type == anchor.cfg.normalization_type
+
+
+def _word_tokenizer(prefix: str, n_tokens: int):  # type: ignore[no-untyped-def]
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    special = "<|endoftext|>"
+    vocab = {special: 0, **{f"{prefix}{i}": i for i in range(1, n_tokens)}}
+    raw = Tokenizer(models.WordLevel(vocab, unk_token=special))
+    raw.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=raw, bos_token=special, eos_token=special,
+                                   unk_token=special, pad_token=special)
+
+
+def test_refits_must_share_the_vocabulary() -> None:
+    from compute.errors import SpecError, StrataError
+    from compute.stability import RefitMismatchError
+
+    assert issubclass(RefitMismatchError, SpecError)
+    assert issubclass(RefitMismatchError, StrataError)
+    wider = load_model(ModelSpec(source="random", name="wide", seed=2,
+                                 architecture={**ARCH, "d_vocab": 120}))
+    with pytest.raises(RefitMismatchError, match="vocabulary"):
+        stability_records(random_model(1), [wider], prompts(), OPTS, load_model)
+    # Same width, different tokenizers: the anchor's prompts mean other tokens to the refit.
+    anchor = dataclasses.replace(random_model(1), tokenizer=_word_tokenizer("w", 100))
+    same = dataclasses.replace(random_model(2), tokenizer=_word_tokenizer("w", 100))
+    other = dataclasses.replace(random_model(3), tokenizer=_word_tokenizer("v", 100))
+    stability_records(anchor, [same], prompts(), OPTS, load_model)  # the same tokenizer: fine
+    with pytest.raises(RefitMismatchError, match="tokenizer"):
+        stability_records(anchor, [same, other], prompts(), OPTS, load_model)
+    with pytest.raises(RefitMismatchError, match="tokenizer"):
+        stability_records(anchor, [random_model(2)], prompts(), OPTS, load_model)
+
+
+def test_cli_refuses_refits_with_another_tokenizer(tmp_path, hf_gpt2_dir) -> None:  # type: ignore[no-untyped-def]
+    """`strata stability` (a real process) exits 2 naming the mismatch, and writes nothing."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    other = tmp_path / "other"
+    shutil.copytree(hf_gpt2_dir, other)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (other / name).unlink(missing_ok=True)
+    _word_tokenizer("v", 90).save_pretrained(other)
+    out = tmp_path / "out.json"
+    strata = Path(sys.executable).with_name("strata")
+    proc = subprocess.run([str(strata), "stability", "--family", str(hf_gpt2_dir), "--family",
+                           str(other), "--n-prompts", "2", "--prompt-len", "8", "--n-null", "0",
+                           "--out", str(out)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1",
+                               "TRANSFORMERS_OFFLINE": "1"})
+    assert proc.returncode == 2, proc.stderr
+    assert "tokenizer" in proc.stderr
+    assert "other" in proc.stderr
+    assert not out.exists()
+
+
+def _activations(patterns: torch.Tensor) -> ModelActivations:
+    """Unit-normed [layer, head, prompt, tri] patterns, no residuals."""
+    patterns = patterns / patterns.norm(dim=-1, keepdim=True)
+    return ModelActivations(patterns, torch.zeros(patterns.shape[0], 1, 1))
+
+
+def test_matching_is_one_to_one() -> None:
+    """Two anchor heads alike and a refit with only one of them: greedy matching gives both
+    anchor heads that one refit head; one-to-one gives the second its own (poor) partner."""
+    g = torch.Generator().manual_seed(0)
+    a, x, c, d = (torch.rand(1, 1, 3, 10, generator=g) for _ in range(4))
+    b = a + 0.05 * torch.rand(1, 1, 3, 10, generator=g)
+    x = torch.zeros(1, 1, 3, 10)
+    x[..., 0] = 1.0  # attends only to the first key: unlike a and b
+    anchor = _activations(torch.cat([a, b, c, d], dim=1))
+    other = _activations(torch.cat([a, x, c, d], dim=1))
+    one_to_one = head_match(anchor, other)
+    greedy = head_match(anchor, other, matching="greedy")
+    assert greedy[0, 1] > 0.99  # b's greedy partner is a, already taken by the anchor's a
+    assert one_to_one[0, 1] < 0.9  # one-to-one: b gets the refit's x
+    assert one_to_one[0].tolist() == pytest.approx([1.0, one_to_one[0, 1].item(), 1.0, 1.0])
+
+
+def test_one_to_one_matching_against_every_permutation() -> None:
+    """The slow obvious reference: the best of all 4! assignments of refit heads to anchor heads."""
+    import itertools
+
+    g = torch.Generator().manual_seed(1)
+    anchor = _activations(torch.rand(3, 4, 5, 12, generator=g) ** 4)
+    other = _activations(torch.rand(3, 4, 5, 12, generator=g) ** 4)
+    matched = head_match(anchor, other)
+    greedy = head_match(anchor, other, matching="greedy")
+    for layer in range(3):
+        cos = [[float((anchor.patterns[layer, h] * other.patterns[layer, k]).sum(-1).mean())
+                for k in range(4)] for h in range(4)]
+        best = max(itertools.permutations(range(4)),
+                   key=lambda p: sum(cos[h][p[h]] for h in range(4)))
+        assert matched[layer].tolist() == pytest.approx([cos[h][best[h]] for h in range(4)],
+                                                        abs=1e-6)
+        assert greedy[layer].tolist() == pytest.approx([max(row) for row in cos], abs=1e-6)
+        assert (greedy[layer] >= matched[layer] - 1e-6).all()
+
+
+def test_greedy_matching_is_stored_beside_the_one_to_one_default() -> None:
+    anchor = random_model(1)
+    df = frame(stability_records(anchor, [random_model(2)], prompts(), OPTS, load_model))
+    for name in ("stability", "stability_null"):
+        one, greedy = per_layer(df, f"heads.{name}"), per_layer(df, f"heads.{name}_greedy")
+        assert len(one) == len(greedy) == 3
+        assert all(g >= o - 1e-6 for g, o in zip(greedy, one, strict=True))
+        assert len(per_layer(df, f"heads.{name}_greedy_std")) == 3
