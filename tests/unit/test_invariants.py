@@ -240,7 +240,7 @@ def test_record_table_validates(any_sweep: tuple[Any, list[Record]]) -> None:
     assert all(math.isfinite(r.value) for r in records)
     assert all(r.n > 0 for r in records)
     assert all(asdict(r)["component"] in (None, "drop", "swap", "drop_attn", "drop_mlp", "none",
-                                          "attn", "mlp") for r in records)
+                                          "attn", "mlp", "swap-drop") for r in records)
 
 
 # --------------------------------------------------------------------------- the boundary
