@@ -537,6 +537,8 @@ async function drawLine(panel) {
   let unit = "";
   answers.forEach((answer, i) => {
     const m = have[i];
+    // what the error bars count: sequences (metric version 2 on) or tokens (version 1)
+    const per = answer.run && answer.run.stderr_basis === "token" ? "tokens" : "sequences";
     const groups = new Map();
     for (const r of answer.rows) {
       if (r.layer === null) continue;  // the unintervened baseline row
@@ -555,7 +557,8 @@ async function drawLine(panel) {
         y: rows.map((r) => r.value),
         customdata: rows.map((r) => [r.layer, r.relative_depth, r.stderr, r.n]),
         hovertemplate: `<b>${m.name}</b><br>layer %{customdata[0]} · depth %{customdata[1]:.3f}` +
-          `<br>%{y:.4g} ± %{customdata[2]:.2g} ${r0unit(rows)}<br>n = %{customdata[3]}<extra></extra>`,
+          `<br>%{y:.4g} ± %{customdata[2]:.2g} ${r0unit(rows)}<br>n = %{customdata[3]} ${per}` +
+          "<extra></extra>",
         error_y: { type: "data", array: rows.map((r) => r.stderr ?? 0),
           visible: state.showErr && hasErr && !many, thickness: 1, width: 2 },
         line: { color: modelColor(m.id), width: many ? 1 : 1.5,
