@@ -71,7 +71,7 @@ class RateLimitMiddleware(ASGIMiddleware):
         return "address:" + self._who(scope)
 
     async def handle(self, scope: Scope, receive: Receive, send: Send, next_app: ASGIApp) -> None:
-        method = scope["method"]
+        method = str(scope.get("method", "GET"))
         if method in READS:
             item, kind = self.reads, "read"
             who = self._who(scope) if item is not None else ""

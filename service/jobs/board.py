@@ -83,6 +83,13 @@ class Board:
         with self._lock:
             return self._live.get(job_id)
 
+    def running(self) -> list[tuple[int, Live]]:
+        """(job id, a copy of its progress) of every job with a live lease or progress."""
+        from dataclasses import replace
+
+        with self._lock:
+            return [(j, replace(live)) for j, live in sorted(self._live.items())]
+
     def forget(self, job_id: int) -> None:
         with self._lock:
             self._live.pop(job_id, None)

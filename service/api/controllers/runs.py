@@ -94,6 +94,8 @@ class RunsController(Controller):
                 lambda: jobs.deliver(ingest_queries.decode(body), job_id))
         else:
             s = await anyio.to_thread.run_sync(ingest_queries.ingest, ctx.store, body, run_id)
+        request.app.state.metrics.ingested(s.results + s.neurons + s.neuron_tokens
+                                           + s.stage_boundaries + s.sequence_means, len(body))
         return Response(IngestSummary(s.run_id, s.model_id, s.replaced, s.results, s.neurons,
                                       s.neuron_tokens, s.stage_boundaries, s.sequence_means),
                         status_code=200 if s.replaced else 201)
