@@ -4,14 +4,22 @@ Sources (`TokenSpec.source`):
   builtin  the built-in corpus (`compute.corpus`, "python-stdlib-docs")
   corpus   a user text file or folder of .txt/.md files (`path`)
   npy      a `.npy` array [n_sequences, seq_len] of token ids, used exactly as given (`path`)
-  pile     the Pile (uncopyrighted) streamed with `datasets`: needs network and `pip install
-           strata[pile]`
+  pile     the deduplicated Pile (`EleutherAI/the_pile_deduplicated`) streamed with `datasets`:
+           documents sampled at random, seeded (needs network access to the Hugging Face hub)
 
 For text sources every document is tokenized with the model's tokenizer, documents are joined
 with the BOS/EOS id between them, the stream is cut into non-overlapping windows of seq_len-1
 tokens, `n_sequences` windows are chosen with `numpy.random.default_rng(seed)` (a permutation,
 no replacement), and BOS is prepended: `seq_len` counts the BOS. Evaluated positions are
 1..seq_len-2 (docs/metrics.md), so seq_len must be at least 3.
+
+The Pile is too large to read in order: its documents are streamed in a seeded random order
+(`IterableDataset.shuffle(seed=seed, buffer_size=PILE_SHUFFLE_BUFFER)`: the dataset's shards in a
+seeded order, each document drawn at random from a buffer of the next 10,000) and taken until
+their tokens fill PILE_OVERSAMPLE times the windows asked for; the windows are then chosen as for
+any text source. `windows_fingerprint` (SHA-256 of the exact token windows) identifies what any
+source yielded; a Pile spec that carries it as `fingerprint` is pinned: a stream that no longer
+yields those windows is refused.
 
 >>> spec = TokenSpec(source="builtin", n_sequences=8, seq_len=128)
 >>> spec = resolve_token_spec(spec)        # fills in the corpus fingerprint
@@ -21,7 +29,7 @@ no replacement), and BOS is prepended: `seq_len` counts the BOS. Evaluated posit
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -40,8 +48,10 @@ from compute.errors import TokenSpecError
 
 TokenSource = Literal["builtin", "corpus", "npy", "pile"]
 MIN_SEQ_LEN = 3  # BOS, one evaluated position, one target
-PILE_DATASET = "monology/pile-uncopyrighted"
-PILE_MAX_DOCUMENTS = 20_000
+PILE_DATASET = "EleutherAI/the_pile_deduplicated"
+PILE_SHUFFLE_BUFFER = 10_000
+PILE_OVERSAMPLE = 2  # stream twice the tokens the windows need, so windows are chosen among them
+PILE_MAX_DOCUMENTS = 100_000
 TOKENIZE_BATCH = 256
 
 
@@ -98,8 +108,9 @@ def _load_npy(path: Path, *, mmap: bool = False) -> np.ndarray:
 def resolve_token_spec(spec: TokenSpec) -> TokenSpec:
     """Fill in the content fingerprint (and, for npy, a 0 n_sequences/seq_len from the file).
 
-    Two runs with the same resolved spec evaluate the same tokens. The Pile has no fingerprint
-    (the stream is not pinned locally); it is identified by its dataset name.
+    Two runs with the same resolved spec evaluate the same tokens. The Pile cannot be
+    fingerprinted before it is streamed: its spec keeps the fingerprint it was given (the
+    `windows_fingerprint` of an earlier run, which pins it) or none.
     """
     _check_spec(spec)
     update: dict[str, Any] = {}
@@ -191,30 +202,63 @@ def pack_windows(
     return torch.from_numpy(np.concatenate([bos, windows], axis=1))
 
 
-def _pile_documents(n_tokens_hint: int) -> list[str]:
-    """The first documents of the Pile (uncopyrighted), streamed. Needs network."""
+def windows_fingerprint(tokens: Int[Tensor, "n_sequences seq_len"]) -> str:
+    """SHA-256 (64 hex digits) of the exact token windows: their shape, then the ids as
+    little-endian int64, row by row. Equal fingerprints mean the same tokens in the same order.
+
+    >>> windows_fingerprint(torch.tensor([[0, 1, 2]]))[:16]
+    '02e7291bc62c733a'
+    """
+    array = np.ascontiguousarray(tokens.detach().cpu().numpy().astype("<i8"))
+    digest = hashlib.sha256(f"int64 {array.shape[0]} {array.shape[1]}\n".encode())
+    digest.update(array.tobytes())
+    return digest.hexdigest()
+
+
+def _open_pile() -> Any:
+    """The deduplicated Pile's train split as a `datasets` stream (nothing is downloaded whole)."""
     try:
         import datasets
     except ImportError as exc:
         raise TokenSpecError(
             "token source 'pile' needs the `datasets` package: pip install 'strata[pile]'"
         ) from exc
+    return datasets.load_dataset(PILE_DATASET, split="train", streaming=True)
+
+
+def sample_documents(dataset: Any, seed: int) -> Iterator[str]:
+    """The non-empty `text` of a streamed dataset's rows in a seeded random order
+    (`dataset.shuffle(seed=seed, buffer_size=PILE_SHUFFLE_BUFFER)`)."""
+    for row in dataset.shuffle(seed=seed, buffer_size=PILE_SHUFFLE_BUFFER):
+        text = str(row["text"])
+        if text.strip():
+            yield text
+
+
+def _pile_stream(spec: TokenSpec, tokenizer: Any, separator_id: int) -> np.ndarray:
+    """Token ids of randomly sampled Pile documents joined with `separator_id`, enough for
+    PILE_OVERSAMPLE times the windows the spec asks for (or PILE_MAX_DOCUMENTS documents)."""
+    need = PILE_OVERSAMPLE * spec.n_sequences * (spec.seq_len - 1)
+    pieces: list[np.ndarray] = []
+    n_tokens = 0
+    separator = np.array([separator_id], dtype=np.int64)
     try:
-        stream = datasets.load_dataset(PILE_DATASET, split="train", streaming=True)
-        documents: list[str] = []
-        n_chars = 0
-        # ~4 characters per token is generous for English; stop once there is enough text.
-        for row in stream:
-            documents.append(str(row["text"]))
-            n_chars += len(documents[-1])
-            if n_chars > 6 * n_tokens_hint or len(documents) >= PILE_MAX_DOCUMENTS:
+        for n_docs, text in enumerate(sample_documents(_open_pile(), spec.seed), start=1):
+            if pieces:
+                pieces.append(separator)
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+            pieces.append(np.asarray(ids, dtype=np.int64))
+            n_tokens += len(ids) + 1
+            if n_tokens >= need or n_docs >= PILE_MAX_DOCUMENTS:
                 break
+    except TokenSpecError:
+        raise
     except Exception as exc:
         raise TokenSpecError(
             f"could not stream {PILE_DATASET} ({type(exc).__name__}: {exc}); the Pile needs "
             "network access to the Hugging Face hub; use source 'builtin', 'corpus' or 'npy'"
         ) from exc
-    return documents
+    return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
 
 
 def _load_npy_tokens(spec: TokenSpec) -> Int[Tensor, "n_sequences seq_len"]:
@@ -272,14 +316,13 @@ def load_tokens(
             raise TokenSpecError(
                 "this model has no tokenizer, so text cannot be tokenized for it; give "
                 "pre-tokenized ids as a .npy file (--tokens)")
-        if spec.source == "builtin":
-            documents = builtin_corpus_documents()
-        elif spec.source == "corpus":
-            documents = read_corpus(str(spec.path))
+        if spec.source == "pile":
+            stream = _pile_stream(spec, tokenizer, bos_token_id)
         else:
-            documents = _pile_documents(spec.n_sequences * spec.seq_len)
-        fingerprint = documents_fingerprint(documents) if spec.source != "pile" else None
-        stream = _tokenize_stream(tokenizer, documents, bos_token_id)
+            documents = (builtin_corpus_documents() if spec.source == "builtin"
+                         else read_corpus(str(spec.path)))
+            fingerprint = documents_fingerprint(documents)
+            stream = _tokenize_stream(tokenizer, documents, bos_token_id)
         tokens = pack_windows(
             stream,
             n_sequences=spec.n_sequences,
@@ -288,6 +331,13 @@ def load_tokens(
             bos_token_id=bos_token_id,
         )
         what = f"{spec.source} tokens"
+        if spec.source == "pile":
+            fingerprint = windows_fingerprint(tokens)
+            if spec.fingerprint is not None and fingerprint != spec.fingerprint:
+                raise TokenSpecError(
+                    f"the Pile sample differs from the pinned one: its windows' fingerprint is "
+                    f"{fingerprint}, the spec's {spec.fingerprint} ({PILE_DATASET} changed "
+                    "upstream, or another tokenizer); these are not the same data")
     if spec.fingerprint is not None and fingerprint is not None and fingerprint != spec.fingerprint:
         raise TokenSpecError(
             f"the {spec.source} tokens changed: fingerprint {fingerprint} does not match the "

@@ -11,12 +11,15 @@ import torch
 from compute.corpus import builtin_corpus_documents
 from compute.errors import TokenSpecError
 from compute.tokens import (
+    PILE_DATASET,
     TokenSpec,
     load_tokens,
     pack_windows,
     random_repeated_tokens,
     resolve_token_spec,
+    sample_documents,
     validate_tokens,
+    windows_fingerprint,
 )
 from compute.zoo.tokenizer import train_bpe_tokenizer
 
@@ -184,3 +187,104 @@ def test_text_sources_need_a_tokenizer() -> None:
     spec = TokenSpec(source="builtin", n_sequences=2, seq_len=16)
     with pytest.raises(TokenSpecError, match="no tokenizer"):
         load_tokens(spec, None, bos_token_id=0, d_vocab=100, n_ctx=64)
+
+
+# --------------------------------------------------------------------------- the Pile, offline
+
+
+PILE_DOCS = builtin_corpus_documents()[:600]
+
+
+@pytest.fixture
+def fake_pile(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, bool]]:
+    """`datasets.load_dataset` answering with a local stream of documents (a real
+    `datasets.IterableDataset`, so its real seeded shuffle runs); records how it was called."""
+    datasets = pytest.importorskip("datasets")
+    calls: list[tuple[str, str, bool]] = []
+
+    def rows():  # type: ignore[no-untyped-def]
+        for i, text in enumerate(PILE_DOCS):
+            yield {"text": text, "meta": {"index": i}}
+
+    def load_dataset(name: str, split: str, streaming: bool = False, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append((name, split, streaming))
+        return datasets.IterableDataset.from_generator(rows)
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    return calls
+
+
+def test_pile_documents_are_sampled_at_random_seeded(fake_pile) -> None:  # type: ignore[no-untyped-def]
+    import itertools
+
+    import datasets
+
+    stream = datasets.load_dataset(PILE_DATASET, split="train", streaming=True)
+    first = list(itertools.islice(sample_documents(stream, seed=0), 50))
+    assert first == list(itertools.islice(sample_documents(stream, seed=0), 50))
+    assert first != list(itertools.islice(sample_documents(stream, seed=1), 50))
+    positions = [PILE_DOCS.index(doc) for doc in first]
+    assert positions != sorted(positions)  # not the stream's order ...
+    assert max(positions) > 200  # ... and not its head: documents from all over it
+
+
+def test_pile_tokens_are_a_seeded_sample_with_a_fingerprint(tokenizer, fake_pile) -> None:  # type: ignore[no-untyped-def]
+    from compute.tokens import _tokenize_stream
+
+    spec = resolve_token_spec(TokenSpec(source="pile", n_sequences=4, seq_len=32, seed=0))
+    assert spec.fingerprint is None  # nothing to pin before it is streamed
+    a, b = _load(spec, tokenizer), _load(spec, tokenizer)
+    assert fake_pile == [(PILE_DATASET, "train", True)] * 2
+    assert a.shape == (4, 32)
+    assert (a[:, 0] == BOS).all()
+    assert torch.equal(a, b)
+    assert windows_fingerprint(a) == windows_fingerprint(b)
+    other = _load(spec.model_copy(update={"seed": 1}), tokenizer)
+    assert windows_fingerprint(other) != windows_fingerprint(a)
+    # Not the windows the first documents of the stream give.
+    head = pack_windows(_tokenize_stream(tokenizer, PILE_DOCS[:100], BOS), n_sequences=4,
+                        seq_len=32, seed=0, bos_token_id=BOS)
+    assert not torch.equal(a, head)
+    # A spec pinned to the fingerprint loads the same windows; a stream that no longer yields
+    # them (here: pinned to other windows) is refused.
+    pinned = resolve_token_spec(spec.model_copy(update={"fingerprint": windows_fingerprint(a)}))
+    assert pinned.fingerprint == windows_fingerprint(a)
+    assert torch.equal(_load(pinned, tokenizer), a)
+    stale = spec.model_copy(update={"fingerprint": windows_fingerprint(other)})
+    with pytest.raises(TokenSpecError, match="not the same data"):
+        _load(stale, tokenizer)
+
+
+def test_pile_stream_failure_is_a_clear_error(tokenizer, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    datasets = pytest.importorskip("datasets")
+
+    def offline(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise ConnectionError("no route to huggingface.co")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    with pytest.raises(TokenSpecError, match="network access"):
+        _load(TokenSpec(source="pile", n_sequences=2, seq_len=16), tokenizer)
+
+
+def test_windows_fingerprint_against_a_byte_by_byte_reference() -> None:
+    import hashlib
+    import struct
+
+    tokens = torch.tensor([[0, 5, 70000], [0, 2**40, 3]])
+    reference = hashlib.sha256(b"int64 2 3\n" + b"".join(
+        struct.pack("<q", int(t)) for t in tokens.flatten())).hexdigest()
+    assert windows_fingerprint(tokens) == reference
+    assert len(reference) == 64
+    small = torch.tensor([[0, 5, 7], [0, 9, 3]])
+    assert windows_fingerprint(small.int()) == windows_fingerprint(small)  # ids, not dtype
+    assert windows_fingerprint(tokens.reshape(3, 2)) != reference  # the shape counts
+    changed = tokens.clone()
+    changed[1, 2] = 4
+    assert windows_fingerprint(changed) != reference
+
+
+def test_builtin_windows_fingerprint_is_stable(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    spec = resolve_token_spec(TokenSpec(source="builtin", n_sequences=3, seq_len=16, seed=2))
+    first = windows_fingerprint(_load(spec, tokenizer))
+    assert first == windows_fingerprint(_load(spec, tokenizer))
+    assert first != windows_fingerprint(_load(spec.model_copy(update={"seed": 3}), tokenizer))
