@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/api.py            # ~100 models, a few minutes on 2 CPU cores
     .venv/bin/python benchmarks/api.py --quick    # 12 models, short runs: a smoke check
+    .venv/bin/python benchmarks/api.py --limiter-only   # only step 5: the rate limiter's cost
 
 1. Seed a fresh store through the real ingest path (`ingest_result`): --models models (default
    100) of 6 to 48 layers, 8 heads, 1,024 neurons per layer, every metric family (all the record
@@ -25,6 +26,15 @@
 Steps 2-4 run twice: with the production settings (the in-memory caches of run rows and
 encoded answers on: URLs repeat, as dashboards repeat them), then with both caches off
 (STRATA_API__ROW_CACHE_ROWS=0, STRATA_API__RESPONSE_CACHE_MB=0: every request reads DuckDB).
+In both the rate limiter counts every request against a budget the load never reaches (the
+default budget, 12,000 reads a minute per address, would refuse most of this one client's
+load).
+5. The rate limiter's cost on the per-layer query: two servers side by side on the same store,
+   one with the limiter on (a budget never reached, so every request is counted and checked)
+   and one with it off (STRATA_API__READ_RATE_LIMIT= and STRATA_API__WRITE_RATE_LIMIT=
+   empty), measured in alternating rounds (--rounds x --round-seconds each), so the machine's
+   background load falls on both alike; the cost is 1 - (req/s on) / (req/s off), median of
+   the rounds (target < 10 %).
 Prints a JSON summary as the last line.
 """
 
@@ -78,9 +88,16 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def start_server(db: Path, port: int, log: Path, *, caches: bool = True
-                 ) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "STRATA_DATABASE": str(db), "HF_HUB_OFFLINE": "1"}
+# A read budget this benchmark's load never reaches: every request is counted and checked.
+UNREACHED = {"STRATA_API__READ_RATE_LIMIT": "1000000000/minute",
+             "STRATA_API__WRITE_RATE_LIMIT": "1000000000/minute"}
+NO_LIMITS = {"STRATA_API__READ_RATE_LIMIT": "", "STRATA_API__WRITE_RATE_LIMIT": ""}
+
+
+def start_server(db: Path, port: int, log: Path, *, caches: bool = True,
+                 limits: dict[str, str] = UNREACHED) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "STRATA_DATABASE": str(db), "HF_HUB_OFFLINE": "1",
+           "STRATA_DATA_DIR": str(log.parent / f"state-{port}"), **limits}
     if not caches:
         env |= {"STRATA_API__ROW_CACHE_ROWS": "0", "STRATA_API__RESPONSE_CACHE_MB": "0"}
     with log.open("wb") as sink:
@@ -166,6 +183,44 @@ def scenario(port: int, urls: list[str], connections: int, seconds: float,
             "p99_ms": round(1000 * latencies[int(0.99 * (len(latencies) - 1))], 2)}
 
 
+def limiter_cost(db: Path, folder: Path, urls: list[str], connections: int, rounds: int,
+                 seconds: float, max_requests: int) -> dict[str, object]:
+    """Step 5: per-layer req/s and p50 with the limiter on and off, in alternating rounds."""
+    ports = {"on": free_port(), "off": free_port()}
+    procs = {}
+    try:
+        for label, limits in (("on", UNREACHED), ("off", NO_LIMITS)):
+            procs[label] = start_server(db, ports[label], folder / f"serve-{label}.log",
+                                        limits=limits)
+            asyncio.run(_each_once(ports[label], urls, connections, max_requests))
+            asyncio.run(_load(ports[label], urls, connections, 1.0, max_requests))
+        runs: dict[str, list[dict[str, float]]] = {"on": [], "off": []}
+        for r in range(rounds):
+            for label in (("on", "off") if r % 2 == 0 else ("off", "on")):
+                latencies, errors, elapsed = asyncio.run(_load(
+                    ports[label], urls, connections, seconds, max_requests))
+                if errors:
+                    raise RuntimeError(f"{len(errors)} failed requests, e.g. {errors[:3]}")
+                runs[label].append({"req_per_s": len(latencies) / elapsed,
+                                    "p50_ms": 1000 * statistics.median(latencies)})
+                print(f"round {r + 1} limiter {label:3s} {runs[label][-1]['req_per_s']:8.1f} "
+                      f"req/s   p50 {runs[label][-1]['p50_ms']:6.2f} ms", file=sys.stderr)
+    finally:
+        for proc in procs.values():
+            stop(proc)
+    costs = [1 - on["req_per_s"] / off["req_per_s"] for on, off in zip(runs["on"], runs["off"],
+                                                                       strict=True)]
+    cost = statistics.median(costs)
+    summary = {label: {"req_per_s": round(statistics.median(r["req_per_s"] for r in rs), 1),
+                       "p50_ms": round(statistics.median(r["p50_ms"] for r in rs), 3)}
+               for label, rs in runs.items()}
+    print(f"rate limiter on the per-layer query: {100 * cost:.1f} % fewer req/s (median of "
+          f"{rounds} alternating rounds; rounds {', '.join(f'{100 * c:.1f}' for c in costs)} "
+          "%; target < 10 %)", file=sys.stderr)
+    return {**summary, "cost": round(cost, 4), "round_costs": [round(c, 4) for c in costs],
+            "target_met": cost < 0.10}
+
+
 def url_sets(models: list[tuple[str, int]], rng: random.Random) -> dict[str, list[str]]:
     names = [name for name, _ in models]
     per_layer = [f"/api/v1/models/{name}/metrics?metric={metric}"
@@ -187,9 +242,14 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--max-requests", type=int, default=100_000)
+    parser.add_argument("--limiter-only", action="store_true",
+                        help="only step 5, the rate limiter's cost")
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--round-seconds", type=float, default=4.0)
     args = parser.parse_args()
     if args.quick:
         args.models, args.d_mlp, args.seconds = 12, 256, 2.0
+        args.rounds, args.round_seconds = 2, 2.0
     folder = Path(tempfile.mkdtemp(prefix="strata-api-bench-"))
     proc = None
     try:
@@ -201,7 +261,8 @@ def main() -> None:
         summary: dict[str, object] = {"models": len(models), "d_mlp": args.d_mlp,
                                       "seed_s": round(seed_s, 1),
                                       "connections": args.connections}
-        for label, caches in (("production", True), ("caches off", False)):
+        for label, caches in (() if args.limiter_only else (("production", True),
+                                                             ("caches off", False))):
             port = free_port()
             proc = start_server(db, port, folder / "serve.log", caches=caches)
             print(f"-- strata serve, {label}", file=sys.stderr)
@@ -223,6 +284,10 @@ def main() -> None:
                                 "compare10 p99 <= 10 x per_layer p99": tail <= 10}}
             print(f"per-layer / trivial req/s = {ratio:.2f} (target >= 0.5); compare-10 p99 / "
                   f"per-layer p99 = {tail:.2f} (target <= 10)", file=sys.stderr)
+        print("-- the rate limiter's cost (per-layer query)", file=sys.stderr)
+        summary["rate limiter"] = limiter_cost(
+            db, folder, url_sets(models, random.Random(0))["per-layer"], args.connections,
+            args.rounds, args.round_seconds, args.max_requests)
         print(json.dumps(summary))
     finally:
         if proc is not None:
