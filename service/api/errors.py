@@ -17,8 +17,9 @@ Every error answer has one body, `{"error": <code>, "detail": <what to fix>, "st
 (`ErrorBody`). Other exceptions are mapped in `exception_handlers`: Litestar's own HTTP
 exceptions keep their status (400 for a parameter or body that fails the schema, 404 for an
 unknown path, 405, 413); `SpecError` (an `IngestError` too) is 422; the job errors
-(`service.jobs.errors`) 404, 409 and 503; `DatabaseHeldError` 503; any
-other exception is a 500 whose detail says nothing about internals (it is logged instead).
+(`service.jobs.errors`) 404, 409 and 503; `DatabaseHeldError` 503; a write that failed because
+the disk is full 507 (Insufficient Storage: rolled back, nothing stored); any other exception is a
+500 whose detail says nothing about internals (it is logged instead).
 """
 
 from __future__ import annotations
@@ -154,6 +155,12 @@ def handle_strata_error(request: Request[Any, Any, Any], exc: StrataError) -> Re
 
 
 def handle_internal_error(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
+    from service.store.backup import is_disk_full
+
+    if is_disk_full(exc):  # the write was rolled back; what is stored stays intact
+        log.error("disk full on %s %s: %s", request.method, request.url.path, exc)
+        return error_response(507, "the database's disk is full: nothing was stored and what "
+                                   "was stored before is intact; retry once space is freed")
     log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
     return error_response(500, "internal error: the service logged the cause")
 
