@@ -366,13 +366,27 @@ def test_stage_boundaries_with_evidence(page: Any, service: Service) -> None:
         "return document.querySelector(\"section[data-panel='drop']\").dataset.seq"))
     Select(page.find_element(By_css(), "#stage-model")).select_by_visible_text("tiny-4l-s0")
     drawn(page, "drop", after=seq)
-    bands = page.execute_script(
+    shapes = page.execute_script(
         "return document.querySelector(\"section[data-panel='drop'] .plot\").layout.shapes"
-        ".map(s => [s.x0, s.x1])")
+        ".map(s => [s.name, s.x0, s.x1])")
+    bands = [s[1:] for s in shapes if s[0] == "stage"]
     spans = [r for r in api["rows"] if r["model"] == "tiny-4l-s0" and r["clear"]
              and r["layer_start"] is not None]
     assert len(bands) == len(spans) > 0
     assert bands[0] == [spans[0]["layer_start"] - 0.5, spans[0]["layer_end"] + 0.5]
+    # each clear boundary is shaded as a range: its bootstrap interval over sequences (the
+    # runs were computed with per-sequence means), from the edge before its first block to
+    # the edge before its last, widened by 0.15 of a block on each side
+    ranges = sorted(s[1:] for s in shapes if str(s[0]).startswith("boundary-"))
+    assert all(b["interval"] is not None for b in found)
+    expected = sorted([b["interval"][0] - 0.65, b["interval"][1] - 0.35] for b in found)
+    assert [x for r in ranges for x in r] == pytest.approx([x for r in expected for x in r])
+    table = page.execute_script(
+        "return [...document.querySelectorAll(\"section[data-panel='stages'] tbody tr\")]"
+        ".map(r => [r.children[8].textContent, r.children[9].textContent])")
+    every = [b for m in api["models"] for b in m["boundaries"]]
+    assert sorted(t[0] for t in table) == sorted(
+        f"{b['interval'][0]}–{b['interval'][1]}" if b["interval"] else "—" for b in every)
 
 
 def test_head_stability_beside_its_null_baseline(page: Any, service: Service) -> None:

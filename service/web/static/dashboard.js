@@ -373,7 +373,7 @@ function stageOverlay(lens, yref) {
     const lo = row.layer_start === 0 ? edgeX(lens ? -1 : 0, L, lens) : edgeX(row.layer_start, L, lens);
     const hi = edgeX(row.layer_end + 1, L, lens);
     shapes.push({ type: "rect", xref: "x", yref: "paper", x0: lo, x1: hi, y0: 0, y1: 1,
-      fillcolor: fills[(row.stage - 1) % 4], line: { width: 0 }, layer: "below" });
+      fillcolor: fills[(row.stage - 1) % 4], line: { width: 0 }, layer: "below", name: "stage" });
     annotations.push({ x: (lo + hi) / 2, xref: "x", y: 1, yref: "paper", yanchor: "bottom",
       text: `stage ${row.stage}`, hovertext: `${row.stage_name}: blocks ${row.layer_start}` +
         `–${row.layer_end} of ${state.byId.get(ref)?.name}`, showarrow: false,
@@ -387,9 +387,19 @@ function stageOverlay(lens, yref) {
     for (const b of stages.boundaries) {
       if (!b.found || b.layer === null) continue;
       const x = edgeX(b.layer, L, lens);
+      // the boundary as a range: its bootstrap interval over sequences, else its signals' range
+      const span = b.interval || b.range;
+      if (span) {
+        shapes.push({ type: "rect", xref: "x", yref: "paper", x0: edgeX(span[0] - 0.15, L, lens),
+          x1: edgeX(span[1] + 0.15, L, lens), y0: 0, y1: 1, fillcolor: modelColor(id),
+          opacity: 0.13, line: { width: 0 }, layer: "below", name: `boundary-${b.boundary}` });
+      }
       const ys = Array.from({ length: 21 }, (_, i) => i / 20);
+      const where = b.interval ? `${Math.round((b.interval_level || 0.9) * 100)}% interval over ` +
+        `sequences: blocks ${b.interval[0]}–${b.interval[1]}` : "no interval (no per-sequence means)";
       const text = `<b>${stages.name}: boundary ${b.boundary}</b> (end of ${b.ends_stage})` +
         `<br>first block of the next stage: ${b.layer} (depth ${fmt(b.relative_depth, 3)})` +
+        `<br>${where}; sharpness ${fmt(b.sharpness, 3)}` +
         `<br>rule: ${b.rule}<br>${evidenceText(b.evidence)}`;
       traces.push({ x: ys.map(() => x), y: ys, yaxis: yref, mode: "lines", showlegend: false,
         line: { color: modelColor(id), dash: "dot", width: 1 }, hoverinfo: "text",
@@ -709,7 +719,7 @@ async function drawStagesTable(panel) {
     return;
   }
   const head = el("tr", {}, ...["model", "boundary", "ends stage", "found", "first block after",
-    "relative depth", "rule", "evidence"].map((h) => el("th", { text: h })));
+    "relative depth", "rule", "evidence", "interval", "sharpness"].map((h) => el("th", { text: h })));
   const rows = [];
   for (const id of state.selected) {
     const m = state.stages.byModel.get(id);
@@ -720,7 +730,9 @@ async function drawStagesTable(panel) {
       rows.push(el("tr", {}, el("td", {}, el("i", { class: "swatch", style: `background:${modelColor(id)}` }), m.name),
         el("td", { text: b.boundary }), el("td", { text: b.ends_stage }),
         el("td", { text: b.found ? "yes" : "no" }), el("td", { text: fmt(b.layer) }),
-        el("td", { text: fmt(b.relative_depth, 3) }), el("td", { text: b.rule }), evidence));
+        el("td", { text: fmt(b.relative_depth, 3) }), el("td", { text: b.rule }), evidence,
+        el("td", { text: b.interval ? `${b.interval[0]}–${b.interval[1]}` : "—" }),
+        el("td", { text: fmt(b.sharpness, 3) })));
     }
   }
   panel.body.replaceChildren(el("table", {}, el("thead", {}, head), el("tbody", {}, ...rows)));
