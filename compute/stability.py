@@ -141,7 +141,9 @@ def random_counterpart(lm: LoadedModel, seed: int) -> ModelSpec:
     cfg = lm.cfg
     fields = ("n_layers", "d_model", "n_heads", "d_head", "d_mlp", "d_vocab", "n_ctx", "act_fn",
               "attn_only", "positional_embedding_type", "rotary_dim", "parallel_attn_mlp",
-              "n_key_value_heads", "gated_mlp", "d_vocab_out")
+              "n_key_value_heads", "gated_mlp", "d_vocab_out", "rotary_base",
+              "rotary_adjacent_pairs", "final_rms", "use_attn_scale", "attn_scores_soft_cap",
+              "output_logits_soft_cap", "use_local_attn", "window_size", "attn_types")
     arch: dict[str, Any] = {f: getattr(cfg, f) for f in fields
                             if getattr(cfg, f, None) is not None}
     # Processing folds LN into LNPre (RMS into RMSPre); the random model is built unfolded with

@@ -18,6 +18,7 @@ from compute.stability import (
     head_match,
     linear_cka,
     model_activations,
+    random_counterpart,
     rbf_cka,
     stability_records,
 )
@@ -177,6 +178,16 @@ def test_null_models_have_the_anchors_normalization(norm: str | None) -> None:
         assert null.spec.architecture is not None
         assert null.spec.architecture["normalization_type"] == norm
         assert null.cfg.normalization_type == anchor.cfg.normalization_type
+
+
+def test_null_models_keep_the_rest_of_the_architecture() -> None:
+    arch = {**ARCH, "positional_embedding_type": "rotary", "rotary_dim": 4, "rotary_base": 500,
+            "attn_scores_soft_cap": 30.0, "parallel_attn_mlp": True, "act_fn": "silu",
+            "gated_mlp": True, "normalization_type": "RMS", "final_rms": True}
+    anchor = load_model(ModelSpec(source="random", name="a", seed=1, architecture=arch))
+    null = load_model(random_counterpart(anchor, 10_000))
+    for key in arch:
+        assert getattr(null.cfg, key) == getattr(anchor.cfg, key), key
 
 
 def _word_tokenizer(prefix: str, n_tokens: int):  # type: ignore[no-untyped-def]
