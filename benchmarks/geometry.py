@@ -12,6 +12,8 @@ Hugging Face checkpoints under build/geometry/, then loaded the way a user's che
                rotary on a quarter of each head, parallel attention and MLP
   gpt2-6l-256  issue 11's model: GPT-2 with 6 layers, d_model 256, 4 heads, d_mlp 1024,
                vocabulary 4,096
+  smollm2-135m SmolLM2-135M (Llama): 30 layers, d_model 576, 9 query heads over 3 key/value
+               heads, SiLU-gated d_mlp 1536, RMSNorm, rotary, tied embeddings, vocabulary 49,152
 Each family runs in a fresh subprocess through `compute.run.compute_run` (what `strata compute`
 calls) on seeded random tokens (.npy), n_sequences x seq_len (BOS included). The child measures
 this machine's dense float32 matmul rate in the same process (2048^2, same threads, best of
@@ -41,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 BUILD = ROOT / "build" / "geometry"
-GEOMETRIES = ("gpt2-small", "pythia-160m", "gpt2-6l-256")
+GEOMETRIES = ("gpt2-small", "pythia-160m", "gpt2-6l-256", "smollm2-135m")
 FAMILIES = ("intervention", "logit_lens", "neurons", "similarity", "attention", "norms", "heads")
 
 
@@ -51,7 +53,14 @@ def build_checkpoint(name: str) -> Path:
     if (path / "config.json").is_file():
         return path
     import torch
-    from transformers import GPT2Config, GPT2LMHeadModel, GPTNeoXConfig, GPTNeoXForCausalLM
+    from transformers import (
+        GPT2Config,
+        GPT2LMHeadModel,
+        GPTNeoXConfig,
+        GPTNeoXForCausalLM,
+        LlamaConfig,
+        LlamaForCausalLM,
+    )
 
     torch.manual_seed(0)
     if name == "gpt2-small":
@@ -65,6 +74,12 @@ def build_checkpoint(name: str) -> Path:
             intermediate_size=3072, rotary_pct=0.25, use_parallel_residual=True,
             max_position_embeddings=2048, tie_word_embeddings=False, bos_token_id=0,
             eos_token_id=0))
+    elif name == "smollm2-135m":  # SmolLM2-135M's config, as its GGUF file gives it
+        model = LlamaForCausalLM(LlamaConfig(
+            vocab_size=49152, hidden_size=576, num_hidden_layers=30, num_attention_heads=9,
+            num_key_value_heads=3, intermediate_size=1536, hidden_act="silu",
+            max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=100000.0,
+            tie_word_embeddings=True, bos_token_id=1, eos_token_id=2))
     else:
         raise SystemExit(f"unknown geometry {name!r}; choose from {', '.join(GEOMETRIES)}")
     model.save_pretrained(path)

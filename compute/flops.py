@@ -5,7 +5,9 @@ projections, attention scores and mixing, the MLP and the unembedding. Softmax, 
 other reductions are memory-bound elementwise work and count as zero. Per sequence of T tokens
 (blocks run on all T positions, the unembedding on the T-2 evaluated ones):
 
-    A   = 2T(4 d hd) + 4 T^2 hd        attention of one block (QKV + output, scores + mixing)
+    A   = 2T(4 d hd) + 4 T^2 hd        attention of one block (QKV + output, scores + mixing);
+                                       grouped-query attention projects K and V to kv_hd only:
+                                       2T d (2 hd + 2 kv_hd) + 4 T^2 hd
     M   = 4T d d_mlp (6T d d_mlp gated) MLP of one block
     B   = A + M                        one block
     U   = 2 (T-2) d V                  one unembedding of the evaluated positions
@@ -35,7 +37,8 @@ from compute.memory import ModelDims
 def block_parts(dims: ModelDims, seq_len: int) -> tuple[float, float, float]:
     """(A, M, U) for one sequence of `seq_len` tokens."""
     t, d, hd = seq_len, dims.d_model, dims.n_heads * dims.d_head
-    attn = 2 * t * 4 * d * hd + 4 * t * t * hd
+    kv_hd = (dims.n_kv_heads or dims.n_heads) * dims.d_head
+    attn = 2 * t * d * (2 * hd + 2 * kv_hd) + 4 * t * t * hd
     mlp = 2 * t * d * dims.d_mlp * (3 if dims.gated_mlp else 2)
     unembed = 2 * (t - 2) * d * dims.d_vocab
     return float(attn), float(mlp), float(unembed)

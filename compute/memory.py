@@ -41,6 +41,7 @@ class ModelDims:
     n_ctx: int
     gated_mlp: bool = False
     learned_positions: bool = True
+    n_kv_heads: int | None = None  # grouped-query attention's key/value heads (None: n_heads)
 
     @classmethod
     def of(cls, lm: Any) -> ModelDims:
@@ -61,7 +62,8 @@ class ModelDims:
             d_mlp=0 if attn_only else int(get("d_mlp", 4 * d_model)),
             d_vocab=int(get("d_vocab_out", get("d_vocab"))),
             n_ctx=int(get("n_ctx")), gated_mlp=bool(get("gated_mlp", False)),
-            learned_positions=get("positional_embedding_type", "standard") == "standard")
+            learned_positions=get("positional_embedding_type", "standard") == "standard",
+            n_kv_heads=get("n_key_value_heads"))
 
     @classmethod
     def from_hf_config(cls, path: str | Path) -> ModelDims | None:
@@ -87,7 +89,8 @@ class ModelDims:
                    n_ctx=pick("n_positions", "max_position_embeddings", "n_ctx") or 2048,
                    gated_mlp=model_type in ("llama", "mistral", "gemma", "gemma2", "qwen2", "qwen3",
                                               "olmo", "olmo2"),
-                   learned_positions=model_type in ("gpt2", "gpt_neo", "opt"))
+                   learned_positions=model_type in ("gpt2", "gpt_neo", "opt"),
+                   n_kv_heads=pick("num_key_value_heads"))
 
     @property
     def n_params(self) -> int:

