@@ -9,6 +9,9 @@
     formats.py       JSON / CSV / Parquet / Arrow IPC, by ?format= or Accept
     caching.py       ETag and Cache-Control of results of finished runs
     auth.py          API keys (writes always; reads when configured private)
+    ratelimit.py     reads per client address, writes per API key; 429 with Retry-After
+    metrics.py       Prometheus metrics (GET /metrics): request counters, a scrape-time
+                     collector of jobs, workers and the database
     errors.py        the error tree and the one error body
     docs.py          OpenAPI 3.1 and documentation pages served without any CDN
 
