@@ -58,7 +58,7 @@ class MeanAccumulator:
         self._counts = np.zeros((n_sequences, 0), dtype=np.int64)
         # Index tensors per key list, made once: a host-to-device copy per update would make
         # every update wait for the device.
-        self._indices: dict[tuple[Key, ...], tuple[Tensor, np.ndarray]] = {}
+        self._indices: dict[tuple[Key, ...], tuple[Tensor, np.ndarray, bool]] = {}
         self._batch: tuple[int, int] | None = None
 
     def start_batch(self, first_sequence: int, n_sequences: int) -> None:
@@ -76,7 +76,8 @@ class MeanAccumulator:
             self._counts = np.concatenate(
                 [self._counts, np.zeros((total - have, self._counts.shape[1]), np.int64)])
 
-    def _slot_indices(self, keys: Sequence[Key]) -> tuple[Tensor, np.ndarray]:
+    def _slot_indices(self, keys: Sequence[Key]) -> tuple[Tensor, np.ndarray, bool]:
+        """Device and host slot indices of `keys`, and whether they are all distinct."""
         known = self._indices.get(tuple(keys))
         if known is not None:
             return known
@@ -93,7 +94,8 @@ class MeanAccumulator:
                 self._counts = np.concatenate(
                     [self._counts, np.zeros((rows, more), np.int64)], axis=1)
         slots = [self._slots[k] for k in keys]
-        index = (torch.tensor(slots, device=self._device), np.asarray(slots, dtype=np.int64))
+        index = (torch.tensor(slots, device=self._device), np.asarray(slots, dtype=np.int64),
+                 len(set(slots)) == len(slots))
         self._indices[tuple(keys)] = index
         return index
 
@@ -122,10 +124,13 @@ class MeanAccumulator:
             raise ComputeError(f"{n} values per key do not split evenly over the batch's {b} "
                                f"sequences (keys {keys[0]!r}...)")
         sums = v.reshape(k, b, n // b).sum(-1, dtype=torch.float64)  # [k, b]
-        slots, host_slots = self._slot_indices(keys)  # may grow: resolve before indexing
+        slots, host_slots, distinct = self._slot_indices(keys)  # may grow: resolve first
         self._sums[first : first + b].index_add_(1, slots, sums.T)
-        rows = np.arange(first, first + b)[:, None]
-        np.add.at(self._counts, (rows, host_slots[None, :]), n // b)  # a key may repeat
+        if distinct:
+            self._counts[first : first + b, host_slots] += n // b
+        else:  # a key repeats within the call: every occurrence counts
+            rows = np.arange(first, first + b)[:, None]
+            np.add.at(self._counts, (rows, host_slots[None, :]), n // b)
 
     def _add_by_ids(self, keys: Sequence[Key], v: Tensor,
                     sequence_ids: Tensor | np.ndarray | Sequence[int]) -> None:
@@ -139,7 +144,7 @@ class MeanAccumulator:
         if ids.min() < 0:
             raise ComputeError("negative sequence id")
         self._grow_sequences(int(ids.max()) + 1)
-        slots, host_slots = self._slot_indices(keys)
+        slots, host_slots, _ = self._slot_indices(keys)
         width = self._sums.shape[1]
         flat = (torch.as_tensor(ids, device=self._device)[None, :] * width + slots[:, None])
         self._sums.view(-1).index_add_(0, flat.reshape(-1), v.to(torch.float64).reshape(-1))
@@ -160,7 +165,7 @@ class MeanAccumulator:
                 raise ComputeError(f"cannot combine {terms[0][1]!r} and {term!r}: their "
                                    "values are not of the same tokens")
         total = sum(coef * self._sums[:, self._slots[term]] for coef, term in terms)
-        _, host_slots = self._slot_indices([key])
+        _, host_slots, _ = self._slot_indices([key])
         self._sums[:, int(host_slots[0])] = total
         self._counts[:, int(host_slots[0])] = counts
 
@@ -178,28 +183,39 @@ class MeanAccumulator:
         return list(self._slots), means, counts > 0
 
     def results(self) -> dict[Key, MeanStat]:
+        """Every key's `MeanStat`, computed for all keys at once (vectorised over keys: a sweep
+        has thousands of them)."""
         keys, means, has = self.sequence_means()
-        return {key: self._stat(key, means[has[:, slot], slot], self._counts[:, slot])
-                for slot, key in enumerate(keys)}
+        return self._stats(keys, means, has, self._counts[:, : len(keys)])
 
     def result(self, key: Key) -> MeanStat:
         slot = self._slots[key]
-        sums = self._sums[:, slot].cpu().numpy()
-        counts = self._counts[:, slot]
-        has = counts > 0
-        return self._stat(key, sums[has] / counts[has], counts)
+        sums = self._sums[:, slot : slot + 1].cpu().numpy()
+        counts = self._counts[:, slot : slot + 1]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            means = np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
+        return self._stats([key], means, counts > 0, counts)[key]
 
     @staticmethod
-    def _stat(key: Key, means: np.ndarray, counts: np.ndarray) -> MeanStat:
-        """Mean of the per-sequence means, sample std (ddof 1) / sqrt(n); n = sequences."""
-        if not np.isfinite(means).all():
-            raise ComputeError(f"non-finite values accumulated for {key!r}")
-        n = int(means.shape[0])
-        if n == 0:
-            raise ComputeError(f"no values accumulated for {key!r}")
-        value = float(means.mean())
-        stderr = float(means.std(ddof=1) / math.sqrt(n)) if n >= 2 else None
-        return MeanStat(value, stderr, n, int(counts.sum()))
+    def _stats(keys: list[Key], means: np.ndarray, has: np.ndarray,
+               counts: np.ndarray) -> dict[Key, MeanStat]:
+        """Per column: the mean of the per-sequence means, their sample std (ddof 1) / sqrt(n);
+        n = sequences with values."""
+        n = has.sum(axis=0)
+        filled = np.where(has, means, 0.0)
+        if not np.isfinite(filled).all():
+            bad = int(np.flatnonzero(~np.isfinite(filled).all(axis=0))[0])
+            raise ComputeError(f"non-finite values accumulated for {keys[bad]!r}")
+        if (n == 0).any():
+            raise ComputeError(f"no values accumulated for {keys[int(np.argmax(n == 0))]!r}")
+        value = filled.sum(axis=0) / n
+        squares = (np.where(has, means - value, 0.0) ** 2).sum(axis=0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            stderr = np.sqrt(squares / (n - 1) / n)
+        tokens = counts.sum(axis=0)
+        return {key: MeanStat(float(value[i]), float(stderr[i]) if n[i] >= 2 else None,
+                              int(n[i]), int(tokens[i]))
+                for i, key in enumerate(keys)}
 
 
 @dataclass

@@ -216,25 +216,27 @@ def accumulated_sequence_means(family: str, acc: MeanAccumulator,
     """The per-sequence means of every per-layer key (no head, or head None): one row per
     (key, sequence that has values for it), in `SEQUENCE_MEANS_SCHEMA`."""
     keys, means, has = acc.sequence_means()
-    cols: dict[str, list[object]] = {name: [] for name in SEQUENCE_MEANS_SCHEMA.names}
-    seqs: list[np.ndarray] = []
-    values: list[np.ndarray] = []
-    for slot, key in enumerate(keys):
-        fields = dict(zip(key_fields, key, strict=True))
-        if fields.get("head") is not None:
-            continue
-        which = np.nonzero(has[:, slot])[0]
-        if not np.isfinite(means[which, slot]).all():
-            raise ComputeError(f"non-finite values accumulated for {key!r}")
-        seqs.append(which)
-        values.append(means[which, slot])
-        for name in ("metric", "layer", "component", "head"):
-            value = f"{family}.{fields['metric']}" if name == "metric" else fields.get(name)
-            cols[name].extend([value] * len(which))
-    cols["sequence"] = np.concatenate(seqs).astype(np.int32) if seqs else []  # type: ignore[assignment]
-    cols["value"] = np.concatenate(values) if values else []  # type: ignore[assignment]
-    return pa.table({name: pa.array(cols[name], type=SEQUENCE_MEANS_SCHEMA.field(name).type)
-                     for name in SEQUENCE_MEANS_SCHEMA.names}, schema=SEQUENCE_MEANS_SCHEMA)
+    parts = [dict(zip(key_fields, key, strict=True)) for key in keys]
+    chosen = [i for i, p in enumerate(parts) if p.get("head") is None]
+    seq, col = np.nonzero(has[:, chosen].T)[::-1]  # key-major: a key's sequences together
+    slot = np.asarray(chosen, dtype=np.int64)[col] if chosen else np.zeros(0, np.int64)
+    values = means[seq, slot]
+    if not np.isfinite(values).all():
+        bad = keys[int(slot[np.argmax(~np.isfinite(values))])]
+        raise ComputeError(f"non-finite values accumulated for {bad!r}")
+
+    def column(name: str) -> list[object]:
+        per_key = [f"{family}.{p['metric']}" if name == "metric" else p.get(name) for p in parts]
+        return [per_key[i] for i in slot.tolist()]
+
+    return pa.table({
+        "metric": pa.array(column("metric"), pa.string()),
+        "layer": pa.array(column("layer"), pa.int32()),
+        "component": pa.array(column("component"), pa.string()),
+        "head": pa.array(column("head"), pa.int32()),
+        "sequence": pa.array(seq.astype(np.int32)),
+        "value": pa.array(values, pa.float64()),
+    }, schema=SEQUENCE_MEANS_SCHEMA)
 
 
 class FamilyBase:
