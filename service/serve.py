@@ -147,8 +147,9 @@ def run_service(settings: Settings, *, host: str | None, port: int | None,
             def register_folder(folder: Path) -> bool:
                 from service.api.queries.registration import usable_name
 
+                name = folder.stem if folder.is_file() else folder.name  # x.gguf -> x
                 _, created = register(store, watch_settings, RegisterModel(
-                    source=str(folder.resolve()), name=usable_name(folder.name)))
+                    source=str(folder.resolve()), name=usable_name(name)))
                 if created:
                     log.info("watch folder: registered %s", folder.name)
                 return created

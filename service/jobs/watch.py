@@ -1,9 +1,9 @@
-"""The watch folder: a checkpoint folder that appears in it is registered under its folder name
-(and so computed, by reconciliation).
+"""The watch folder: a checkpoint folder that appears in it is registered under its folder name,
+and a GGUF file under its stem (and so computed, by reconciliation).
 
 A folder is taken once it holds `config.json` and nothing in it has changed for `settle_s`
-seconds (a copy in progress is left alone). A folder that fails to register is tried again only
-after it changes.
+seconds; a `.gguf` file once it has not changed for `settle_s` seconds (a copy in progress is
+left alone). What fails to register is tried again only after it changes.
 """
 
 from __future__ import annotations
@@ -36,9 +36,12 @@ class WatchFolder:
         now = time.time()
         for folder in sorted(self.root.iterdir()):
             try:
-                if not (folder / "config.json").is_file():
+                if folder.is_file() and folder.suffix.lower() == ".gguf":
+                    mtime = folder.stat().st_mtime
+                elif (folder / "config.json").is_file():
+                    mtime = _newest_mtime(folder)
+                else:
                     continue
-                mtime = _newest_mtime(folder)
             except OSError:  # removed or unreadable meanwhile: next round
                 continue
             if now - mtime < self.settle_s or self._seen.get(folder) == mtime:

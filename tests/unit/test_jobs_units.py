@@ -151,3 +151,21 @@ def test_watch_folder_waits_for_a_folder_to_settle_and_retries_it_only_after_it_
     time.sleep(0.35)
     assert watch.scan() == [model]
     assert seen == ["new-model", "new-model"]
+
+
+def test_watch_folder_takes_settled_gguf_files(tmp_path: Path) -> None:
+    seen: list[str] = []
+
+    def register(path: Path) -> bool:
+        seen.append(path.name)
+        return True
+
+    watch = WatchFolder(tmp_path, register, settle_s=0.3)
+    gguf = tmp_path / "tiny.Q4_0.gguf"
+    gguf.write_bytes(b"GGUF")
+    (tmp_path / "notes.txt").write_text("not a model")
+    assert watch.scan() == []  # still being written
+    time.sleep(0.35)
+    assert watch.scan() == [gguf]
+    assert watch.scan() == []  # taken once
+    assert seen == ["tiny.Q4_0.gguf"]
