@@ -157,7 +157,7 @@ def _early_run(y: np.ndarray) -> int | None:
     middle = (float(y[0]) + float(np.median(y))) / 2
     if y[0] <= np.median(y):
         return None
-    return next((l for l in range(1, len(y)) if y[l] < middle), None)
+    return next((i for i in range(1, len(y)) if y[i] < middle), None)
 
 
 def _contrast_signal(name: str, y: np.ndarray, at: int | None) -> _Signal:

@@ -4,7 +4,9 @@ clear flag, and the stages answer serves them (a real DuckDB file, the in-proces
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -63,7 +65,7 @@ def staged_run(name: str, knees: list[int]) -> RunResult:
 
 
 @pytest.fixture
-def client(tmp_path: Path) -> TestClient:  # type: ignore[type-arg]
+def client(tmp_path: Path) -> Iterator[TestClient[Any]]:
     db = tmp_path / "strata.duckdb"
     store = Store.open(db, threads=1)
     upgrade(store)
@@ -78,7 +80,8 @@ def client(tmp_path: Path) -> TestClient:  # type: ignore[type-arg]
     store.close()
 
 
-def test_stored_boundaries_carry_intervals_sharpness_and_clear(client: TestClient) -> None:  # type: ignore[type-arg]
+def test_stored_boundaries_carry_intervals_sharpness_and_clear(
+        client: TestClient[Any]) -> None:
     body = client.get("/api/v1/stages", params={"models": "sharp,spread,old"}).json()
     models = {m["name"]: m for m in body["models"]}
     sharp = models["sharp"]["boundaries"]
@@ -88,16 +91,19 @@ def test_stored_boundaries_carry_intervals_sharpness_and_clear(client: TestClien
         assert b["clear"] == b["found"]
         assert b["estimate"] == b["layer"]
         assert b["sharpness"] > 0
-        assert b["interval"] is not None and b["interval"][0] <= b["layer"] <= b["interval"][1]
+        assert b["interval"] is not None
+        assert b["interval"][0] <= b["layer"] <= b["interval"][1]
         assert b["interval_level"] == pytest.approx(0.9)
         assert b["interval_relative_depth"] == pytest.approx([v / (L - 1) for v in b["interval"]])
         assert b["evidence"]["bootstrap"]["n_sequences"] == N_SEQ
         assert b["range"][0] <= b["layer"] <= b["range"][1]
     assert sharp[1]["interval"] == [3, 3]  # every sequence has its knee at point 3
     spread = models["spread"]["boundaries"][1]
-    assert spread["interval"][0] <= 2 and spread["interval"][1] >= 3  # knees 2, 3 and 4
+    assert spread["interval"][0] <= 2
+    assert spread["interval"][1] >= 3
     old = models["old"]["boundaries"]
     assert [b["layer"] for b in old] == [1, 3, 4]
     for b in old:
-        assert b["interval"] is None and b["interval_level"] is None
+        assert b["interval"] is None
+        assert b["interval_level"] is None
         assert "no per-sequence means" in b["evidence"]["bootstrap"]["reason"]

@@ -4,6 +4,7 @@ sequences, and finds nothing on curves without structure or on a random model.""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -25,9 +26,10 @@ from compute.stages import (
 L = 8
 
 
-def build(drop: list[float], lens: list[float], pred: list[float], supp: list[float], *,
-          drop_top1: list[float] | None = None, lens_top1: list[float] | None = None,
-          swap: list[float] | None = None, calibrated: bool = False) -> pl.DataFrame:
+def build(drop: Sequence[float], lens: Sequence[float], pred: Sequence[float],
+          supp: Sequence[float], *, drop_top1: Sequence[float] | None = None,
+          lens_top1: Sequence[float] | None = None, swap: Sequence[float] | None = None,
+          calibrated: bool = False) -> pl.DataFrame:
     """A record table of the metrics the rule reads (swap KL flat unless given)."""
     n = len(drop)
     suffix = "_cal" if calibrated else ""
@@ -69,9 +71,12 @@ def test_boundaries_land_where_the_curves_were_built() -> None:
     assert b3.evidence["counts"] == "fixed"
     assert "fixed study classes" in b3.evidence["note"]
     for b in (b1, b2, b3):
-        assert b.clear and b.estimate == b.layer
-        assert b.sharpness is not None and b.sharpness > 0
-        assert b.range is not None and b.range[0] <= b.layer <= b.range[1]
+        assert b.clear
+        assert b.estimate == b.layer
+        assert b.sharpness is not None
+        assert b.sharpness > 0
+        assert b.range is not None
+        assert b.range[0] <= b.layer <= b.range[1]  # type: ignore[operator]
         assert b.interval is None  # no per-sequence table: no interval, and it says so
         assert "no per-sequence" in b.evidence["bootstrap"]["reason"]
     rows = stage_records([b1, b2, b3], L)
@@ -116,7 +121,8 @@ def test_embedding_point_does_not_hide_the_knee() -> None:
     records = build(drop, lens, [0] * n, [0] * n, swap=[4.0] + [0.2] * (n - 2))
     _, b2, _ = infer_stages(records, n)
     assert b2.clear, b2.evidence
-    assert b2.layer is not None and abs(b2.layer - 22) <= 1
+    assert b2.layer is not None
+    assert abs(b2.layer - 22) <= 1
     # the chord from point 0 (the old rule) sees no knee in this curve
     distance = [lens[i] / lens[0] - (1 - i / n) for i in range(1, n)]
     assert max(distance) < 0.1
@@ -146,11 +152,13 @@ def test_unclear_metrics_give_no_boundary_instead_of_an_invented_one() -> None:
     # a catastrophic layer 0 whose fall is gradual is not sharp
     gradual = [6.0, 3.0, 1.5, 0.75, 0.37, 0.19, 0.09, 0.05]
     b1 = infer_stages(build(gradual, straight_lens, never, [1] * L), L)[0]
-    assert b1.layer is None and b1.estimate is not None
+    assert b1.layer is None
+    assert b1.estimate is not None
     assert "not sharp" in b1.evidence["reason"]
     # too few neurons: a surplus of one suppression neuron is no evidence
     b3 = infer_stages(build(flat_drop, straight_lens, [0] * L, [0] * 6 + [1, 1]), L)[2]
-    assert b3.layer is None and b3.estimate == 6
+    assert b3.layer is None
+    assert b3.estimate == 6
     assert "too few neurons" in b3.evidence["reason"]
 
 
@@ -272,7 +280,8 @@ def test_interval_covers_the_sequences_spread_and_is_seeded() -> None:
         records = records_from_sequences(table, n)
         b1, b2, b3 = infer_stages(records, n, table, n_resamples=100)
         assert b2.interval is not None
-        assert b2.interval[0] <= lo_max and b2.interval[1] >= hi_min
+        assert b2.interval[0] <= lo_max
+        assert b2.interval[1] >= hi_min
         assert b2.interval[0] <= b2.estimate <= b2.interval[1]  # type: ignore[operator]
         assert b1.interval == (1, 1)
         assert b2.evidence["bootstrap"]["n_resamples"] == 100

@@ -4,10 +4,10 @@ Boundaries come from the model's latest succeeded run that has them (they are in
 ingest for runs with intervention, logit_lens and neurons: `service.store.stages`). Boundary k is
 the first block of stage k+1, so stage k spans blocks [b_{k-1}, b_k - 1] with b_0 = 0 and
 b_4 = L. Each boundary also carries, lifted out of its stored evidence, its sharpness, the range
-of layers its signals give and its bootstrap interval over sequences (`boundary`). A stage is `clear` when both its bounds are known; when a boundary falls at or before
-the previous one the stage between them is empty (clear, but no span and n_points 0). Only clear
-stages get spans and aggregates — an unknown boundary leaves both stages it separates without
-one.
+of layers its signals give and its bootstrap interval over sequences (`boundary`). A stage is
+`clear` when both its bounds are known; when a boundary falls at or before the previous one the
+stage between them is empty (clear, but no span and n_points 0). Only clear stages get spans and
+aggregates — an unknown boundary leaves both stages it separates without one.
 
 A metric's rows come from the model's current run computing that metric (`metric_run_id`; it
 may differ from the run the boundaries were inferred from). Logit-lens point i (the output of
@@ -71,8 +71,9 @@ def _ints(value: Any) -> list[int] | None:
 def boundary(row: dict[str, Any]) -> Boundary:
     """A stored boundary with its interval, sharpness and range lifted out of the evidence
     (where `compute.stages` puts them; boundaries stored before they existed have none)."""
-    evidence = row["evidence"] or {}
-    boot = evidence.get("bootstrap") if isinstance(evidence.get("bootstrap"), dict) else {}
+    evidence: dict[str, Any] = row["evidence"] or {}
+    found = evidence.get("bootstrap")
+    boot: dict[str, Any] = found if isinstance(found, dict) else {}
     sharpness = evidence.get("sharpness")
     estimate = evidence.get("estimate")
     depths = boot.get("interval_relative_depth")
