@@ -75,6 +75,30 @@ def test_compute_writes_every_format_with_the_same_rows(tmp_path: Path) -> None:
         assert ((joined["value"] - joined["value_o"]).abs() < 1e-9).all()
 
 
+def test_compute_store_keeps_the_per_sequence_means(tmp_path: Path) -> None:
+    """`strata compute --store`: the run's per-sequence means land in the store beside its
+    records (what a bootstrap over sequences reads back)."""
+    from service.store import Store
+    from service.store import repositories as repo
+
+    db = tmp_path / "s.duckdb"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "STRATA_DATABASE": str(db),
+           "STRATA_DATA_DIR": str(tmp_path / "state")}
+    proc = subprocess.run([sys.executable, "-m", "service.cli", "compute", "--model", MODEL,
+                           "--n-sequences", "4", "--seq-len", "16", "--metrics",
+                           "intervention", "--store", "--quiet"],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    with Store.open(db, threads=1) as store, store.read() as conn:
+        [run] = repo.list_runs(conn)
+        means = repo.sequence_means(conn, run.id, ["intervention.swap_minus_drop_kl"])
+        records = repo.run_results(conn, run.id, metric="intervention.swap_minus_drop_kl")
+    assert run.metric_version == "2"
+    assert means.height == 4  # one swap (layers 0, 1) of a 2-layer model x 4 sequences
+    assert records["n"].to_list() == [4]
+    assert means["value"].mean() == pytest.approx(records["value"][0], rel=1e-9)
+
+
 def _npy(tmp_path: Path, array: np.ndarray) -> str:
     path = tmp_path / "t.npy"
     np.save(path, array)
