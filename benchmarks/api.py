@@ -29,12 +29,15 @@ encoded answers on: URLs repeat, as dashboards repeat them), then with both cach
 In both the rate limiter counts every request against a budget the load never reaches (the
 default budget, 12,000 reads a minute per address, would refuse most of this one client's
 load).
-5. The rate limiter's cost on the per-layer query: two servers side by side on the same store,
+5. The rate limiter's cost on the per-layer query: two servers side by side on copies of the store,
    one with the limiter on (a budget never reached, so every request is counted and checked)
    and one with it off (STRATA_API__READ_RATE_LIMIT= and STRATA_API__WRITE_RATE_LIMIT=
    empty), measured in alternating rounds (--rounds x --round-seconds each), so the machine's
    background load falls on both alike; the cost is 1 - (req/s on) / (req/s off), median of
-   the rounds (target < 10 %).
+   the rounds (target < 10 %). Then the same in one process, without HTTP: the per-layer
+   query's ASGI call (routing, middleware, handler, the cached answer) on two apps over one
+   store, limiter on and off, alternating every request (--asgi-requests each), so background
+   load on a shared machine falls on both alike; the cost is the extra time per request.
 Prints a JSON summary as the last line.
 """
 
@@ -61,6 +64,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from benchmarks.store import synthetic_result  # noqa: E402
+from compute.run import METRIC_VERSION  # noqa: E402
 from service.store import Store  # noqa: E402
 from service.store.ingest import ingest_result  # noqa: E402
 from service.store.migrate import upgrade  # noqa: E402
@@ -78,6 +82,7 @@ def seed(db: Path, n_models: int, d_mlp: int) -> tuple[list[tuple[str, int]], fl
         upgrade(store)
         for i, (name, n_layers) in enumerate(models):
             ingest_result(store, synthetic_result(n_layers, d_mlp, 8, name=name, seed=i,
+                                                  metric_version=METRIC_VERSION,
                                                   all_families=True, top_tokens=True))
     return models, time.perf_counter() - start
 
@@ -187,10 +192,12 @@ def limiter_cost(db: Path, folder: Path, urls: list[str], connections: int, roun
                  seconds: float, max_requests: int) -> dict[str, object]:
     """Step 5: per-layer req/s and p50 with the limiter on and off, in alternating rounds."""
     ports = {"on": free_port(), "off": free_port()}
+    copy = folder / "limiter-off.duckdb"  # DuckDB: one process per file, so a copy each
+    shutil.copyfile(db, copy)
     procs = {}
     try:
-        for label, limits in (("on", UNREACHED), ("off", NO_LIMITS)):
-            procs[label] = start_server(db, ports[label], folder / f"serve-{label}.log",
+        for label, limits, file in (("on", UNREACHED, db), ("off", NO_LIMITS, copy)):
+            procs[label] = start_server(file, ports[label], folder / f"serve-{label}.log",
                                         limits=limits)
             asyncio.run(_each_once(ports[label], urls, connections, max_requests))
             asyncio.run(_load(ports[label], urls, connections, 1.0, max_requests))
@@ -221,6 +228,62 @@ def limiter_cost(db: Path, folder: Path, urls: list[str], connections: int, roun
             "target_met": cost < 0.10}
 
 
+def limiter_cost_asgi(db: Path, urls: list[str], n_requests: int) -> dict[str, object]:
+    """Step 5, in process: the per-layer query's ASGI call with the limiter on and off,
+    alternating request by request; medians of the time per request."""
+    from service.api.app import create_app
+    from service.settings import ApiSettings, Settings
+
+    def app_with(limits: dict[str, str]) -> object:
+        api = ApiSettings(read_rate_limit=limits["STRATA_API__READ_RATE_LIMIT"],
+                          write_rate_limit=limits["STRATA_API__WRITE_RATE_LIMIT"])
+        return create_app(Settings(database=db, api=api), store)
+
+    async def call(app: object, url: str) -> float:
+        path, _, query = url.partition("?")
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+                 "method": "GET", "scheme": "http", "path": path, "raw_path": path.encode(),
+                 "root_path": "", "query_string": query.encode(), "headers": [
+                     (b"host", b"127.0.0.1")], "client": ("127.0.0.1", 50000),
+                 "server": ("127.0.0.1", 8000)}
+        status = []
+
+        async def receive() -> dict[str, object]:
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message: dict[str, object]) -> None:
+            if message["type"] == "http.response.start":
+                status.append(message["status"])
+
+        start = time.perf_counter()
+        await app(scope, receive, send)  # type: ignore[operator]
+        elapsed = time.perf_counter() - start
+        if status != [200]:
+            raise RuntimeError(f"{status} {url}")
+        return elapsed
+
+    async def run(apps: dict[str, object]) -> dict[str, list[float]]:
+        for url in urls:  # warm both: every answer cached, as in the steady state
+            for app in apps.values():
+                await call(app, url)
+        rng = random.Random(0)
+        times: dict[str, list[float]] = {label: [] for label in apps}
+        for i in range(n_requests):
+            url = urls[rng.randrange(len(urls))]
+            for label in (("on", "off") if i % 2 == 0 else ("off", "on")):
+                times[label].append(await call(apps[label], url))
+        return times
+
+    with Store.open(db) as store:
+        times = asyncio.run(run({"on": app_with(UNREACHED), "off": app_with(NO_LIMITS)}))
+    on, off = statistics.median(times["on"]), statistics.median(times["off"])
+    print(f"in process (ASGI, {n_requests} requests each, alternating): per-layer query "
+          f"{1e6 * on:.0f} us with the limiter, {1e6 * off:.0f} us without: "
+          f"+{1e6 * (on - off):.1f} us ({100 * (on / off - 1):.1f} %)", file=sys.stderr)
+    return {"on_us": round(1e6 * on, 1), "off_us": round(1e6 * off, 1),
+            "cost": round(on / off - 1, 4), "target_met": on / off - 1 < 0.10}
+
+
 def url_sets(models: list[tuple[str, int]], rng: random.Random) -> dict[str, list[str]]:
     names = [name for name, _ in models]
     per_layer = [f"/api/v1/models/{name}/metrics?metric={metric}"
@@ -246,10 +309,11 @@ def main() -> None:
                         help="only step 5, the rate limiter's cost")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--round-seconds", type=float, default=4.0)
+    parser.add_argument("--asgi-requests", type=int, default=20_000)
     args = parser.parse_args()
     if args.quick:
         args.models, args.d_mlp, args.seconds = 12, 256, 2.0
-        args.rounds, args.round_seconds = 2, 2.0
+        args.rounds, args.round_seconds, args.asgi_requests = 2, 2.0, 2000
     folder = Path(tempfile.mkdtemp(prefix="strata-api-bench-"))
     proc = None
     try:
@@ -288,6 +352,8 @@ def main() -> None:
         summary["rate limiter"] = limiter_cost(
             db, folder, url_sets(models, random.Random(0))["per-layer"], args.connections,
             args.rounds, args.round_seconds, args.max_requests)
+        summary["rate limiter in process"] = limiter_cost_asgi(
+            db, url_sets(models, random.Random(0))["per-layer"], args.asgi_requests)
         print(json.dumps(summary))
     finally:
         if proc is not None:

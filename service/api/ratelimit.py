@@ -54,7 +54,9 @@ class RateLimitMiddleware(ASGIMiddleware):
         self.reads = _rate(settings.api.read_rate_limit)
         self.writes = _rate(settings.api.write_rate_limit)
         self.keys = settings.write_keys()
-        self.limiter = FixedWindowRateLimiter(MemoryStorage())
+        self.storage = MemoryStorage()
+        self.limiter = FixedWindowRateLimiter(self.storage)
+        self._counters: dict[tuple[str, str], str] = {}
 
     @property
     def active(self) -> bool:
@@ -70,6 +72,16 @@ class RateLimitMiddleware(ASGIMiddleware):
             return "key:" + hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()[:16]
         return "address:" + self._who(scope)
 
+    def _hit(self, item: RateLimitItem, kind: str, who: str) -> bool:
+        """`FixedWindowRateLimiter.hit`, with the counter's key (the library's own
+        `key_for`) made once per client rather than formatted on every request."""
+        key = self._counters.get((kind, who))
+        if key is None:
+            if len(self._counters) > 100_000:  # many clients seen: start the memo again
+                self._counters.clear()
+            key = self._counters[(kind, who)] = item.key_for(kind, who)
+        return self.storage.incr(key, item.get_expiry()) <= item.amount
+
     async def handle(self, scope: Scope, receive: Receive, send: Send, next_app: ASGIApp) -> None:
         method = str(scope.get("method", "GET"))
         if method in READS:
@@ -81,7 +93,7 @@ class RateLimitMiddleware(ASGIMiddleware):
         else:
             item, kind = self.writes, "write"
             who = self._writer(scope) if item is not None else ""
-        if item is not None and not self.limiter.hit(item, kind, who):
+        if item is not None and not self._hit(item, kind, who):
             reset = self.limiter.get_window_stats(item, kind, who).reset_time
             wait = max(1, math.ceil(reset - time.time()))
             what = "reads from this address" if kind == "read" else "writes with this API key"
