@@ -265,8 +265,10 @@ def _knee_gains(y: np.ndarray, x: np.ndarray, knees: np.ndarray, shape: str) -> 
 
 
 def _knee_signal(name: str, y: np.ndarray, x: np.ndarray, knees: np.ndarray, at: int,
-                 shape: str) -> _Signal:
-    gains = np.maximum(*(_knee_gains(y, x, knees, s) for s in SHAPES))
+                 shape: str, by_shape: dict[str, np.ndarray]) -> _Signal:
+    """A curve's own best knee (best of both shapes: `by_shape` holds its gains), and at knee
+    `at` its fitted fall over the robust noise of the fit."""
+    gains = np.maximum(*(by_shape[s] for s in SHAPES))
     best = _first_max(gains)
     own = int(knees[best]) if gains[best] > 0 else None
     change, residuals = _fit(y, x, at, shape)
@@ -291,14 +293,14 @@ def _feature_engineering(curves: Curves, n_layers: int, start: int) -> _Placemen
     knees = np.arange(max(start, 2), n_layers - 1)  # a plateau of >= 2 points, then a fall
     if len(knees) == 0:
         return _Placement(None, False, None, f"no room for a knee at or after layer {start}")
-    mean_gain = {s: np.mean([_knee_gains(y, x, knees, s) for y in used.values()], axis=0)
-                 for s in SHAPES}
+    each = {n: {s: _knee_gains(y, x, knees, s) for s in SHAPES} for n, y in used.items()}
+    mean_gain = {s: np.mean([each[n][s] for n in used], axis=0) for s in SHAPES}
     # the better shape at its best knee; ties: the earliest knee, then "decline"
     shape = max(SHAPES, key=lambda s: (float(mean_gain[s].max()), -_first_max(mean_gain[s]),
                                        s == "decline"))
     estimate = int(knees[_first_max(mean_gain[shape])])
     gain = {int(k): float(g) for k, g in zip(knees, mean_gain[shape], strict=True)}
-    signals = [_knee_signal(n, y, x, knees, estimate, shape) for n, y in used.items()]
+    signals = [_knee_signal(n, y, x, knees, estimate, shape, each[n]) for n, y in used.items()]
     sharp = [s.sharpness for s in signals if s.sharpness is not None]
     sharpness = float(np.median(sharp)) if sharp else None
     kl_fall = signals[0].change or 0.0
