@@ -96,7 +96,9 @@ class RateLimitMiddleware(ASGIMiddleware):
         if item is not None and not self._hit(item, kind, who):
             reset = self.limiter.get_window_stats(item, kind, who).reset_time
             wait = max(1, math.ceil(reset - time.time()))
-            what = "reads from this address" if kind == "read" else "writes with this API key"
+            what = ("reads from this address" if kind == "read" else
+                    "writes with this API key" if who.startswith("key:") else
+                    "writes from this address without a valid API key")
             raise TooManyRequestsError(
                 f"too many {what}: at most {item.amount} per {item.GRANULARITY.name}; try "
                 f"again in {wait} s (Retry-After)",
