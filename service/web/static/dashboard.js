@@ -241,7 +241,10 @@ function evidenceText(evidence, depth = 0) {
   const lines = [];
   for (const [k, v] of Object.entries(evidence || {})) {
     if (v && typeof v === "object" && !Array.isArray(v)) {
-      if (depth < 1) lines.push(`${k}: ${evidenceText(v, depth + 1).split("<br>").join("; ")}`);
+      if (depth < 2) {  // nested evidence (signals: {drop_kl: {...}}) on one line each
+        const inner = evidenceText(v, depth + 1).split("<br>");
+        lines.push(depth === 0 ? `${k}: ${inner.join("; ")}` : `${k} (${inner.join(", ")})`);
+      }
     } else if (Array.isArray(v)) {
       lines.push(`${k}: [${v.slice(0, 8).map((x) => fmt(x, 3)).join(", ")}${v.length > 8 ? ", …" : ""}]`);
     } else {
