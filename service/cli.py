@@ -328,10 +328,13 @@ def stages(results_path: str, out_path: str | None) -> None:
     from compute.stages import infer_stages, n_layers_of, stage_records
     from service.exports import read_records, write_atomic
 
+    results = Path(results_path)
+    # the per-sequence means `strata compute --out` writes beside the results: intervals
+    side = results.with_name(f"{results.stem}.sequence_means{results.suffix}")
     try:
-        frame = read_records(Path(results_path))
+        frame = read_records(results)
         n_layers = n_layers_of(frame)
-        boundaries = infer_stages(frame, n_layers)
+        boundaries = infer_stages(frame, n_layers, read_records(side) if side.exists() else None)
     except StrataError as exc:
         fail(str(exc), exit_code_of(exc))
     evidence = [{"boundary": b.index, "ends_stage": b.index, "layer": b.layer,

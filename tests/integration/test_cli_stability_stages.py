@@ -76,6 +76,11 @@ def test_stages_from_computed_results(tmp_path: Path) -> None:
         assert b["evidence"]
     # The shipped 4-layer model's layer-0 drop is catastrophic: boundary 1 is placed.
     assert body["boundaries"][0]["clear"]
+    # the per-sequence means beside the results give each placed boundary its interval
+    assert (tmp_path / "r.sequence_means.parquet").exists()
+    first = body["boundaries"][0]["evidence"]
+    assert first["bootstrap"]["n_sequences"] == 4
+    assert first["interval"][0] <= body["boundaries"][0]["layer"] <= first["interval"][1]
     out = tmp_path / "stages.csv"
     written = runner.invoke(main, ["stages", "--results", str(results), "--out", str(out)])
     assert written.exit_code == 0, written.output
