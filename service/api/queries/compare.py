@@ -145,16 +145,20 @@ def sequence_errors(weights: pl.DataFrame, per_sequence: pl.DataFrame) -> pl.Dat
     if per_sequence.is_empty() or weights.is_empty():
         return pl.DataFrame(schema={"run_id": pl.Int64, "bin": pl.Int64,
                                     "seq_stderr": pl.Float64, "seq_n": pl.Int64})
+    # Sorted before each aggregation, and groups kept in order: the same answer to the last bit
+    # on every request (a join's row order is not fixed, and float sums depend on order).
     needed = weights.group_by("run_id", "bin").agg(k=pl.len())
     combined = (weights.join(per_sequence.select(pl.col("run_id").cast(pl.Int64),
                                                  pl.col("layer").cast(pl.Int64),
                                                  "sequence", "value"),
                              on=["run_id", "layer"])
-                .group_by("run_id", "bin", "sequence")
+                .sort("run_id", "bin", "sequence", "layer")
+                .group_by("run_id", "bin", "sequence", maintain_order=True)
                 .agg(x=(pl.col("w") * pl.col("value")).sum(), layers=pl.len())
                 .join(needed, on=["run_id", "bin"])
-                .filter(pl.col("layers") == pl.col("k")))
-    return combined.group_by("run_id", "bin").agg(
+                .filter(pl.col("layers") == pl.col("k"))
+                .sort("run_id", "bin", "sequence"))
+    return combined.group_by("run_id", "bin", maintain_order=True).agg(
         seq_stderr=pl.when(pl.len() > 1).then(pl.col("x").std(ddof=1) / pl.len().sqrt()),
         seq_n=pl.len().cast(pl.Int64))
 
