@@ -6,16 +6,16 @@ l/(L-1). The rule is a pure, deterministic function of the run's records (per-la
 when the run has it, its per-sequence means table (for the bootstrap interval). docs/metrics.md
 (stages.*) states it precisely; in short:
 
-1. End of detokenization: the early run of layers whose drop is catastrophic ends. Primary
-   signals (they place it): log(drop KL + 0.01) and 1 - drop top-1 agreement, each scored at
-   every candidate k by the contrast min(curve[0..k-1]) - median(curve[k..L-1]); the estimate
-   maximises the mean of the contrasts, each divided by its curve's range. Corroborating: the
-   same two for adjacent swaps.
-2. End of feature engineering: where the logit lens starts to converge. Primary signals:
-   log(KL_i + 0.01) and 1 - top-1 agreement of the lens at points 1..L-1 (the embedding point 0
-   and the final point L, exact by definition, are left out), each fitted by a plateau-then-
-   linear-decline ("hinge") model with its knee at point k; the estimate maximises the mean gain
-   of the hinge over a straight line. Block k (whose output is point k+1) starts stage 3.
+1. End of detokenization: where the early run of catastrophic drops ends — the first layer whose
+   log(drop KL + 0.01) falls below the midpoint between layer 0's and the median layer's.
+   Corroborating (they vote on "clear"): the same for 1 - drop top-1 agreement and for the swap
+   KL and agreement. Clear if every earlier layer's drop KL is >= 1 nat, the step is sharp and
+   the signals agree.
+2. End of feature engineering: where the logit lens starts to converge. Signals: log(KL_i + 0.01)
+   and 1 - top-1 agreement of the lens at points 1..L-1 (the embedding point 0 and the final
+   point L, exact by definition, are left out), each fitted at every knee k by a plateau through
+   point k followed by a straight decline or a lower plateau; the estimate maximises the mean
+   gain of the fit over a straight line. Block k (whose output is point k+1) starts stage 3.
 3. Start of residual sharpening: the first layer at or after max(boundary 1, boundary 2) from
    which suppression neurons outnumber prediction neurons in every later layer (width-calibrated
    counts when the run has them).
