@@ -129,6 +129,9 @@ def backup(path: Path, keep: int | None, url: str | None) -> None:
     from service.store.errors import DatabaseHeldError
 
     settings = get_settings()
+    if url is None and not settings.database.exists():
+        fail(f"no database at {settings.database} (STRATA_DATABASE): nothing to back up",
+             EXIT_BAD_INPUT)
     if url is None:
         try:
             store = Store.open(settings.database)
