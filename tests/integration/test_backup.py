@@ -199,3 +199,24 @@ def test_backup_retention_and_refusals(served: Deployment) -> None:
     kept = list(d.tmp.glob("strata.duckdb.pre-restore-*"))
     assert len(kept) == 1
     assert backup_rows(kept[0]) == backup_rows(d.db)
+
+
+def test_a_backup_that_does_not_fit_leaves_nothing(tmp_path: Path) -> None:
+    """Disk full while copying: DiskFullError (HTTP 507), no file that looks like a backup, and
+    the database goes on as before."""
+    from service.store import Store
+    from service.store.backup import DiskFullError, backup
+    from service.store.ingest import ingest_result
+    from service.store.migrate import upgrade
+    from tests.integration.test_faults import small_disk
+
+    with Store.open(tmp_path / "strata.duckdb", threads=1) as store:
+        upgrade(store)
+        ingest_result(store, synthetic_result(LAYERS, NEURONS, name="whole"))
+        with small_disk(tmp_path / "tiny", 1) as disk:
+            with pytest.raises(DiskFullError, match="no space left"):
+                backup(store, disk, keep=3)
+            assert list(disk.iterdir()) == []
+        again = backup(store, tmp_path / "fits.duckdb")
+    assert again.runs == 1
+    assert backup_rows(tmp_path / "fits.duckdb") == {"whole": ("succeeded", LAYERS * NEURONS)}
