@@ -61,21 +61,18 @@ def errorbar(ax: Any, frame: pl.DataFrame | None, label: str, x: str = "layer",
 
 
 def stage_lines(client: Client, model: str, axes: list[Any]) -> None:
-    """Each boundary found: a dashed line at its layer, its bootstrap interval shaded."""
+    """Each boundary found: a dashed line at its layer and its bootstrap interval shaded."""
     try:
-        found = client.stages(model)
+        boundaries = client.stages(model).boundaries
     except ApiError:
         return
-    for entry in getattr(found, "models", []) or []:
-        for b in entry.get("boundaries", []):
-            layer = b.get("layer")
-            if layer is None:
-                continue
-            low, high = b.get("interval_low"), b.get("interval_high")
-            for ax in axes:
-                if low is not None and high is not None:
-                    ax.axvspan(low - 0.5, high + 0.5, color="grey", alpha=0.12)
-                ax.axvline(layer - 0.5, color="grey", linestyle="--", linewidth=0.8)
+    for b in boundaries.filter(boundaries["found"]).iter_rows(named=True):
+        low, high = b["interval_low"], b["interval_high"]
+        for ax in axes:
+            if low is not None and high is not None:
+                ax.axvspan(low - 0.5, high + 0.5, color="grey", alpha=0.12)
+            if b["layer"] is not None:
+                ax.axvline(b["layer"] - 0.5, color="grey", linestyle="--", linewidth=0.8)
 
 
 def figure(path: Path, rows: int, title: str, draw: Callable[[list[Any]], bool]) -> bool:

@@ -390,13 +390,19 @@ class BaseClient(ABC, Generic[FrameT]):
                                                  metric_version=metric_version))
         rows = [{"model": m["name"], "model_id": m["id"], "run_id": m["run_id"],
                  "boundary": b["boundary"], "ends_stage": b["ends_stage"], "found": b["found"],
-                 "layer": b["layer"], "relative_depth": b["relative_depth"], "rule": b["rule"],
+                 "layer": b["layer"], "relative_depth": b["relative_depth"],
+                 "clear": b.get("clear"), "sharpness": b.get("sharpness"),
+                 "interval_low": (b.get("interval") or [None, None])[0],
+                 "interval_high": (b.get("interval") or [None, None])[1],
+                 "interval_level": b.get("interval_level"), "rule": b["rule"],
                  "evidence": json.dumps(b["evidence"], sort_keys=True)}
                 for m in self.last_context.get("models", []) for b in m["boundaries"]]
         schema: Schema = {
             "model": pl.String, "model_id": pl.Int64, "run_id": pl.Int64, "boundary": pl.Int64,
             "ends_stage": pl.String, "found": pl.Boolean, "layer": pl.Int64,
-            "relative_depth": pl.Float64, "rule": pl.String, "evidence": pl.String}
+            "relative_depth": pl.Float64, "clear": pl.Boolean, "sharpness": pl.Float64,
+            "interval_low": pl.Int64, "interval_high": pl.Int64, "interval_level": pl.Float64,
+            "rule": pl.String, "evidence": pl.String}
         boundaries = pl.DataFrame(rows, schema=schema)
         return StagesResult(stages, self._frame(boundaries.to_arrow()))
 

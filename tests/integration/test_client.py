@@ -136,6 +136,8 @@ def test_stages(reader: Client, service: Service) -> None:
     row = result.boundaries.row(0, named=True)
     assert row["rule"] == first["rule"]
     assert json.loads(row["evidence"]) == first["evidence"]
+    assert (row["clear"], row["sharpness"]) == (first["clear"], first["sharpness"])
+    assert [row["interval_low"], row["interval_high"]] == (first["interval"] or [None, None])
     assert reader.stages("tiny-4l-s0").boundaries["model"].unique().to_list() == ["tiny-4l-s0"]
 
 
