@@ -54,8 +54,8 @@ cleanup() {
     done
   fi
   podman pod rm -f -t 5 "$PREFIX" >/dev/null 2>&1 || true
-  podman rm -f "$PREFIX-migrate" >/dev/null 2>&1 || true
-  podman volume rm -f "$PREFIX-data" >/dev/null 2>&1 || true
+  podman rm -f -v "$PREFIX-migrate" >/dev/null 2>&1 || true
+  podman volume rm -f "$PREFIX-data" "$PREFIX-cache" >/dev/null 2>&1 || true
   if [ "${KEEP_IMAGES:-1}" = 0 ]; then
     podman rmi -f "$API_IMAGE" "$WORKER_IMAGE" >/dev/null 2>&1 || true
   fi
@@ -69,8 +69,8 @@ for tool in podman runc mmdebstrap curl; do
 done
 # an earlier run interrupted hard: start clean
 podman pod rm -f -t 5 "$PREFIX" >/dev/null 2>&1 || true
-podman rm -f "$PREFIX-migrate" >/dev/null 2>&1 || true
-podman volume rm -f "$PREFIX-data" >/dev/null 2>&1 || true
+podman rm -f -v "$PREFIX-migrate" >/dev/null 2>&1 || true
+podman volume rm -f "$PREFIX-data" "$PREFIX-cache" >/dev/null 2>&1 || true
 started=$(date +%s)
 
 # 1. The base: Debian bookworm (Python 3.11, as `python` too), Redis and tini from Debian.
@@ -119,15 +119,19 @@ ENV_COMMON=(-e STRATA_BROKER_URL=redis://127.0.0.1:6379/0 -e STRATA_API_URL=http
             -e HF_HUB_OFFLINE=1 -e OMP_NUM_THREADS=1)
 podman pod create --name "$PREFIX" --publish "127.0.0.1:$PORT:8000" >/dev/null
 podman volume create "$PREFIX-data" >/dev/null
+podman volume create "$PREFIX-cache" >/dev/null  # the images' model-cache volume, named so it goes
 podman run -d "${RUN_OPTS[@]}" --pod "$PREFIX" --name "$PREFIX-redis" --user 65534:65534 \
   "$BASE_IMAGE" redis-server --bind 127.0.0.1 --port 6379 --save "" --appendonly no >/dev/null
-podman run "${RUN_OPTS[@]}" --name "$PREFIX-migrate" -v "$PREFIX-data:/data" \
+podman run --rm "${RUN_OPTS[@]}" --name "$PREFIX-migrate" -v "$PREFIX-data:/data" \
+  -v "$PREFIX-cache:/cache/huggingface" --health-cmd none \
   -e STRATA_DATABASE=/data/strata.duckdb "$API_IMAGE" strata db upgrade >&2
-podman rm "$PREFIX-migrate" >/dev/null
+# (no zoo registration on first start: only the job below runs; no healthcheck timers, which
+# need systemd; the image's HEALTHCHECK is for Docker and compose)
 podman run -d "${RUN_OPTS[@]}" --pod "$PREFIX" --name "$PREFIX-api" -v "$PREFIX-data:/data" \
-  "${ENV_COMMON[@]}" -e "STRATA_API_KEYS=$KEY" "$API_IMAGE" >/dev/null
+  -v "$PREFIX-cache:/cache/huggingface" --health-cmd none "${ENV_COMMON[@]}" \
+  -e STRATA_JOBS__REGISTER_ZOO=false -e "STRATA_API_KEYS=$KEY" "$API_IMAGE" >/dev/null
 podman run -d "${RUN_OPTS[@]}" --pod "$PREFIX" --name "$PREFIX-worker" \
-  "${ENV_COMMON[@]}" -e "STRATA_API_KEY=$KEY" -e STRATA_WORKER__DEVICE=cpu \
+  -v "$PREFIX-cache:/cache/huggingface" "${ENV_COMMON[@]}" -e "STRATA_API_KEY=$KEY" -e STRATA_WORKER__DEVICE=cpu \
   "$WORKER_IMAGE" strata worker --device cpu --queues gpu >/dev/null
 
 API=http://127.0.0.1:$PORT/api/v1
