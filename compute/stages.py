@@ -14,8 +14,9 @@ when the run has it, its per-sequence means table (for the bootstrap interval). 
 2. End of feature engineering: where the logit lens starts to converge. Signals: log(KL_i + 0.01)
    and 1 - top-1 agreement of the lens at points 1..L-1 (the embedding point 0 and the final
    point L, exact by definition, are left out), each fitted at every knee k by a plateau through
-   point k followed by a straight decline or a lower plateau; the estimate maximises the mean
-   gain of the fit over a straight line. Block k (whose output is point k+1) starts stage 3.
+   point k followed by a straight decline or a lower plateau; the estimate is the knee where the
+   fit to the lens KL gains most over a straight line (the agreement corroborates). Block k
+   (whose output is point k+1) starts stage 3.
 3. Start of residual sharpening: the first layer at or after max(boundary 1, boundary 2) from
    which suppression neurons outnumber prediction neurons in every later layer (width-calibrated
    counts when the run has them).
@@ -45,7 +46,7 @@ STAGE_NAMES = ("detokenization", "feature_engineering", "prediction_ensembling",
 KL_FLOOR = 0.01  # nats added to a KL before its log: differences below it are not structure
 CATASTROPHIC_KL = 1.0  # nats: the least drop KL of every detokenization layer
 SHARPNESS_MIN = 3.0  # boundaries 1 and 2: least median sharpness of the primary signals
-KNEE_GAIN_MIN = 0.5  # boundary 2: least mean gain of the hinge over a straight line
+KNEE_GAIN_MIN = 0.5  # boundary 2: least gain of the lens-KL knee fit over a straight line
 CONVERGENCE_MIN = math.log(2.0)  # boundary 2: the lens KL falls at least twofold past the knee
 SUPPRESSION_EXCESS_MIN = 3  # boundary 3: least surplus of suppression neurons over the run
 SUPPRESSION_Z_MIN = 1.0  # boundary 3: least surplus / sqrt(total count) over the run
@@ -294,12 +295,14 @@ def _feature_engineering(curves: Curves, n_layers: int, start: int) -> _Placemen
     if len(knees) == 0:
         return _Placement(None, False, None, f"no room for a knee at or after layer {start}")
     each = {n: {s: _knee_gains(y, x, knees, s) for s in SHAPES} for n, y in used.items()}
-    mean_gain = {s: np.mean([each[n][s] for n in used], axis=0) for s in SHAPES}
+    # placed by the lens KL (the agreement corroborates: on SmolLM2-135M it starts rising six
+    # points before the KL leaves its plateau, and a mean of the two would sit between them);
     # the better shape at its best knee; ties: the earliest knee, then "decline"
-    shape = max(SHAPES, key=lambda s: (float(mean_gain[s].max()), -_first_max(mean_gain[s]),
+    kl_gain = each["lens_kl"]
+    shape = max(SHAPES, key=lambda s: (float(kl_gain[s].max()), -_first_max(kl_gain[s]),
                                        s == "decline"))
-    estimate = int(knees[_first_max(mean_gain[shape])])
-    gain = {int(k): float(g) for k, g in zip(knees, mean_gain[shape], strict=True)}
+    estimate = int(knees[_first_max(kl_gain[shape])])
+    gain = {int(k): float(g) for k, g in zip(knees, kl_gain[shape], strict=True)}
     signals = [_knee_signal(n, y, x, knees, estimate, shape, each[n]) for n, y in used.items()]
     sharp = [s.sharpness for s in signals if s.sharpness is not None]
     sharpness = float(np.median(sharp)) if sharp else None
@@ -308,8 +311,8 @@ def _feature_engineering(curves: Curves, n_layers: int, start: int) -> _Placemen
              and abs(s.own - estimate) <= _tolerance(n_layers)]
     reason = None
     if gain[estimate] < KNEE_GAIN_MIN:
-        reason = (f"no knee: a plateau then a decline fits no better than a straight line "
-                  f"(gain {gain[estimate]:.3g} < {KNEE_GAIN_MIN})")
+        reason = (f"no knee: a plateau then a fall of the lens KL fits no better than a "
+                  f"straight line (gain {gain[estimate]:.3g} < {KNEE_GAIN_MIN})")
     elif kl_fall < CONVERGENCE_MIN:
         reason = (f"no convergence: the lens KL falls {math.exp(kl_fall):.3g}-fold past the "
                   f"knee, under 2-fold")
@@ -383,10 +386,10 @@ RULES = (
     "1 - drop top-1 agreement of [min(curve[0..k-1]) - median(curve[k..])] / range(curve); clear "
     f"if every layer before k has drop KL >= {CATASTROPHIC_KL} nats, median sharpness >= "
     f"{SHARPNESS_MIN} and at least half the signals (with the swap curves) agree",
-    "end of feature engineering: the knee k (>= boundary 1, >= 2) of a plateau-then-decline fit "
-    "to log(lens KL + 0.01) and 1 - lens top-1 agreement at points 1..L-1 with the largest mean "
-    f"gain over a straight line; clear if gain >= {KNEE_GAIN_MIN}, the KL falls >= 2-fold past "
-    f"it, median sharpness >= {SHARPNESS_MIN} and the signals agree",
+    "end of feature engineering: the knee k (>= boundary 1, >= 2) of a plateau-then-fall fit to "
+    "log(lens KL + 0.01) at points 1..L-1 with the largest gain over a straight line; clear if "
+    f"gain >= {KNEE_GAIN_MIN}, the KL falls >= 2-fold past it, median sharpness (with 1 - lens "
+    f"top-1 agreement) >= {SHARPNESS_MIN} and at least half the signals agree",
     "start of residual sharpening: the first layer at or after max(boundary 1, boundary 2) from "
     "which suppression neurons outnumber prediction neurons in every later layer (calibrated "
     f"counts when present); clear if, summed over those layers, the surplus is >= "

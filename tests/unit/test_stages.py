@@ -128,6 +128,29 @@ def test_embedding_point_does_not_hide_the_knee() -> None:
     assert max(distance) < 0.1
 
 
+# SmolLM2-135M-Instruct (Q4_1 GGUF), logit lens at points 0..30 on 2 sequences of the built-in
+# corpus: the KL holds 12.6-16.6 nats from point 1 to 22 and falls from point 23 on; the
+# agreement creeps up from point ~16.
+SMOLLM2_LENS_KL = [95.913, 12.785, 13.872, 12.979, 13.206, 13.002, 13.465, 13.203, 13.757, 15.12,
+                   15.834, 16.561, 15.723, 14.851, 14.993, 14.676, 15.476, 15.216, 15.024, 14.145,
+                   13.383, 12.625, 13.645, 12.334, 10.191, 6.546, 5.52, 4.61, 3.408, 2.379, 0.0]
+SMOLLM2_LENS_TOP1 = [0.033, 0.117, 0.067, 0.05, 0.067, 0.083, 0.033, 0.033, 0.05, 0.05, 0.017,
+                     0.017, 0.067, 0.083, 0.133, 0.1, 0.133, 0.133, 0.133, 0.15, 0.183, 0.267, 0.3,
+                     0.317, 0.35, 0.383, 0.417, 0.517, 0.567, 0.55, 1.0]
+
+
+def test_the_knee_follows_the_lens_kl_on_smollm2() -> None:
+    n = 30
+    drop = [6.0] + [0.3] * (n - 1)
+    records = build(drop, SMOLLM2_LENS_KL, [0] * n, [0] * n, lens_top1=SMOLLM2_LENS_TOP1)
+    b2 = infer_stages(records, n)[1]
+    assert b2.clear, b2.evidence
+    assert b2.layer in (22, 23)  # the last plateau point: block 22 (or 23) starts the fall
+    agreement = b2.evidence["signals"]["lens_top1"]["own_layer"]
+    assert agreement is not None
+    assert agreement < 20  # the agreement alone would say earlier: it corroborates, not places
+
+
 def test_boundary_3_starts_at_or_after_boundary_1_when_2_is_unclear() -> None:
     deep_drop = [5.0, 4.0, 3.0, 2.5, 0.2, 0.15, 0.2, 0.1]  # detokenization ends at layer 4
     straight = [6.0 * (1 - i / L) for i in range(L + 1)]  # no knee
