@@ -123,12 +123,12 @@ podman volume create "$PREFIX-cache" >/dev/null  # the images' model-cache volum
 podman run -d "${RUN_OPTS[@]}" --pod "$PREFIX" --name "$PREFIX-redis" --user 65534:65534 \
   "$BASE_IMAGE" redis-server --bind 127.0.0.1 --port 6379 --save "" --appendonly no >/dev/null
 podman run --rm "${RUN_OPTS[@]}" --name "$PREFIX-migrate" -v "$PREFIX-data:/data" \
-  -v "$PREFIX-cache:/cache/huggingface" --health-cmd none \
+  -v "$PREFIX-cache:/cache/huggingface" --no-healthcheck \
   -e STRATA_DATABASE=/data/strata.duckdb "$API_IMAGE" strata db upgrade >&2
 # (no zoo registration on first start: only the job below runs; no healthcheck timers, which
 # need systemd; the image's HEALTHCHECK is for Docker and compose)
 podman run -d "${RUN_OPTS[@]}" --pod "$PREFIX" --name "$PREFIX-api" -v "$PREFIX-data:/data" \
-  -v "$PREFIX-cache:/cache/huggingface" --health-cmd none "${ENV_COMMON[@]}" \
+  -v "$PREFIX-cache:/cache/huggingface" --no-healthcheck "${ENV_COMMON[@]}" \
   -e STRATA_JOBS__REGISTER_ZOO=false -e "STRATA_API_KEYS=$KEY" "$API_IMAGE" >/dev/null
 podman run -d "${RUN_OPTS[@]}" --pod "$PREFIX" --name "$PREFIX-worker" \
   -v "$PREFIX-cache:/cache/huggingface" "${ENV_COMMON[@]}" -e "STRATA_API_KEY=$KEY" -e STRATA_WORKER__DEVICE=cpu \
