@@ -85,7 +85,8 @@ def figure(path: Path, rows: int, title: str, draw: Callable[[list[Any]], bool])
             ax.grid(alpha=0.3)
             if ax.get_legend_handles_labels()[0]:
                 ax.legend(fontsize=8)
-        flat[-1].set_xlabel("layer")
+        if not flat[-1].get_xlabel():
+            flat[-1].set_xlabel("layer")
         fig.tight_layout()
         fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -202,6 +203,7 @@ def draw_all(client: Client, model: str, compare: list[str], out: Path) -> list[
         ax[0].set_ylabel("drop KL, nats")
         ax[0].set_yscale("log")
         ax[1].set_ylabel("lens KL to final, nats")
+        ax[1].set_xlabel("relative depth (l/(L-1) for blocks, i/L for lens points)")
         ax[1].set_yscale("symlog", linthresh=1.0)
         return drawn
 
