@@ -67,7 +67,7 @@ class Boundary:
     evidence: dict[str, Any] = field(default_factory=dict)
     estimate: int | None = None  # the rule's best position, clear or not
     sharpness: float | None = None
-    range: tuple[int, int] | None = None  # the agreeing signals' positions (clear boundaries)
+    range: tuple[int, int] | None = None  # hull of the signals' own positions (clear boundaries)
     interval: tuple[int, int] | None = None  # bootstrap percentile interval of the estimate
 
     @property
@@ -462,9 +462,9 @@ def _boundary(index: int, placed: _Placement, curves: Curves, n_layers: int) -> 
     layer = placed.estimate if placed.clear else None
     span: tuple[int, int] | None = None
     if layer is not None:
-        agreeing = [s.own for s in placed.signals if s.name in placed.extra.get("agreeing", [])
-                    and s.own is not None] if "agreeing" in placed.extra else []
-        span = (min([layer, *agreeing]), max([layer, *agreeing]))
+        # every signal's own position: where the curves disagree, the range says so
+        owns = [s.own for s in placed.signals if s.own is not None]
+        span = (min([layer, *owns]), max([layer, *owns]))
         evidence["range"] = list(span)
     return Boundary(index, layer, _depth(layer, n_layers) if layer is not None else None,
                     RULES[index - 1], evidence, placed.estimate, placed.sharpness, span)

@@ -12,7 +12,7 @@ class Boundary(msgspec.Struct):
 
     `clear` equals `found`; `estimate` is the rule's best layer even when not clear;
     `sharpness` how abrupt the change is (the change over the curve's robust noise); `range`
-    [lo, hi] the layers where the agreeing signals put it; `interval` [lo, hi] the seeded
+    [lo, hi] the hull of its signals' own positions; `interval` [lo, hi] the seeded
     percentile bootstrap interval over sequences at `interval_level` (null for runs without
     per-sequence means, or boundaries stored before intervals existed: see
     `evidence.bootstrap.reason`). docs/metrics.md: stages.*."""
