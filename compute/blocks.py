@@ -18,8 +18,9 @@ the architectures it covers (`supports`), this module computes the same function
   where TransformerLens's `GatedMLP` makes a transposed copy of both on every call.
 
 Anything else — post-norm architectures, ALiBi, soft-capped scores, attention sinks — runs
-through the TransformerLens block with hooks (`LoadedModel.run_block` falls back). The float32 results agree with TransformerLens to float rounding; the reference
-tests (`tests/unit/test_reference_engine.py`) hold both paths to 1e-4.
+through the TransformerLens block with hooks (`LoadedModel.run_block` falls back). The float32
+results agree with TransformerLens to float rounding; the reference tests
+(`tests/unit/test_reference_engine.py`) hold both paths to 1e-4.
 """
 
 from __future__ import annotations

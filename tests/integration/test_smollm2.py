@@ -30,6 +30,7 @@ from compute.models import LoadedModel, load_model, resolve_model_spec
 from service.api.app import create_app
 from service.settings import ApiSettings, Settings
 from service.store import Store
+from tests.unit.test_hf_forward import strata_log_probs
 
 FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
@@ -71,14 +72,6 @@ def smollm2(gguf_file: Path, data_dir: Path) -> LoadedModel:
     return load_model(resolve_model_spec(str(gguf_file)))
 
 
-def _log_probs(lm: LoadedModel, tokens: torch.Tensor) -> torch.Tensor:
-    with torch.inference_mode():
-        resid = lm.embed(tokens)
-        for layer in range(lm.n_layers):
-            resid = lm.run_block(layer, resid).resid
-        return lm.logits(resid).double().log_softmax(-1)
-
-
 def test_the_file_is_read_as_what_it_is(gguf_file: Path, smollm2: LoadedModel) -> None:
     spec = smollm2.spec
     assert (spec.source, spec.quantization, spec.revision) == ("gguf", "Q4_1",
@@ -86,7 +79,8 @@ def test_the_file_is_read_as_what_it_is(gguf_file: Path, smollm2: LoadedModel) -
     cfg = smollm2.cfg
     assert (cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.n_key_value_heads, cfg.d_mlp) == \
         (30, 576, 9, 3, 1536)
-    assert cfg.gated_mlp and cfg.normalization_type == "RMSPre"
+    assert cfg.gated_mlp
+    assert cfg.normalization_type == "RMSPre"
     assert smollm2.d_vocab_real == 49_152
     assert smollm2.fast_path
     # Tied embeddings: before processing W_U = W_E^T. Folding the final RMSNorm's gain g and
@@ -109,7 +103,7 @@ def test_forward_matches_hugging_face(gguf_file: Path, smollm2: LoadedModel,
     tokens[:, 0] = smollm2.bos_token_id
     smollm2._ctx["fast_path"] = blocks == "fast"
     try:
-        ours = _log_probs(smollm2, tokens)
+        ours = strata_log_probs(smollm2, tokens)
     finally:
         smollm2._ctx.pop("fast_path")
     with torch.inference_mode():
@@ -121,11 +115,11 @@ def test_forward_matches_hugging_face(gguf_file: Path, smollm2: LoadedModel,
 def test_it_is_a_working_language_model(smollm2: LoadedModel) -> None:
     tok = smollm2.tokenizer
     prompt = torch.tensor([tok("The Eiffel Tower is in the city of").input_ids])
-    assert tok.decode(_log_probs(smollm2, prompt)[0, -1].argmax()) == " Paris"
+    assert tok.decode(strata_log_probs(smollm2, prompt)[0, -1].argmax()) == " Paris"
     gen = torch.Generator().manual_seed(1)
     half = torch.randint(100, smollm2.d_vocab_real, (1, 64), generator=gen)
     tokens = torch.cat([torch.tensor([[smollm2.bos_token_id]]), half, half], dim=1)
-    lp = _log_probs(smollm2, tokens)[0, :-1].gather(-1, tokens[0, 1:, None])[:, 0]
+    lp = strata_log_probs(smollm2, tokens)[0, :-1].gather(-1, tokens[0, 1:, None])[:, 0]
     first, second = -lp[:64].mean().item(), -lp[65:].mean().item()
     assert first > 8.0, f"loss on random tokens should be high, got {first:.2f} nats"
     assert second < 3.0, f"the repeat should be copied (induction), loss {second:.2f} nats"
@@ -144,9 +138,11 @@ def test_compute_store_and_register(gguf_file: Path, data_dir: Path, tmp_path: P
     frame = pl.read_parquet(out)
     drop = frame.filter((pl.col("metric") == "intervention.kl") & (pl.col("component") == "drop"))
     assert drop["layer"].to_list() == list(range(30))
-    assert drop["value"].is_finite().all() and (drop["value"] > 0).all()
+    assert drop["value"].is_finite().all()
+    assert (drop["value"] > 0).all()
     lens = frame.filter(pl.col("metric") == "logit_lens.kl_to_final").sort("layer")
-    assert lens["value"][-1] == 0.0 and lens["value"][0] > lens["value"][15] > lens["value"][29]
+    assert lens["value"][-1] == 0.0
+    assert lens["value"][0] > lens["value"][15] > lens["value"][29]
     with Store.open(db, threads=1) as store:
         settings = Settings(database=db, api_keys=KEY, data_dir=data_dir,
                             api=ApiSettings(checkpoint_roots=[gguf_file.parent]))

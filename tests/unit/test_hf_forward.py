@@ -95,7 +95,8 @@ def test_gqa_heads_share_key_value_heads(hf_llama_dir: Path) -> None:
     """Under grouped-query attention each key/value head serves a group of consecutive query
     heads; per-head ablation still zeroes one query head's z, and the fast path agrees."""
     lm = load_model(resolve_model_spec(str(hf_llama_dir)))
-    assert lm.cfg.n_key_value_heads == 2 and lm.n_heads == 4
+    assert lm.cfg.n_key_value_heads == 2
+    assert lm.n_heads == 4
     resid = torch.randn(3, 10, lm.d_model, generator=torch.Generator().manual_seed(1))
     mask = torch.ones(3, lm.n_heads)
     mask[1, 1] = 0.0
