@@ -204,16 +204,22 @@ def _neurons_table(columns: dict[str, np.ndarray], info: ModelInfo) -> pa.Table:
     })
 
 
-def _token_rows(table: pa.Table | None, info: ModelInfo, present: np.ndarray) -> pa.Table:
+def _conformed(table: pa.Table | None, schema: pa.Schema, what: str) -> pa.Table:
+    """A side table in `schema`'s columns and types (empty when absent); `IngestError` naming
+    `what` for a missing column or a type that does not cast safely."""
     if table is None:
-        return NEURON_TOKENS_SCHEMA.empty_table()
-    missing = [c for c in NEURON_TOKENS_SCHEMA.names if c not in table.column_names]
+        return schema.empty_table()
+    missing = [c for c in schema.names if c not in table.column_names]
     if missing:
-        raise IngestError(f"neuron tokens are missing columns: {', '.join(missing)}")
+        raise IngestError(f"{what} are missing columns: {', '.join(missing)}")
     try:
-        table = table.select(NEURON_TOKENS_SCHEMA.names).cast(NEURON_TOKENS_SCHEMA, safe=True)
+        return table.select(schema.names).cast(schema, safe=True)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:
-        raise IngestError(f"neuron tokens have wrong column types: {exc}") from None
+        raise IngestError(f"{what} have wrong column types: {exc}") from None
+
+
+def _token_rows(table: pa.Table | None, info: ModelInfo, present: np.ndarray) -> pa.Table:
+    table = _conformed(table, NEURON_TOKENS_SCHEMA, "neuron tokens")
     if table.num_rows == 0:
         return table
     for name in table.column_names:
@@ -255,15 +261,7 @@ def _sequence_mean_rows(table: pa.Table | None, results: pa.Table) -> pa.Table:
     """Per-sequence means, checked: the schema, no nulls where required, finite values,
     sequences >= 0, no key twice, and each (metric, layer, component, head) a per-layer mean
     among the records whose n is its number of sequences (docs/metrics.md: uncertainty)."""
-    if table is None:
-        return SEQUENCE_MEANS_SCHEMA.empty_table()
-    missing = [c for c in SEQUENCE_MEANS_SCHEMA.names if c not in table.column_names]
-    if missing:
-        raise IngestError(f"per-sequence means are missing columns: {', '.join(missing)}")
-    try:
-        table = table.select(SEQUENCE_MEANS_SCHEMA.names).cast(SEQUENCE_MEANS_SCHEMA, safe=True)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:
-        raise IngestError(f"per-sequence means have wrong column types: {exc}") from None
+    table = _conformed(table, SEQUENCE_MEANS_SCHEMA, "per-sequence means")
     if table.num_rows == 0:
         return table
     for name in ("metric", "sequence", "value"):
