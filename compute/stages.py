@@ -149,6 +149,24 @@ def _tolerance(n_layers: int) -> int:
     return max(1, round(0.1 * n_layers))
 
 
+def _agreeing(signals: list[Any], estimate: int, n_layers: int) -> list[Any]:
+    """The signals whose own position is within the tolerance of `estimate`."""
+    return [s for s in signals if s.own is not None
+            and abs(s.own - estimate) <= _tolerance(n_layers)]
+
+
+def _unsharp_or_disagreeing(sharpness: float | None, agree: list[Any], signals: list[Any],
+                            estimate: int, n_layers: int) -> str | None:
+    """Why a placement is not clear by the two checks boundaries 1 and 2 share (in this order:
+    sharpness, then agreement), or None."""
+    if sharpness is None or sharpness < SHARPNESS_MIN:
+        return f"not sharp: sharpness {sharpness or 0:.3g} < {SHARPNESS_MIN}"
+    if 2 * len(agree) < len(signals):
+        return (f"signals disagree: {len(agree)} of {len(signals)} place it within "
+                f"{_tolerance(n_layers)} layer(s) of {estimate}")
+    return None
+
+
 # --------------------------------------------------------------------------- boundary 1
 
 
@@ -198,17 +216,13 @@ def _detokenization(curves: Curves, n_layers: int) -> _Placement:
     sharp = [s.sharpness for s in signals if s.name in ("drop_kl", "drop_top1")
              and s.sharpness is not None]
     sharpness = float(np.median(sharp)) if sharp else None
-    agree = [s for s in signals if s.own is not None
-             and abs(s.own - estimate) <= _tolerance(n_layers)]
-    reason = None
+    agree = _agreeing(signals, estimate, n_layers)
+    reason: str | None
     if head_kl < CATASTROPHIC_KL:
         reason = (f"not catastrophic: dropping layer(s) 0..{estimate - 1} costs {head_kl:.3g} "
                   f"nats at least, under {CATASTROPHIC_KL}")
-    elif sharpness is None or sharpness < SHARPNESS_MIN:
-        reason = f"not sharp: sharpness {sharpness or 0:.3g} < {SHARPNESS_MIN}"
-    elif 2 * len(agree) < len(signals):
-        reason = (f"signals disagree: {len(agree)} of {len(signals)} place it within "
-                  f"{_tolerance(n_layers)} layer(s) of {estimate}")
+    else:
+        reason = _unsharp_or_disagreeing(sharpness, agree, signals, estimate, n_layers)
     return _Placement(estimate, reason is None, sharpness, reason, signals,
                       {"min_drop_kl_before": head_kl, "agreeing": [s.name for s in agree]})
 
@@ -307,20 +321,16 @@ def _feature_engineering(curves: Curves, n_layers: int, start: int) -> _Placemen
     sharp = [s.sharpness for s in signals if s.sharpness is not None]
     sharpness = float(np.median(sharp)) if sharp else None
     kl_fall = signals[0].change or 0.0
-    agree = [s for s in signals if s.own is not None
-             and abs(s.own - estimate) <= _tolerance(n_layers)]
-    reason = None
+    agree = _agreeing(signals, estimate, n_layers)
+    reason: str | None
     if gain[estimate] < KNEE_GAIN_MIN:
         reason = (f"no knee: a plateau then a fall of the lens KL fits no better than a "
                   f"straight line (gain {gain[estimate]:.3g} < {KNEE_GAIN_MIN})")
     elif kl_fall < CONVERGENCE_MIN:
         reason = (f"no convergence: the lens KL falls {math.exp(kl_fall):.3g}-fold past the "
                   f"knee, under 2-fold")
-    elif sharpness is None or sharpness < SHARPNESS_MIN:
-        reason = f"not sharp: sharpness {sharpness or 0:.3g} < {SHARPNESS_MIN}"
-    elif 2 * len(agree) < len(signals):
-        reason = (f"signals disagree: {len(agree)} of {len(signals)} place it within "
-                  f"{_tolerance(n_layers)} layer(s) of {estimate}")
+    else:
+        reason = _unsharp_or_disagreeing(sharpness, agree, signals, estimate, n_layers)
     return _Placement(estimate, reason is None, sharpness, reason, signals,
                       {"knee_gain": gain[estimate], "knee_shape": shape, "search_start": start,
                        "agreeing": [s.name for s in agree]})
