@@ -288,6 +288,9 @@ class Deployment:
                       ) -> dict[str, Any]:
         def moving() -> dict[str, Any] | None:
             job = self.job(job_id)
+            if job["state"] in ("succeeded", "failed", "cancelled"):
+                raise AssertionError(f"job {job_id} ended ({job['state']}) before its progress "
+                                     f"was seen at {at_least}: the test's moment was missed")
             p = job.get("progress")
             return job if job["state"] == "running" and p and p["fraction"] >= at_least \
                 else None

@@ -146,12 +146,16 @@ def test_api_killed_and_restarted_while_a_worker_delivers_lands_once() -> None:
         d.start_worker()
         d.register(MODEL)
         job = d.submit("tiny-2l-s0", **LONG).json()
-        # Kill the API as the job nears its end, so the delivery meets a dead API, or lands
-        # and loses its answer, or is cut mid-request; restart it at once.
-        d.wait_progress(job["id"], at_least=0.9, timeout=300)
+        # Kill the API mid-job and keep it down until the worker's delivery has met the dead
+        # API (its retries are logged), then restart it: the retried delivery must land once.
+        # (Waiting for a late progress figure instead raced the job's end on a fast machine.)
+        d.wait_progress(job["id"], at_least=0.3, timeout=300)
         assert d.api is not None
         d.api.send_signal(signal.SIGKILL)
         d.api.wait()
+        wait_for("the worker's delivery to meet the dead API",
+                 lambda: "/api/v1/runs/ingest not answered" in d.log("worker-0"),
+                 timeout=300, every=0.5)
         d.start_api()
         done = d.wait_state(job["id"], "succeeded", "failed", timeout=300)
         assert done["state"] == "succeeded", done["error"]
