@@ -5,7 +5,6 @@ the compute/service boundary.
 
 from __future__ import annotations
 
-import ast
 import math
 from collections import defaultdict
 from collections.abc import Callable
@@ -18,7 +17,6 @@ import pytest
 import scipy.stats
 import torch
 
-import compute
 from compute.engine import sweep
 from compute.metrics.base import EngineOptions
 from compute.records import Record, records_to_table, unit_of, validate_records
@@ -241,36 +239,3 @@ def test_record_table_validates(any_sweep: tuple[Any, list[Record]]) -> None:
     assert all(r.n > 0 for r in records)
     assert all(asdict(r)["component"] in (None, "drop", "swap", "drop_attn", "drop_mlp", "none",
                                           "attn", "mlp", "swap-drop") for r in records)
-
-
-# --------------------------------------------------------------------------- the boundary
-
-FORBIDDEN = {"litestar", "sqlalchemy", "duckdb", "duckdb_engine", "celery", "kombu", "redis",
-             "fastapi", "flask", "alembic", "starlette", "uvicorn", "service"}
-
-
-def _imported_modules(tree: ast.AST) -> set[str]:
-    names: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module)
-        elif (isinstance(node, ast.Call) and node.args
-              and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)
-              and ((isinstance(node.func, ast.Attribute) and node.func.attr == "import_module")
-                   or (isinstance(node.func, ast.Name) and node.func.id == "__import__"))):
-            names.add(node.args[0].value)
-    return names
-
-
-def test_compute_imports_no_web_database_or_queue_framework() -> None:
-    root = Path(compute.__file__).parent
-    files = sorted(root.rglob("*.py"))
-    assert len(files) > 10
-    offenders = {}
-    for path in files:
-        top = {m.split(".")[0] for m in _imported_modules(ast.parse(path.read_text()))}
-        if top & FORBIDDEN:
-            offenders[str(path.relative_to(root))] = sorted(top & FORBIDDEN)
-    assert not offenders
