@@ -19,7 +19,13 @@ from jaxtyping import Int
 from torch import Tensor
 
 from compute.errors import TokenSpecError
-from compute.memory import ModelDims, device_free_bytes, sweep_bytes_per_sequence
+from compute.memory import (
+    ModelDims,
+    allocator_for_sweeping,
+    device_free_bytes,
+    release_free_memory,
+    sweep_bytes_per_sequence,
+)
 from compute.metrics import families_named
 from compute.metrics.base import (
     SEQUENCE_MEANS_SCHEMA,
@@ -30,7 +36,7 @@ from compute.metrics.base import (
     NeuronTokens,
     logit_chunks,
 )
-from compute.models import LoadedModel, allocator_for_sweeping, release_free_memory
+from compute.models import LoadedModel
 from compute.records import Record
 from compute.reduce import LogitChunks, MeanAccumulator, reference_distribution
 

@@ -196,7 +196,8 @@ def _dequantize_into(path: Path, info: GGUFInfo, out: Path) -> None:
                              f"({type(exc).__name__}: {exc})") from exc
     # The dequantized weights are plain float32: what is saved is an ordinary checkpoint.
     model.config.__dict__.pop("quantization_config", None)
-    model.hf_quantizer = None
+    # torch types Module.__setattr__ for tensors and submodules only; this is a plain attribute.
+    model.hf_quantizer = None  # type: ignore[assignment]
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     (out / PROVENANCE_FILE).write_text(json.dumps(

@@ -13,10 +13,16 @@ config.json or a loaded model). From them:
 
 `check_fits` compares these with what the device has and raises `ModelTooLargeError` with the
 figures, instead of letting a load die halfway through.
+
+How the process holds memory it has freed is tuned here too: glibc's allocator hands large frees
+back to the system while a model loads (`allocator_for_loading`), keeps few-MB temporaries for
+reuse while sweeping (`allocator_for_sweeping`), and trims its heap between batches
+(`release_free_memory`).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -189,3 +195,65 @@ def check_fits(dims: ModelDims, dtype: str, device: str, *, name: str,
             f"{figures} needs about {host_need / GIB:.1f} GiB of host memory to process its "
             f"weights in float32 before moving them to {device}, but {host_have / GIB:.1f} GiB "
             "is available.")
+
+
+# glibc malloc options (mallopt parameters).
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+
+
+@functools.cache
+def _glibc() -> Any:
+    """The C library when it is glibc on Linux (mallopt, malloc_trim), else None. Looked up
+    once: `find_library` runs a subprocess, and `release_free_memory` is called per batch."""
+    import ctypes
+    import ctypes.util
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
+    except OSError:
+        return None
+
+
+def _mallopt(*settings: tuple[int, int]) -> None:
+    """Set glibc malloc parameters; a no-op off glibc."""
+    libc = _glibc()
+    if libc is not None:
+        for param, value in settings:
+            libc.mallopt(param, value)
+
+
+def allocator_for_loading() -> None:
+    """Make glibc hand every freed allocation above 256 KiB back to the system at once.
+
+    By default glibc raises its mmap threshold each time a large block is freed (up to 32 MB),
+    after which tensors of a few MB come from the heap and their memory is kept, fragmented,
+    when they are freed: loading GPT-2 small then left 0.6 GB more resident than the weights,
+    and peaked 0.3 GB higher. A fixed threshold keeps the process at weights plus what is live.
+    Process-wide; `allocator_for_sweeping` undoes it.
+    """
+    _mallopt((_M_MMAP_THRESHOLD, 256 * 1024), (_M_TRIM_THRESHOLD, 128 * 1024))
+
+
+def allocator_for_sweeping() -> None:
+    """Keep freed temporaries of up to 32 MiB in the heap for reuse while sweeping.
+
+    The sweep allocates and frees the same few-MB temporaries (logit blocks, MLP activations)
+    thousands of times. Handed back to the system at each free (as while loading), every one
+    is page-faulted in afresh on its next use: an `intervention` sweep of GPT-2 small took 36 s
+    that way, 26 s with glibc's default and 21 s with this setting. Larger tensors (the
+    reference distribution, caches) are still mapped and unmapped on their own. Process-wide.
+    """
+    _mallopt((_M_MMAP_THRESHOLD, 32 * 2**20), (_M_TRIM_THRESHOLD, 64 * 2**20))
+
+
+def release_free_memory() -> None:
+    """Hand the heap's free memory back to the system (glibc `malloc_trim`): called between
+    batches, so what one batch freed does not stay resident under the next step (the neurons
+    family, the next model). A no-op off glibc."""
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)

@@ -7,7 +7,8 @@ import json
 from typing import Any
 
 from compute.errors import UnknownModelError
-from compute.models import zoo_names, zoo_path
+from compute.models import zoo_names
+from compute.zoo.paths import zoo_path
 from compute.zoo.planted import PLANTED, planted_metadata
 from compute.zoo.train import ZOO_METADATA_FILE
 

@@ -117,7 +117,7 @@ def repeated_sequence_figures(spec: ModelSpec, n_sequences: int = 8) -> dict[str
 
 
 def main() -> None:
-    from compute.models import ZOO_DIR
+    from compute.zoo.paths import ZOO_DIR
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out-dir", type=Path, default=ZOO_DIR,

@@ -42,6 +42,7 @@ import torch
 from torch import Tensor
 
 from compute.errors import ModelLoadError, UnknownModelError
+from compute.zoo.paths import zoo_path
 
 VOCAB_SOURCE = "tiny-4l-s0"  # the zoo checkpoint whose tokenizer the planted models share
 N_CTX = 128
@@ -460,7 +461,6 @@ def planted_model(name: str) -> PlantedModel:
 
 def planted_tokenizer() -> Any:
     """The zoo tokenizer (shared with the zoo checkpoints, so text inputs work as for them)."""
-    from compute.models import zoo_path
     from compute.zoo.tokenizer import load_zoo_tokenizer
 
     path = zoo_path(VOCAB_SOURCE)

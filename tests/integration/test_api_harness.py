@@ -35,10 +35,11 @@ import httpx
 import numpy as np
 
 from compute.metrics.base import EngineOptions
-from compute.models import ModelSpec, Processing, resolve_model_spec, zoo_path
+from compute.models import ModelSpec, Processing, resolve_model_spec
 from compute.records import Record, records_to_table
 from compute.run import NEURON_TOKENS_SCHEMA, RunConfig, RunResult, compute_run, result_metadata
 from compute.tokens import TokenSpec
+from compute.zoo.paths import zoo_path
 from service.exports import FORMATS
 from tests.integration.synthetic import variant
 

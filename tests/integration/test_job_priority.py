@@ -27,7 +27,7 @@ def test_a_persons_job_runs_before_queued_reconciliation_jobs(broker_kind: str) 
         "STRATA_JOBS__RECONCILE": "true", "STRATA_JOBS__RECONCILE_INTERVAL_S": "3600",
         "STRATA_JOBS__N_SEQUENCES": "4", "STRATA_JOBS__SEQ_LEN": "32"})
     try:
-        from compute.models import zoo_path
+        from compute.zoo.paths import zoo_path
 
         d.start_api()
         # Ten models (copies of one checkpoint under ten names): ten reconciliation jobs,

@@ -215,7 +215,7 @@ def test_broker_down_refuses_submissions_and_recovers(broker_kind: str) -> None:
 
 # ---------------------------------------------------------------- failing jobs
 def checkpoint_copy(d: Deployment, name: str) -> Path:
-    from compute.models import zoo_path
+    from compute.zoo.paths import zoo_path
 
     folder = d.tmp / name
     shutil.copytree(zoo_path("tiny-2l-s0"), folder)
@@ -362,7 +362,7 @@ def test_registration_version_bump_beat_and_watch_folder_lead_to_results(
 
 
 def checkpoint_source() -> Path:
-    from compute.models import zoo_path
+    from compute.zoo.paths import zoo_path
 
     return zoo_path("tiny-2l-s0")
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import compute.models as models
+import compute.models.processing as weight_processing
 from compute.models import Processing, load_model, resolve_model_spec
 
 
@@ -34,7 +34,7 @@ def test_block_by_block_processing_equals_the_whole_dict_processing(
         monkeypatch: pytest.MonkeyPatch) -> None:
     ref = {"gpt2": str(hf_gpt2_dir), "neox": str(hf_neox_dir), "zoo": "zoo:tiny-2l-s0"}[which]
     ours = _weights(ref, processing)
-    monkeypatch.setattr(models, "_processing_block_by_block", _whole_dict_processing)
+    monkeypatch.setattr(weight_processing, "_processing_block_by_block", _whole_dict_processing)
     reference = _weights(ref, processing)
     assert ours.keys() == reference.keys()
     different = [k for k in ours if not torch.equal(ours[k], reference[k])]

@@ -1,0 +1,33 @@
+"""Models: the spec that identifies a run's weights, the sources that load them, and the model
+layer the metrics talk to. This package is the only place that boots TransformerLens.
+
+  spec        `ModelSpec`, `Processing`: what identifies the weights a run analyses
+  sources     the source registry (`SOURCES`): a reference to a spec (`resolve_model_spec`)
+              and a spec to weights
+  processing  TransformerLens weight processing, applied one block at a time
+  loaded      `LoadedModel`, the operations the metrics are built from, and `load_model`
+
+>>> spec = resolve_model_spec("zoo:tiny-4l-s0")   # doctest: +SKIP
+>>> lm = load_model(spec)                           # doctest: +SKIP
+"""
+
+from compute.models.loaded import BlockRun, LoadedModel, load_model
+from compute.models.processing import AppliedProcessing, effective_processing
+from compute.models.sources import SOURCES, ModelSource, resolve_model_spec, zoo_names
+from compute.models.spec import TORCH_DTYPES, DType, ModelSpec, Processing
+
+__all__ = [
+    "SOURCES",
+    "TORCH_DTYPES",
+    "AppliedProcessing",
+    "BlockRun",
+    "DType",
+    "LoadedModel",
+    "ModelSource",
+    "ModelSpec",
+    "Processing",
+    "effective_processing",
+    "load_model",
+    "resolve_model_spec",
+    "zoo_names",
+]

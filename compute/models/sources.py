@@ -1,0 +1,346 @@
+"""The registry of model sources: a user's reference becomes a `ModelSpec`
+(`resolve_model_spec`), and a spec becomes processed TransformerLens weights (`load_model` in
+`compute.models.loaded` asks the source the spec names).
+
+Sources (looked up in `SOURCES`, in order):
+  zoo               a tiny model that ships with Strata (`compute/zoo/checkpoints/<name>`) or a
+                    planted control built by code (`compute.zoo.planted`)
+  hf_dir            a local Hugging Face checkpoint directory (GPT-2, GPT-NeoX, GPT-Neo and
+                    Llama verified against Hugging Face's forward)
+  gguf              a llama.cpp GGUF file, dequantized once into a cached checkpoint directory
+                    (`compute.gguf`) and then loaded as `hf_dir`
+  transformer_lens  a TransformerLens official name (`gpt2`, `pythia-410m-deduped`, ...): needs
+                    network or a warm Hugging Face cache
+  random            randomly initialised weights with a given architecture (tests, null baselines)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import hashlib
+import json
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from compute.errors import ModelLoadError, UnknownModelError
+from compute.models.processing import (
+    AppliedProcessing,
+    effective_processing,
+    load_state_dict_into,
+)
+from compute.models.spec import TORCH_DTYPES, DType, ModelSpec, Processing
+from compute.zoo.paths import ZOO_DIR, zoo_path
+from compute.zoo.planted import PLANTED, planted_checksum, planted_weights
+
+
+class ModelSource(Protocol):
+    name: str
+
+    def recognises(self, ref: str) -> bool: ...
+    def canonical_name(self, ref: str) -> str: ...
+    def load(self, spec: ModelSpec, device: str) -> tuple[Any, Any, AppliedProcessing]:
+        """The processed model, its tokenizer (or None), and the processing applied."""
+        ...
+
+
+def _hooked_transformer() -> Any:
+    from transformer_lens import HookedTransformer
+
+    return HookedTransformer
+
+
+class HFDirSource:
+    """A local Hugging Face checkpoint: config.json, safetensors weights and tokenizer files.
+
+    `HookedTransformer.from_pretrained(dir)` refuses local directories in TransformerLens 3.9, so
+    the config is converted and the weights translated with TransformerLens's own converters.
+    """
+
+    name = "hf_dir"
+
+    def recognises(self, ref: str) -> bool:
+        return (Path(ref) / "config.json").is_file()
+
+    def canonical_name(self, ref: str) -> str:
+        return str(Path(ref).resolve())
+
+    def load(self, spec: ModelSpec, device: str) -> tuple[Any, Any, AppliedProcessing]:
+        import transformer_lens.loading_from_pretrained as loading
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        path = spec.name
+        with _readable_config(Path(path)) as config_dir:
+            try:
+                cfg_dict = loading.convert_hf_model_config(config_dir)
+            except Exception as exc:
+                raise ModelLoadError(
+                    f"{path}: TransformerLens cannot read this checkpoint's config.json ({exc}). "
+                    "Supported: the architectures TransformerLens converts (GPT-2, GPT-NeoX, ...)."
+                ) from exc
+            applied = effective_processing(spec.processing, cfg_dict.get("normalization_type"))
+            cfg = loading.get_pretrained_model_config(config_dir, fold_ln=applied.fold_ln,
+                                                      device=device, dtype=torch.float32)
+        cfg.model_name = Path(path).name
+        hf_model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        state_dict = loading.get_pretrained_state_dict(path, cfg, hf_model, dtype=torch.float32)
+        # The converted tensors are copies (or views that keep only their own storage alive):
+        # free the Hugging Face model now, not at the end of the load.
+        del hf_model
+        gc.collect()
+        # A checkpoint without tokenizer files is usable with pre-tokenized (.npy) input only.
+        tokenizer = AutoTokenizer.from_pretrained(path) if _has_tokenizer(Path(path)) else None
+        if tokenizer is None:
+            cfg.tokenizer_name = None  # else TransformerLens fetches one by the config's name
+        # The model is built straight in the run's dtype on the run's device, uninitialised
+        # (its pages are never touched before the weights land): the state dict is processed
+        # in float32 on the host and each tensor is cast and copied into place, key by key.
+        # Folding in float32 and casting after keeps low-precision runs accurate.
+        cfg.dtype = TORCH_DTYPES[spec.dtype]
+        cfg.init_weights = False
+        model = _hooked_transformer()(cfg, tokenizer, move_to_device=True)
+        load_state_dict_into(model, state_dict, applied)
+        del state_dict
+        return model, tokenizer, applied
+
+
+def _has_tokenizer(path: Path) -> bool:
+    return any((path / f).is_file() for f in
+               ("tokenizer.json", "vocab.json", "tokenizer.model", "tokenizer_config.json"))
+
+
+@contextlib.contextmanager
+def _readable_config(path: Path) -> Iterator[str]:
+    """A directory holding a copy of the checkpoint's config.json that TransformerLens 3.9 can
+    convert; the weights are still read from the original directory.
+
+    The copy always goes to a neutrally named temporary directory: TransformerLens infers the
+    architecture from the *name* of any path containing "llama" or "gemma" and then never reads
+    the config at all (`/models/llama-3-8b` fails; a Mistral folder named `my-llama-tune` would
+    be loaded with Llama's hard-coded dimensions). GPT-2 configs saved by transformers 5 lack
+    `n_ctx`, which TransformerLens reads: for GPT-2 n_ctx means n_positions, so it is added.
+    """
+    try:
+        raw = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"{path}/config.json is unreadable: {exc}") from exc
+    if raw.get("model_type") == "gpt2" and "n_ctx" not in raw and "n_positions" in raw:
+        raw = {**raw, "n_ctx": raw["n_positions"]}
+    with tempfile.TemporaryDirectory(prefix="strata-config-") as tmp:
+        directory = Path(tmp) / "checkpoint"
+        directory.mkdir()
+        (directory / "config.json").write_text(json.dumps(raw))
+        yield str(directory)
+
+
+class ZooSource(HFDirSource):
+    """The tiny models that ship with Strata: `zoo:<name>` or a bare zoo name."""
+
+    name = "zoo"
+
+    def recognises(self, ref: str) -> bool:
+        if ref.startswith("zoo:"):
+            return True
+        return "/" not in ref and ((ZOO_DIR / ref / "config.json").is_file()
+                                   or _is_planted(ref))
+
+    def canonical_name(self, ref: str) -> str:
+        return ref.removeprefix("zoo:")
+
+    def load(self, spec: ModelSpec, device: str) -> tuple[Any, Any, AppliedProcessing]:
+        if _is_planted(spec.name):
+            return _load_planted(spec, device)
+        path = zoo_path(spec.name)
+        if not (path / "config.json").is_file():
+            available = ", ".join(zoo_names()) or "none built yet (run `strata zoo train`)"
+            raise UnknownModelError(f"no zoo model named {spec.name!r}; available: {available}")
+        return super().load(spec.model_copy(update={"name": str(path)}), device)
+
+
+class GGUFSource(HFDirSource):
+    """A GGUF file (`path/to/model.gguf`): dequantized once into a cached Hugging Face checkpoint
+    (`compute.gguf.dequantized_checkpoint`), which is then loaded like any checkpoint folder."""
+
+    name = "gguf"
+
+    def recognises(self, ref: str) -> bool:
+        return ref.lower().endswith(".gguf")
+
+    def canonical_name(self, ref: str) -> str:
+        return str(Path(ref).resolve())
+
+    def load(self, spec: ModelSpec, device: str) -> tuple[Any, Any, AppliedProcessing]:
+        from compute.gguf import dequantized_checkpoint
+
+        sha = spec.revision.removeprefix("sha256:") if spec.revision else None
+        checkpoint, info = dequantized_checkpoint(Path(spec.name), sha if sha and len(sha) == 64
+                                                  else None)
+        if spec.quantization is not None and spec.quantization != info.quantization:
+            raise ModelLoadError(f"{spec.name}: the file is now {info.quantization}, the run "
+                                 f"asked for {spec.quantization}: the file changed")
+        model, tokenizer, applied = super().load(
+            spec.model_copy(update={"name": str(checkpoint)}), device)
+        model.cfg.model_name = Path(spec.name).stem
+        return model, tokenizer, applied
+
+
+def _is_planted(name: str) -> bool:
+    return name in PLANTED
+
+
+def _load_planted(spec: ModelSpec, device: str) -> tuple[Any, Any, AppliedProcessing]:
+    """A planted-structure control (`compute.zoo.planted`): built from explicit weights."""
+    from transformer_lens import HookedTransformerConfig
+
+    fields, state, tokenizer = planted_weights(spec.name)
+    applied = effective_processing(spec.processing, None)
+    model = _hooked_transformer()(HookedTransformerConfig(**fields, device=device), tokenizer,
+                                  move_to_device=True)
+    load_state_dict_into(model, {**model.state_dict(), **state}, applied)
+    model.to(TORCH_DTYPES[spec.dtype])
+    return model, tokenizer, applied
+
+
+class TransformerLensSource:
+    """A TransformerLens official model name. Downloads from the Hugging Face hub."""
+
+    name = "transformer_lens"
+
+    def recognises(self, ref: str) -> bool:
+        import transformer_lens.loading_from_pretrained as loading
+
+        try:
+            loading.get_official_model_name(ref)
+        except ValueError:
+            return False
+        return True
+
+    def canonical_name(self, ref: str) -> str:
+        import transformer_lens.loading_from_pretrained as loading
+
+        return str(loading.get_official_model_name(ref))
+
+    def load(self, spec: ModelSpec, device: str) -> tuple[Any, Any, AppliedProcessing]:
+
+        kwargs = {"revision": spec.revision} if spec.revision else {}
+        applied = effective_processing(spec.processing, _official_normalization(spec.name, kwargs))
+        try:
+            model = _hooked_transformer().from_pretrained(
+                spec.name, fold_ln=applied.fold_ln,
+                center_writing_weights=applied.center_writing_weights,
+                center_unembed=applied.center_unembed, fold_value_biases=applied.fold_value_biases,
+                device=device, dtype=TORCH_DTYPES[spec.dtype], **kwargs)
+        except OSError as exc:
+            raise ModelLoadError(
+                f"could not fetch {spec.name!r} from the Hugging Face hub ({exc}). "
+                "Without network, "
+                "use a local checkpoint directory or a zoo model."
+            ) from exc
+        return model, model.tokenizer, applied
+
+
+def _official_normalization(name: str, kwargs: dict[str, Any]) -> str | None:
+    import transformer_lens.loading_from_pretrained as loading
+
+    try:
+        return loading.get_pretrained_model_config(name, **kwargs).normalization_type
+    except Exception:  # config unavailable (offline); loading the weights will say why
+        return "LN"
+
+
+class RandomSource:
+    """Randomly initialised weights: `ModelSpec(source="random", architecture={...}, seed=s)`."""
+
+    name = "random"
+
+    def recognises(self, ref: str) -> bool:
+        return False  # never chosen from a string reference; built explicitly
+
+    def canonical_name(self, ref: str) -> str:
+        return ref
+
+    def load(self, spec: ModelSpec, device: str) -> tuple[Any, Any, AppliedProcessing]:
+        from transformer_lens import HookedTransformerConfig
+
+        if spec.architecture is None or spec.seed is None:
+            raise ModelLoadError("a random model needs `architecture` and `seed`")
+        arch = dict(spec.architecture)
+        applied = effective_processing(spec.processing, arch.get("normalization_type", "LN"))
+        cfg = HookedTransformerConfig(**{**arch, "seed": spec.seed, "device": device,
+                                         "init_weights": True})
+        model = _hooked_transformer()(cfg, move_to_device=True)
+        state = {k: v.clone() for k, v in model.state_dict().items()}
+        if applied.fold_ln:
+            model.cfg.normalization_type = {"LN": "LNPre", "RMS": "RMSPre"}.get(
+                model.cfg.normalization_type, model.cfg.normalization_type)
+            model = _hooked_transformer()(model.cfg, move_to_device=True)
+        load_state_dict_into(model, state, applied)
+        model.to(TORCH_DTYPES[spec.dtype])
+        return model, None, applied
+
+
+SOURCES: dict[str, ModelSource] = {
+    s.name: s for s in (ZooSource(), GGUFSource(), HFDirSource(), TransformerLensSource(),
+                        RandomSource())
+}
+
+
+
+def zoo_names() -> list[str]:
+    """Shipped checkpoints and the planted controls built by code (`compute.zoo.planted`)."""
+    shipped = [p.name for p in ZOO_DIR.iterdir()
+               if (p / "config.json").is_file()] if ZOO_DIR.is_dir() else []
+    return sorted({*shipped, *PLANTED})
+
+
+def resolve_model_spec(
+    ref: str,
+    *,
+    dtype: DType = "float32",
+    processing: Processing | None = None,
+    revision: str | None = None,
+) -> ModelSpec:
+    """Turn a user's model reference into a spec, choosing the source from the registry."""
+    for source in SOURCES.values():
+        if source.recognises(ref):
+            if source.name == "gguf":
+                return _gguf_spec(ref, dtype=dtype, processing=processing)
+            return ModelSpec(source=source.name, name=source.canonical_name(ref),
+                             revision=revision or _checksum(source.name, ref), dtype=dtype,
+                             processing=processing or Processing())
+    hint = ", ".join(zoo_names()[:8])
+    raise UnknownModelError(
+        f"unknown model {ref!r}: not a zoo model ({hint}), not a directory with config.json, "
+        "and not a TransformerLens official name (e.g. gpt2, pythia-410m-deduped)"
+    )
+
+
+def _gguf_spec(ref: str, *, dtype: DType, processing: Processing | None) -> ModelSpec:
+    """A GGUF file's spec: its full SHA-256 as the revision and its quantization type, both read
+    (and the file checked) before anything is dequantized."""
+    from compute.gguf import inspect_gguf
+
+    info = inspect_gguf(Path(ref))
+    return ModelSpec(source="gguf", name=str(Path(ref).resolve()), revision="sha256:" +
+                     info.sha256, quantization=info.quantization, dtype=dtype,
+                     processing=processing or Processing())
+
+
+def _checksum(source: str, ref: str) -> str | None:
+    """A content checksum for local weights, so a run can tell when a checkpoint changed."""
+    if source == "zoo" and _is_planted(ref.removeprefix("zoo:")):
+        return planted_checksum(ref.removeprefix("zoo:"))
+    if source == "zoo":
+        ref = str(zoo_path(ref.removeprefix("zoo:")))
+    elif source != "hf_dir":
+        return None
+    digest = hashlib.sha256()
+    for weights in sorted(Path(ref).glob("*.safetensors")) + sorted(Path(ref).glob("*.bin")):
+        with weights.open("rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 22), b""):
+                digest.update(chunk)
+    return "sha256:" + digest.hexdigest()[:16]
