@@ -9,6 +9,7 @@ errors in every test (a failed request shows there too).
 
 from __future__ import annotations
 
+import re
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -25,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOTS = ROOT / "build" / "screenshots"
 MEDIA = {"csv": "text/csv", "parquet": "application/vnd.apache.parquet",
          "json": "application/json"}
+JAVASCRIPT = {"text/javascript", "application/javascript"}
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
 
@@ -176,6 +178,14 @@ def test_page_loads_from_this_service_alone(page: Any, service: Service) -> None
     html = service.client.get("/").text
     assert "http://" not in html
     assert "https://" not in html
+    # the page's ES modules (main.js and the imports it preloads): a browser runs a module only
+    # when it is served with a JavaScript media type
+    modules = re.findall(r'"(/static/web/[\w-]+\.js)"', html)
+    assert "/static/web/main.js" in modules, modules
+    for module in modules:
+        answer = service.client.get(module)
+        assert answer.status_code == 200, module
+        assert answer.headers["content-type"].split(";")[0] in JAVASCRIPT, (module, answer.headers)
     assert service.client.get("/static/vendor/LICENSE.plotly.js.txt").status_code == 200
     plotly = service.client.get("/static/vendor/plotly-cartesian-4.1.1.min.js")
     assert plotly.status_code == 200

@@ -1,0 +1,122 @@
+/* The sidebar's models: the catalog read from the API, the searchable model list, the selection
+ * (chips, the header's stage-model picker, the URL hash that keeps it across reloads) and the
+ * form that registers a model.
+ */
+
+import { pages, request, url } from "./api.js";
+import { el } from "./dom.js";
+import { selectionChanged } from "./panels.js";
+import * as state from "./state.js";
+
+const LISTED = 200;  // models listed at once; a search narrows the rest
+let hashRead = false;  // until the hash is read on load, it still says what to select
+
+/* Read the models and their succeeded runs again, and show them. */
+export async function loadCatalog() {
+  const [models, runs] = await Promise.all([pages("/models"), pages("/runs",
+    { status: "succeeded" })]);
+  state.setCatalog(models, runs);
+  document.getElementById("model-count").textContent = `(${models.length})`;
+  const names = document.getElementById("model-names");
+  names.replaceChildren(...models.map((m) => el("option", { value: m.name })));
+  renderModelList();
+  renderSelection();
+}
+
+export function renderModelList() {
+  const terms = document.getElementById("model-search").value.toLowerCase().split(/\s+/)
+    .filter(Boolean);
+  const matches = state.allModels().filter((m) => {
+    const text = `${m.name} ${m.source} ${m.architecture || ""} ${m.n_layers || ""}L ${m.id}`
+      .toLowerCase();
+    return terms.every((t) => text.includes(t));
+  });
+  const shown = matches.slice(0, LISTED);
+  const list = document.getElementById("model-list");
+  list.replaceChildren(...shown.map((m) => {
+    const hasRuns = state.hasRuns(m.id);
+    const box = el("input", { type: "checkbox", checked: state.isSelected(m.id) });
+    box.addEventListener("change", () => toggleModel(m.id, box.checked));
+    return el("li", { "data-model-id": m.id, "data-model-name": m.name, class: hasRuns ? "" : "no-runs" },
+      el("label", {}, box, el("span", { class: "name", text: m.name }),
+        el("span", { class: "meta", text: `${m.n_layers ?? "?"}L · ${m.source}${hasRuns ? "" : " · no results"}` })));
+  }));
+  document.getElementById("model-list-more").textContent = matches.length > shown.length
+    ? `${matches.length - shown.length} more: refine the search` : "";
+}
+
+function toggleModel(id, on) {
+  if (on) state.select(id);
+  else state.deselect(id);
+  renderSelection();
+  renderModelList();
+  selectionChanged();
+}
+
+export function clearSelection() {
+  state.setSelection([]);
+  renderSelection();
+  renderModelList();
+  selectionChanged();
+}
+
+export function renderSelection() {
+  const selected = state.selection();
+  const chips = selected.map((id) => {
+    const m = state.model(id);
+    return el("span", { class: "chip", "data-model-id": id },
+      el("i", { style: `background:${state.modelColor(id)}` }), m ? m.name : String(id),
+      el("button", { type: "button", title: "remove", text: "×",
+        onclick: () => toggleModel(id, false) }));
+  });
+  document.getElementById("selected-chips").replaceChildren(...chips);
+  document.getElementById("selected-count").textContent = `${selected.length} selected`;
+  document.getElementById("empty-hint").hidden = selected.length > 0;
+  const stageSelect = document.getElementById("stage-model");
+  const keep = state.stageModel();
+  stageSelect.replaceChildren(el("option", { value: "", text: "(none)" }),
+    ...selected.map((id) => el("option", { value: id, text: state.modelName(id) })));
+  if (keep !== null && selected.includes(keep)) stageSelect.value = String(keep);
+  else {
+    state.setStageModel(selected.length ? selected[0] : null);
+    stageSelect.value = state.stageModel() === null ? "" : String(state.stageModel());
+  }
+  writeHash();
+}
+
+/* The URL hash names the selected models and the x axis, so a link or a reload shows them. */
+export function writeHash() {
+  if (!hashRead) return;
+  const names = state.selection().map((id) => state.modelName(id));
+  const hash = `#models=${names.map(encodeURIComponent).join(",")}&x=${state.xMode()}`;
+  if (location.hash !== hash) history.replaceState(null, "", hash);
+}
+
+export function readHash() {
+  hashRead = true;
+  const params = new URLSearchParams(location.hash.slice(1));
+  if (params.get("x") === "depth") state.setXMode("depth");
+  const wanted = (params.get("models") || "").split(",").filter(Boolean).map(decodeURIComponent);
+  const byName = new Map(state.allModels().map((m) => [m.name, m.id]));
+  state.setSelection(wanted.map((w) => byName.get(w) ?? (state.hasModel(Number(w)) ? Number(w) : null))
+    .filter((id) => id !== null));
+}
+
+export function wireRegister() {
+  document.getElementById("register-form").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const out = document.getElementById("register-result");
+    const body = { name: document.getElementById("register-name").value.trim(),
+      source: document.getElementById("register-source").value.trim() };
+    out.textContent = "registering…";
+    try {
+      const model = await request("POST", url("/models"), body);
+      out.textContent = `registered ${model.name} (id ${model.id}, ${model.n_layers ?? "?"} layers)`;
+      out.dataset.state = "ok";
+      await loadCatalog();
+    } catch (error) {
+      out.textContent = error.message;
+      out.dataset.state = "error";
+    }
+  });
+}
