@@ -351,6 +351,28 @@ def test_neuron_table_shows_tokens(page: Any, service: Service) -> None:
     screenshot(page, "neuron-table")
 
 
+def test_neuron_table_follows_the_model_picker(page: Any, service: Service) -> None:
+    """Picking another model shows its own last layer (not the previous model's layer)."""
+    from selenium.webdriver.support.select import Select
+
+    select_models(page, list(MODELS))
+    first = drawn(page, "neurons")
+    picker = "section[data-panel='neurons'] select.neuron-{}"
+    assert Select(page.find_element(By_css(), picker.format("layer"))
+                  ).first_selected_option.get_attribute("value") == "1"  # tiny-2l-s0 first
+    model_id = service.client.get("/api/v1/models/tiny-4l-s0").json()["id"]
+    Select(page.find_element(By_css(), picker.format("model"))).select_by_value(str(model_id))
+    drawn(page, "neurons", after=first["seq"])
+    layer = Select(page.find_element(By_css(), picker.format("layer")))
+    assert layer.first_selected_option.get_attribute("value") == "3"
+    neurons = page.execute_script(
+        "return [...document.querySelectorAll(\"section[data-panel='neurons'] tbody tr\")]"
+        ".map(r => [r.children[1].textContent, Number(r.children[2].textContent)])")
+    api = service.client.get("/api/v1/models/tiny-4l-s0/neurons",
+                             params={"class": "prediction", "layer": 3, "top": 10}).json()
+    assert neurons[:len(api["rows"])] == [["3", r["neuron"]] for r in api["rows"]]
+
+
 def test_stage_boundaries_with_evidence(page: Any, service: Service) -> None:
     select_models(page, list(MODELS))
     drawn(page, "stages")

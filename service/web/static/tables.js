@@ -55,7 +55,7 @@ export function buildNeuronControls(panel, controls, onChange) {
   const top = el("select", { class: "neuron-top", "aria-label": "top" }, ...optionList(["5", "10", "20"], "10"));
   for (const s of [model, cls, layer, top]) {
     s.addEventListener("change", () => {
-      if (s === model) panel.extra.layer = null;
+      if (s === model) layer.replaceChildren();  // the new model opens at its own last layer
       onChange();
     });
   }
