@@ -110,8 +110,6 @@ def run_service(settings: Settings, *, host: str | None, port: int | None,
     import uvicorn
 
     from service.api.app import create_app
-    from service.api.queries.registration import register
-    from service.api.schemas.models import RegisterModel
     from service.jobs.board import Board
     from service.jobs.broker import CeleryBroker
     from service.jobs.service import JobService
@@ -141,22 +139,21 @@ def run_service(settings: Settings, *, host: str | None, port: int | None,
         if settings.jobs.watch_dir is not None:
             watch_root = settings.jobs.watch_dir
             roots = [*settings.api.checkpoint_roots, watch_root]
-            watch_settings = settings.model_copy(update={"api": settings.api.model_copy(
-                update={"checkpoint_roots": roots})})
 
             def register_folder(folder: Path) -> bool:
-                from service.api.queries.registration import usable_name
+                from service.store.registration import Registration, register, usable_name
 
                 name = folder.stem if folder.is_file() else folder.name  # x.gguf -> x
-                _, created = register(store, watch_settings, RegisterModel(
-                    source=str(folder.resolve()), name=usable_name(name)))
+                _, created = register(
+                    store, Registration(str(folder.resolve()), name=usable_name(name)),
+                    checkpoint_roots=roots, load_max_mb=settings.api.register_load_max_mb)
                 if created:
                     log.info("watch folder: registered %s", folder.name)
                 return created
 
             watch = WatchFolder(watch_root, register_folder)
         if settings.jobs.register_zoo:
-            register_zoo(store, settings, register)
+            register_zoo(store, settings)
         upkeep = Upkeep(jobs, watch, say=lambda line: click.echo(line, err=True))
         url = f"http://{host}:{port}"
         if local:
@@ -179,12 +176,12 @@ def run_service(settings: Settings, *, host: str | None, port: int | None,
         store.close()
 
 
-def register_zoo(store: Any, settings: Settings, register: Any) -> None:
+def register_zoo(store: Any, settings: Settings) -> None:
     """First start (no model registered yet): register every shipped zoo model."""
     import sqlalchemy as sa
 
-    from service.api.schemas.models import RegisterModel
     from service.store.models import RegisteredModel
+    from service.store.registration import Registration, register
 
     with store.read() as conn:
         if conn.execute(sa.select(sa.func.count()).select_from(RegisteredModel)).scalar():
@@ -193,7 +190,9 @@ def register_zoo(store: Any, settings: Settings, register: Any) -> None:
 
     names = zoo_names()
     for name in names:
-        register(store, settings, RegisterModel(source=f"zoo:{name}"))
+        register(store, Registration(f"zoo:{name}"),
+                 checkpoint_roots=settings.api.checkpoint_roots,
+                 load_max_mb=settings.api.register_load_max_mb)
     click.echo(f"first start: registered the {len(names)} zoo models ({', '.join(names)}); "
                "their default runs are queued", err=True)
 

@@ -3,8 +3,8 @@
     app.py           create_app(settings, store): routes, errors, docs, gzip, CORS
     controllers/     one controller per resource; handlers validate and delegate
     queries/         the service layer: resolving models and runs (an in-memory index rebuilt
-                     after every write), Polars aggregation (compare, stages), registration,
-                     ingest of Arrow IPC
+                     after every write), Polars aggregation (compare, stages), ingest of
+                     Arrow IPC (registration is the store's: `service.store.registration`)
     schemas/         msgspec Structs: the typed answers the OpenAPI schema describes
     formats.py       JSON / CSV / Parquet / Arrow IPC, by ?format= or Accept
     caching.py       ETag and Cache-Control of results of finished runs

@@ -16,7 +16,8 @@
 Every error answer has one body, `{"error": <code>, "detail": <what to fix>, "status": <int>}`
 (`ErrorBody`). Other exceptions are mapped in `exception_handlers`: Litestar's own HTTP
 exceptions keep their status (400 for a parameter or body that fails the schema, 404 for an
-unknown path, 405, 413); `SpecError` (an `IngestError` too) is 422; the job errors
+unknown path, 405, 413); `SpecError` (an `IngestError` or `RegistrationError` too) is 422; a
+`ModelConflictError` (a model registered under another name) 409; the job errors
 (`service.jobs.errors`) 404, 409 and 503; `DatabaseHeldError` 503; a write that failed because
 the disk is full 507 (Insufficient Storage: rolled back, nothing stored); any other exception is a
 500 whose detail says nothing about internals (it is logged instead).
@@ -33,7 +34,7 @@ from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 
 from compute.errors import SpecError, StrataError
-from service.store.errors import DatabaseHeldError
+from service.store.errors import DatabaseHeldError, ModelConflictError
 
 log = logging.getLogger("strata.api")
 
@@ -145,8 +146,8 @@ def handle_strata_error(request: Request[Any, Any, Any], exc: StrataError) -> Re
 
     if isinstance(exc, SpecError):
         return error_response(422, str(exc))
-    for kind, status in ((JobNotFoundError, 404), (JobConflictError, 409),
-                         (BrokerUnavailableError, 503)):
+    for kind, status in ((ModelConflictError, 409), (JobNotFoundError, 404),
+                         (JobConflictError, 409), (BrokerUnavailableError, 503)):
         if isinstance(exc, kind):
             return error_response(status, str(exc))
     if isinstance(exc, DatabaseHeldError):

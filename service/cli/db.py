@@ -5,7 +5,7 @@ says so and exits with code 5 instead of showing DuckDB's lock error — except 
 which then asks the service to make the backup (POST /api/v1/admin/backup). `strata db restore`
 refuses a running service (exit 2).
 
-Wiring (service/cli.py): `main.add_command(db)`; `strata compute --store` calls
+Wiring (service/cli/__init__.py): `main.add_command(db)`; `strata compute --store` calls
 `check_store_writable(settings)` before computing and `store_result(result, settings)` after.
 """
 
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from service.cli_errors import EXIT_BAD_INPUT, EXIT_HELD, EXIT_UNREACHABLE, exit_code_of, fail
+from service.cli.errors import EXIT_BAD_INPUT, EXIT_HELD, EXIT_UNREACHABLE, exit_code_of, fail
 from service.settings import Settings, get_settings
 from service.store.errors import StoreError
 

@@ -6,7 +6,7 @@ import os
 
 import click
 
-from service.cli_errors import EXIT_BAD_INPUT, fail
+from service.cli.errors import EXIT_BAD_INPUT, fail
 from service.jobs.broker import COMPUTE_QUEUE
 from service.worker.launch import WARM_SHUTDOWN_S
 

@@ -5,6 +5,7 @@
     migrate.py       Alembic upgrade / downgrade / current (versions in `migrations/`)
     rows.py          checking and shaping a run's records as Arrow tables
     registry.py      registering models and token sources
+    registration.py  registering a model without computing (`register`: checked, numbers kept)
     runs.py          a run's lifecycle (queued, running, failed)
     ingest.py        a run's results in, all at once or not at all
     stages.py        stage boundaries inferred from a run's records, stored at its ingest
@@ -19,11 +20,13 @@ from service.store.db import Store
 from service.store.errors import (
     DatabaseHeldError,
     IngestError,
+    ModelConflictError,
+    RegistrationError,
     RevisionError,
     RunNotFoundError,
     SchemaOutOfDateError,
     StoreError,
 )
 
-__all__ = ["DatabaseHeldError", "IngestError", "RevisionError", "RunNotFoundError",
-           "SchemaOutOfDateError", "Store", "StoreError"]
+__all__ = ["DatabaseHeldError", "IngestError", "ModelConflictError", "RegistrationError",
+           "RevisionError", "RunNotFoundError", "SchemaOutOfDateError", "Store", "StoreError"]

@@ -5,6 +5,11 @@
         ├── DatabaseHeldError         another process holds the DuckDB file (CLI exit 5)
         ├── SchemaOutOfDateError      the file's schema is not the one this code expects
         ├── RevisionError (SpecError) no such migration revision (CLI exit 2)
+        ├── RegistrationError (SpecError)  a model that cannot be registered: unknown source,
+        │                             weights outside the checkpoint roots or that do not load
+        │                             (CLI exit 2, HTTP 422)
+        ├── ModelConflictError        the same model is registered already under another name
+        │                             (CLI exit 2, HTTP 409)
         └── IngestError (SpecError)   malformed results: refused, nothing stored (CLI exit 2)
             └── RunNotFoundError      results delivered for a run that does not exist
 
@@ -44,6 +49,14 @@ class SchemaOutOfDateError(StoreError):
 
 class RevisionError(StoreError, SpecError):
     """A migration revision that does not exist or cannot be reached."""
+
+
+class RegistrationError(StoreError, SpecError):
+    """A model that cannot be registered; the message says why."""
+
+
+class ModelConflictError(StoreError):
+    """The model is registered already under another name."""
 
 
 class IngestError(StoreError, SpecError):

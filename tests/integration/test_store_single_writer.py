@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from compute.run import RunResult
-from service.cli_db import check_store_writable, db, store_result
+from service.cli.db import check_store_writable, db, store_result
 from service.settings import Settings, get_settings
 from service.store import DatabaseHeldError, SchemaOutOfDateError, Store
 from service.store import repositories as repo

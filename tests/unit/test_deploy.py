@@ -23,8 +23,8 @@ import pytest
 import yaml
 
 from service.cli import main
-from service.cli_settings import iter_settings
 from service.settings import Settings
+from service.settings_doc import iter_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"

@@ -139,8 +139,8 @@ def test_every_catalog_name_is_documented_with_its_unit() -> None:
 
 def test_documented_variables_are_settings() -> None:
     """Every STRATA_* variable the docs name is a real setting (or a documented prefix)."""
-    from service.cli_settings import iter_settings
     from service.settings import Settings
+    from service.settings_doc import iter_settings
 
     known = {e for s in iter_settings(Settings) for e in s.env}
     problems = []

@@ -16,7 +16,7 @@ import pytest
 from compute import gguf as strata_gguf
 from compute.errors import ModelLoadError
 from compute.models import resolve_model_spec
-from service.cli_errors import EXIT_LOAD
+from service.cli.errors import EXIT_LOAD
 
 
 def write_gguf(path: Path, *, arch: str = "llama", tokenizer: bool = True,

@@ -11,8 +11,8 @@ from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from service.cli import main
-from service.cli_settings import iter_settings, markdown
 from service.settings import Settings
+from service.settings_doc import iter_settings, markdown
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "settings.md"

@@ -20,7 +20,7 @@ from service.api.controllers.params import (
 )
 from service.api.docs import TabularOperation
 from service.api.errors import BadRequestError
-from service.api.queries import catalog, registration, results
+from service.api.queries import catalog, results
 from service.api.queries import neurons as neuron_queries
 from service.api.queries import stages as stage_queries
 from service.api.queries.answers import Answer
@@ -30,6 +30,7 @@ from service.api.schemas.models import Model, ModelDetail, ModelPage, RegisterMo
 from service.api.schemas.neurons import NeuronCounts, Neurons
 from service.api.schemas.results import HeadRows, MetricRows
 from service.api.schemas.stages import Stages
+from service.store.registration import Registration, register
 
 
 class ModelsController(Controller):
@@ -65,10 +66,12 @@ class ModelsController(Controller):
         registration exists; 409 when its source is registered under another name. `name`
         defaults to the checkpoint folder's name (or the source's). A new model's default run
         is queued at once when reconciliation is on (`STRATA_JOBS__RECONCILE`)."""
-        model, created = registration.register(ctx.store, ctx.settings, data)
+        model, created = register(ctx.store, _registration(data),
+                                  checkpoint_roots=ctx.settings.api.checkpoint_roots,
+                                  load_max_mb=ctx.settings.api.register_load_max_mb)
         if created and ctx.jobs is not None and ctx.settings.jobs.reconcile:
             ctx.jobs.reconcile_soon()
-        return Response(registration.as_model(model), status_code=201 if created else 200)
+        return Response(catalog.model_out(model, []), status_code=201 if created else 200)
 
     @get("/{model:str}", sync_to_thread=True, responses=errors(400, 404))
     def get_model(self, ctx: ApiContext, model: str, model_id: ModelId = None) -> ModelDetail:
@@ -157,3 +160,15 @@ class ModelsController(Controller):
                 metric_version=metric_version, model_id=model_id)
 
         return await respond(request, ctx, build, fmt)
+
+
+def _registration(data: RegisterModel) -> Registration:
+    """The store's registration from the request body (its processing defaults to all on)."""
+    import msgspec
+
+    from compute.models import Processing
+
+    processing = Processing() if data.processing is None else Processing(
+        **msgspec.structs.asdict(data.processing))
+    return Registration(data.source, name=data.name, revision=data.revision,
+                        processing=processing)

@@ -1,22 +1,27 @@
-"""Registering a model over HTTP, without computing anything.
+"""Registering a model without computing anything: `POST /api/v1/models`, `strata models add`
+(no service running), the watch folder and the zoo on a first start all call `register`.
 
 The source is resolved with the model registry (`compute.models.resolve_model_spec`), which
 never touches the network. Then the architecture numbers are recorded when they can be had
 cheaply and offline:
 
-- a zoo model or a checkpoint directory (which must lie under one of the configured
+- a zoo model or a checkpoint directory (which must lie under one of the given
   `checkpoint_roots`) is loaded once, as a run would load it, if its weights are no larger than
-  `register_load_max_mb`: every number is recorded, and the processing actually applied;
+  `load_max_mb`: every number is recorded, and the processing actually applied;
 - a TransformerLens official name gets the numbers its configuration gives, if TransformerLens
   knows it offline (built in, or in the local Hugging Face cache; never downloaded). The
   parameter count, the real vocabulary and the processing stay unknown until results arrive.
 
 Numbers left unknown are null; the first ingest of results fills them, and checks the known ones
-(`service.store.registry`).
+(`service.store.registry`). A refusal is a `RegistrationError` (a `SpecError`: HTTP 422, CLI
+exit 2) or a `ModelConflictError` (HTTP 409, CLI exit 2).
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +29,9 @@ from sqlalchemy.orm import Session
 
 from compute.errors import ModelLoadError, SpecError
 from compute.models import ModelSpec, Processing, load_model, resolve_model_spec
-from service.api.errors import ConflictError, UnprocessableError
-from service.api.schemas.models import Model, RegisterModel
-from service.settings import Settings
-from service.store import Store
+from service.store.db import Store
+from service.store.errors import ModelConflictError, RegistrationError
+from service.store.models import RegisteredModel
 from service.store.registry import (
     default_model_name,
     fill_known_numbers,
@@ -35,6 +39,16 @@ from service.store.registry import (
     register_model,
 )
 from service.store.rows import ModelInfo, parse_model_info
+
+
+@dataclass(frozen=True)
+class Registration:
+    """What to register: a model source and, optionally, its name, revision and processing."""
+
+    source: str  # a zoo model (zoo:NAME), a checkpoint directory, a GGUF file, a TL name
+    name: str | None = None  # default: the checkpoint folder's name, or the source's
+    revision: str | None = None
+    processing: Processing = field(default_factory=Processing)
 
 
 def _checkpoint_dir(source: str) -> Path | None:
@@ -51,12 +65,12 @@ def _checkpoint_dir(source: str) -> Path | None:
         return None
 
 
-def _check_root(path: Path, settings: Settings) -> None:
+def _check_root(path: Path, checkpoint_roots: Sequence[Path]) -> None:
     resolved = path.resolve()
-    for root in settings.api.checkpoint_roots:
+    for root in checkpoint_roots:
         if resolved.is_relative_to(root.resolve()):
             return
-    raise UnprocessableError(
+    raise RegistrationError(
         "checkpoint directories and GGUF files can be registered over HTTP only under a "
         "configured root (STRATA_API__CHECKPOINT_ROOTS); this one is not under any")
 
@@ -66,33 +80,29 @@ def _weights_mb(path: Path) -> float:
     return sum(f.stat().st_size for f in files) / 2**20
 
 
-def resolve(request: RegisterModel, settings: Settings) -> ModelSpec:
-    directory = _checkpoint_dir(request.source)
+def resolve(registration: Registration, checkpoint_roots: Sequence[Path]) -> ModelSpec:
+    """The model spec a registration names; local weights must lie under a checkpoint root."""
+    directory = _checkpoint_dir(registration.source)
     if directory is not None:
-        _check_root(directory, settings)
-    processing = Processing() if request.processing is None else Processing(
-            fold_ln=request.processing.fold_ln,
-            center_writing_weights=request.processing.center_writing_weights,
-            center_unembed=request.processing.center_unembed,
-            fold_value_biases=request.processing.fold_value_biases)
+        _check_root(directory, checkpoint_roots)
     try:
-        return resolve_model_spec(request.source, processing=processing,
-                                  revision=request.revision)
+        return resolve_model_spec(registration.source, processing=registration.processing,
+                                  revision=registration.revision)
     except (SpecError, ModelLoadError) as exc:  # unknown, or a GGUF file that fails its checks
-        raise UnprocessableError(str(exc)) from None
+        raise RegistrationError(str(exc)) from None
 
 
-def loaded_numbers(spec: ModelSpec, settings: Settings) -> ModelInfo | None:
+def loaded_numbers(spec: ModelSpec, load_max_mb: float) -> ModelInfo | None:
     """Every number, by loading the model (local weights no larger than the limit)."""
-    from compute.models import zoo_path
+    from compute.zoo.paths import zoo_path
 
     path = zoo_path(spec.name) if spec.source == "zoo" else Path(spec.name)
-    if _weights_mb(path) > settings.api.register_load_max_mb:
+    if _weights_mb(path) > load_max_mb:
         return None
     try:
         lm = load_model(spec, "cpu")
     except ModelLoadError as exc:
-        raise UnprocessableError(f"the checkpoint does not load: {exc}") from None
+        raise RegistrationError(f"the checkpoint does not load: {exc}") from None
     return parse_model_info(lm.describe())
 
 
@@ -115,32 +125,33 @@ def offline_numbers(spec: ModelSpec) -> dict[str, Any]:
             "parallel_attn_mlp": bool(cfg.parallel_attn_mlp)}
 
 
-def register(store: Store, settings: Settings, request: RegisterModel
-             ) -> tuple[Any, bool]:
-    """The registered model (ORM row) and whether it is new. An identical registration (same
-    source, processing, revision and name) is answered with the existing model; the same model
-    under another name is a conflict."""
-    from service.store.models import RegisteredModel
-
-    spec = resolve(request, settings)
-    name = request.name or usable_name(default_model_name(spec))
+def register(store: Store, registration: Registration, *, checkpoint_roots: Sequence[Path],
+             load_max_mb: float) -> tuple[RegisteredModel, bool]:
+    """The registered model and whether it is new. An identical registration (same source,
+    processing, revision and name) is answered with the existing model; the same model under
+    another name is a `ModelConflictError`. Checkpoint directories and GGUF files must lie under
+    one of `checkpoint_roots`; those no larger than `load_max_mb` are loaded once for their
+    numbers."""
+    spec = resolve(registration, checkpoint_roots)
+    name = registration.name or usable_name(default_model_name(spec))
     with store.read() as conn, Session(bind=conn) as session:
         existing = find_model(session, spec)
         if existing is not None:
             if existing.name != name:
-                raise ConflictError(f"{request.source!r} with this processing and revision is "
-                                    f"registered already, as {existing.name!r} (id {existing.id})")
+                raise ModelConflictError(
+                    f"{registration.source!r} with this processing and revision is registered "
+                    f"already, as {existing.name!r} (id {existing.id})")
             return existing, False
-    info = loaded_numbers(spec, settings) if spec.source in ("zoo", "hf_dir", "gguf") else None
+    info = loaded_numbers(spec, load_max_mb) if spec.source in ("zoo", "hf_dir", "gguf") else None
     numbers = offline_numbers(spec) if spec.source == "transformer_lens" else {}
     with store.write() as conn, Session(bind=conn, expire_on_commit=False) as session:
         existing = find_model(session, spec)  # registered meanwhile by another request
         if existing is not None:
             if existing.name != name:
-                raise ConflictError(f"{request.source!r} was registered meanwhile as "
-                                    f"{existing.name!r} (id {existing.id})")
+                raise ModelConflictError(f"{registration.source!r} was registered meanwhile as "
+                                         f"{existing.name!r} (id {existing.id})")
             return existing, False
-        model: RegisteredModel = register_model(session, spec, info, name=name)
+        model = register_model(session, spec, info, name=name)
         if numbers:
             fill_known_numbers(model, numbers)
         session.flush()
@@ -149,14 +160,10 @@ def register(store: Store, settings: Settings, request: RegisterModel
 
 def usable_name(name: str) -> str:
     """`name` made addressable in a URL: characters other than letters, digits and `._+-`
-    become `-`; an all-digit name (ids are numbers) gets a `model-` prefix."""
-    import re
+    become `-`; an all-digit name (ids are numbers) gets a `model-` prefix.
 
+        >>> usable_name("second copy")
+        'second-copy'
+    """
     cleaned = re.sub(r"[^A-Za-z0-9._+-]", "-", name).lstrip("._+-")[:200] or "model"
     return f"model-{cleaned}" if cleaned.isdigit() else cleaned
-
-
-def as_model(model: Any) -> Model:
-    from service.api.queries.catalog import model_out
-
-    return model_out(model, [])

@@ -1,0 +1,119 @@
+"""A refit family's stability run: from model references to validated records.
+
+`family_stability` is the whole pipeline behind `strata stability`: the members are resolved (a
+folder holding checkpoint folders stands for all of them), the anchor is picked, every model is
+loaded on one device, the prompt set is drawn from the built-in corpus with the anchor's
+tokenizer, and `compute.stability.stability_records` compares the refits with the anchor (and
+with randomly initialised models of its architecture, the null baseline).
+
+    >>> family_name(["tiny-4l-s0", "tiny-4l-s1"])
+    'tiny-4l'
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from compute.errors import SpecError
+from compute.models import ModelSpec
+from compute.stability import StabilityOptions
+from compute.tokens import TokenSpec
+
+
+@dataclass(frozen=True)
+class FamilyStability:
+    """A computed stability comparison: the records and what they were computed from."""
+
+    records: pa.Table  # validated long records (docs/metrics.md)
+    anchor: ModelSpec
+    members: list[tuple[ModelSpec, dict[str, Any]]]  # every member (anchor included), in the
+    # order given, with its architecture numbers (`LoadedModel.describe()`)
+    options: StabilityOptions
+    prompts: TokenSpec
+
+    def metadata(self) -> dict[str, Any]:
+        """What an exported file carries beside the records."""
+        return {"family": [spec.model_dump(mode="json") for spec, _ in self.members],
+                "anchor": self.anchor.model_dump(mode="json"),
+                "options": self.options.model_dump(mode="json"),
+                "prompts": self.prompts.model_dump(mode="json")}
+
+
+def expand_family(refs: Sequence[str]) -> list[str]:
+    """The member references: a folder that is not itself a checkpoint stands for the
+    checkpoint folders in it (sorted by name); every other reference stays as given."""
+    expanded: list[str] = []
+    for ref in refs:
+        path = Path(ref)
+        if path.is_dir() and not (path / "config.json").is_file():
+            expanded += sorted(str(p) for p in path.iterdir() if (p / "config.json").is_file())
+        else:
+            expanded.append(ref)
+    return expanded
+
+
+def _named_anchor(refs: list[str], anchor: str) -> str:
+    """The member `anchor` names: its reference, or its short name (a folder's name, a zoo
+    name without `zoo:`)."""
+    if anchor in refs:
+        return anchor
+    matches = [r for r in refs if Path(r).name == anchor or r.removeprefix("zoo:") == anchor]
+    if len(matches) != 1:
+        raise SpecError(f"--anchor {anchor!r} is not one of the family: {', '.join(refs)}")
+    return matches[0]
+
+
+def family_stability(members: Sequence[str], *, anchor: str | None = None, n_prompts: int = 32,
+                     prompt_len: int = 64, n_null: int = 3, device: str = "cpu"
+                     ) -> FamilyStability:
+    """Head stability and residual CKA of a refit family against its anchor.
+
+    `members` are model references (zoo names, checkpoint folders, TransformerLens names) or
+    folders of checkpoint folders; the options are those of `StabilityOptions`. Raises
+    `SpecError` for an unknown anchor, a family of fewer than two models or refits that cannot
+    be compared (`RefitMismatchError`), `ModelLoadError` when a member does not load.
+    """
+    from compute.models import load_model, resolve_model_spec
+    from compute.records import records_to_table, validate_records
+    from compute.stability import stability_records
+    from compute.tokens import load_tokens, resolve_token_spec
+
+    refs = expand_family(members)
+    named = _named_anchor(refs, anchor) if anchor is not None else None
+    if len(refs) < 2:
+        raise SpecError("a family needs at least two models (the anchor and one refit)")
+    anchor_ref = named or refs[0]
+    opts = StabilityOptions(n_prompts=n_prompts, prompt_len=prompt_len, n_null=n_null)
+    specs = {ref: resolve_model_spec(ref) for ref in refs}
+    anchor_lm = load_model(specs[anchor_ref], device)
+    token_spec = resolve_token_spec(TokenSpec(source="builtin", n_sequences=n_prompts,
+                                              seq_len=prompt_len, seed=opts.seed))
+    prompts = load_tokens(token_spec, anchor_lm.tokenizer, bos_token_id=anchor_lm.bos_token_id,
+                          d_vocab=anchor_lm.d_vocab, n_ctx=anchor_lm.n_ctx)
+    refits = [load_model(specs[r], device) for r in refs if r != anchor_ref]
+    records = stability_records(anchor_lm, refits, prompts, opts,
+                                lambda spec: load_model(spec, device))
+    table = validate_records(records_to_table(records), n_layers=anchor_lm.n_layers)
+    others = iter(refits)
+    described = [(specs[r], (anchor_lm if r == anchor_ref else next(others)).describe())
+                 for r in refs]
+    return FamilyStability(records=table, anchor=specs[anchor_ref], members=described,
+                           options=opts, prompts=token_spec)
+
+
+def family_name(names: Sequence[str]) -> str:
+    """The members' common name prefix without a trailing seed marker (tiny-4l-s0, tiny-4l-s1
+    -> tiny-4l); the first member's name when they share none."""
+    short = [Path(n).name for n in names]
+    common = short[0]
+    for name in short[1:]:
+        while not name.startswith(common):
+            common = common[:-1]
+    prefix = re.sub(r"[-_.]?(s|seed)?[-_.]*$", "", common)
+    return prefix or f"{short[0]}-refits"

@@ -1,0 +1,80 @@
+"""`strata models ...`: register and list models. With a service running, through its API
+(`service/cli/http.py`); `strata models add` with none registers into the database file
+directly (`service.store.registration`: the CLI is then its one writer)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from compute.errors import StrataError
+from service.cli.errors import EXIT_BAD_INPUT, exit_code_of, fail
+from service.cli.http import call, service_up, url_option
+from service.settings import get_settings
+
+
+@click.group()
+def models() -> None:
+    """Register and list models."""
+
+
+@models.command("add")
+@click.argument("source")
+@click.option("--name", default=None, help="the model's name in URLs (default: the checkpoint "
+              "folder's name, or the source's)")
+@click.option("--revision", default=None)
+@url_option
+def add(source: str, name: str | None, revision: str | None, url: str | None) -> None:
+    """Register a model (zoo:NAME, a checkpoint folder, a TransformerLens name). With a service
+    running, through it (its default run is then queued); otherwise into the database file."""
+    path = Path(source)
+    ref = str(path.resolve()) if (path / "config.json").is_file() else source
+    body = {"source": ref, **({"name": name} if name else {}),
+            **({"revision": revision} if revision else {})}
+    settings = get_settings()
+    if url is not None or service_up(settings.api_url):
+        model = call(url, "POST", "/api/v1/models", json=body)
+    else:
+        model = _register_locally(body, path)
+    click.echo(f"registered {model['name']} (id {model['id']}, {model['source']})")
+
+
+def _register_locally(body: dict[str, Any], path: Path) -> dict[str, str | int]:
+    """Register into the database file; the body is checked as the API would check it."""
+    import msgspec
+
+    from service.api.schemas.models import RegisterModel
+    from service.store import Store
+    from service.store.migrate import ensure_current
+    from service.store.registration import Registration, register
+
+    settings = get_settings()
+    roots = list(settings.api.checkpoint_roots)
+    if path.is_dir():  # a local folder named on the command line is allowed as it is
+        roots.append(path.resolve().parent)
+    try:
+        request = msgspec.convert(body, RegisterModel)
+    except msgspec.ValidationError as exc:
+        fail(f"{exc}", EXIT_BAD_INPUT)
+    try:
+        with Store.open(settings.database) as store:
+            ensure_current(store)
+            model, _ = register(store, Registration(request.source, name=request.name,
+                                                    revision=request.revision),
+                                checkpoint_roots=roots,
+                                load_max_mb=settings.api.register_load_max_mb)
+            return {"name": model.name, "id": model.id, "source": model.source}
+    except StrataError as exc:  # refused, for whatever reason: bad input (a held file: 5)
+        code = exit_code_of(exc)
+        fail(str(exc), EXIT_BAD_INPUT if code == 1 else code)
+
+
+@models.command("list")
+@url_option
+def list_models(url: str | None) -> None:
+    """Registered models (from the running service)."""
+    page = call(url, "GET", "/api/v1/models", params={"limit": 500})
+    for m in page["items"]:
+        click.echo(f"{m['id']}\t{m['name']}\t{m['source']}\tlayers={m['n_layers']}")
