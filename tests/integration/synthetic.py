@@ -69,3 +69,18 @@ def variant(result: RunResult, *, seed: int | None = None, name: str | None = No
         records = records.set_column(index, "value", pc.multiply(records.column("value"), scale))
     return dataclasses.replace(result, config=config, config_hash=config.config_hash(),
                                records=records)
+
+
+def old_version_body(version: str) -> bytes:
+    """tiny-4l-s0's default run computed under an older metric version (what a store holds after
+    METRIC_VERSION is bumped), encoded as `strata compute --out run.arrow` writes it."""
+    from compute.models import resolve_model_spec
+    from compute.run import compute_run, result_metadata
+    from service.exports import FORMATS
+
+    config = RunConfig(model=resolve_model_spec("zoo:tiny-4l-s0"),
+                       tokens=TokenSpec(source="builtin", n_sequences=2, seq_len=16),
+                       families=("intervention", "logit_lens"), metric_version=version)
+    result = compute_run(config)
+    result = dataclasses.replace(result, config_hash=result.config.config_hash())
+    return FORMATS["arrow"].encode(result.records, result_metadata(result))

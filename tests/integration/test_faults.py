@@ -159,6 +159,8 @@ def test_api_killed_and_restarted_while_a_worker_delivers_lands_once() -> None:
         d.start_api()
         done = d.wait_state(job["id"], "succeeded", "failed", timeout=300)
         assert done["state"] == "succeeded", done["error"]
+        assert done["attempts"] == 1, "delivered, not computed again: the restarted API " \
+            "gave the running job a fresh lease"
         runs = d.runs()
         assert [r["id"] for r in runs] == [done["run_id"]], "exactly one run"
         # no duplicated rows: one row per (metric, layer, component) of the run

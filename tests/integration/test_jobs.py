@@ -18,6 +18,7 @@ import pytest
 
 from compute.run import METRIC_VERSION
 from tests.integration.jobs_harness import LONG, SMALL, V1, Deployment, make_broker, wait_for
+from tests.integration.synthetic import old_version_body
 
 BROKERS = ["filesystem", "redis"]
 MODEL = "zoo:tiny-2l-s0"
@@ -157,29 +158,8 @@ def test_worker_killed_mid_job_is_finished_by_another(running: Deployment) -> No
     assert_one_complete_run(d, done)
 
 
-# ---------------------------------------------------------------- the API is down
-def test_results_finished_while_api_is_down_land_when_it_returns(broker_kind: str) -> None:
-    d = deploy(broker_kind)
-    try:
-        d.start_api()
-        d.start_worker()
-        d.register(MODEL)
-        job = d.submit("tiny-2l-s0", **LONG).json()
-        d.wait_progress(job["id"])
-        d.stop_api()
-        # The worker finishes meanwhile and keeps retrying its delivery.
-        wait_for("the worker to finish computing", lambda: "not answered" in
-                 d.log("worker-0") and "runs/ingest" in d.log("worker-0"), timeout=240)
-        d.start_api()
-        done = d.wait_state(job["id"], "succeeded", "failed", timeout=120)
-        assert done["state"] == "succeeded", done["error"]
-        assert done["attempts"] == 1  # not re-run: the lease was renewed after the restart
-        assert_one_complete_run(d, done)
-    finally:
-        d.close()
-
-
 # ---------------------------------------------------------------- the broker is down
+@pytest.mark.parametrize("broker_kind", ["filesystem"])  # Redis: test_faults.py
 def test_broker_down_refuses_submissions_and_recovers(broker_kind: str) -> None:
     d = deploy(broker_kind)
     try:
@@ -222,6 +202,7 @@ def checkpoint_copy(d: Deployment, name: str) -> Path:
     return folder
 
 
+@pytest.mark.parametrize("broker_kind", ["filesystem"])  # the broker plays no part
 def test_unloadable_and_nan_models_fail_with_the_reason_and_store_nothing(
         running: Deployment) -> None:
     import torch
@@ -254,6 +235,7 @@ def test_unloadable_and_nan_models_fail_with_the_reason_and_store_nothing(
 
 
 # ---------------------------------------------------------------- cancel
+@pytest.mark.parametrize("broker_kind", ["filesystem"])  # transitions: test_job_states.py
 def test_cancel_a_queued_and_a_running_job(broker_kind: str) -> None:
     d = deploy(broker_kind)
     try:
@@ -287,24 +269,7 @@ def test_cancel_a_queued_and_a_running_job(broker_kind: str) -> None:
 
 
 # ---------------------------------------------------------------- reconciliation
-def old_version_body(d: Deployment, version: str = "0") -> bytes:
-    """tiny-4l-s0's default run as computed under an older metric version (what a store holds
-    after METRIC_VERSION is bumped), encoded as `strata compute --out run.arrow` writes it."""
-    import dataclasses
-
-    from compute.models import resolve_model_spec
-    from compute.run import RunConfig, compute_run, result_metadata
-    from compute.tokens import TokenSpec
-    from service.exports import FORMATS
-
-    config = RunConfig(model=resolve_model_spec("zoo:tiny-4l-s0"),
-                       tokens=TokenSpec(source="builtin", n_sequences=2, seq_len=16),
-                       families=("intervention", "logit_lens"), metric_version=version)
-    result = compute_run(config)
-    result = dataclasses.replace(result, config_hash=result.config.config_hash())
-    return FORMATS["arrow"].encode(result.records, result_metadata(result))
-
-
+@pytest.mark.parametrize("broker_kind", ["filesystem"])
 def test_registration_version_bump_beat_and_watch_folder_lead_to_results(
         broker_kind: str) -> None:
     d = deploy(broker_kind, STRATA_JOBS__RECONCILE="true",
@@ -326,7 +291,7 @@ def test_registration_version_bump_beat_and_watch_folder_lead_to_results(
                             params={"metric": "intervention.kl", "component": "drop"}).json()
         assert [r["layer"] for r in rows["rows"]] == [0, 1]  # one per layer
         # 2. results under an older metric version only: beat's reconciliation recomputes
-        ingested = d.client.post(f"{V1}/runs/ingest", content=old_version_body(d),
+        ingested = d.client.post(f"{V1}/runs/ingest", content=old_version_body("0"),
                                  headers={"Content-Type": "application/vnd.apache.arrow.stream"})
         assert ingested.status_code == 201, ingested.text
         d.start_beat()
@@ -365,93 +330,6 @@ def checkpoint_source() -> Path:
     from compute.zoo.paths import zoo_path
 
     return zoo_path("tiny-2l-s0")
-
-
-def test_token_level_runs_of_version_1_are_recomputed_under_version_2() -> None:
-    """After the bump to metric version 2 (errors over sequences), a model whose default run
-    exists only under version 1 gets it queued again; the old run stays, labelled "token"."""
-    assert METRIC_VERSION == "2"
-    d = deploy("filesystem", STRATA_JOBS__RECONCILE="true",
-               STRATA_JOBS__RECONCILE_INTERVAL_S="3600")
-    try:
-        d.start_api()
-        stored = d.client.post(f"{V1}/runs/ingest", content=old_version_body(d, "1"), headers={
-            "Content-Type": "application/vnd.apache.arrow.stream"})
-        assert stored.status_code == 201, stored.text
-        old = d.client.get(f"{V1}/runs/{stored.json()['run_id']}").json()
-        assert (old["metric_version"], old["stderr_basis"]) == ("1", "token")
-        queued = d.client.post(f"{V1}/jobs/reconcile").json()["queued"]
-        assert len(queued) == 1
-        job = d.client.get(f"{V1}/jobs/{queued[0]}").json()
-        assert job["metric_version"] == "2"
-        assert job["model"] == "tiny-4l-s0"
-        assert d.client.post(f"{V1}/jobs/reconcile").json()["queued"] == []  # once
-    finally:
-        d.close()
-
-
-def test_racing_reconciliations_queue_a_model_once() -> None:
-    d = deploy("filesystem", STRATA_JOBS__RECONCILE="true",
-               STRATA_JOBS__RECONCILE_INTERVAL_S="3600")
-    try:
-        d.start_api()
-        # registered while the service was not asked to reconcile: straight into the store
-        body = old_version_body(d)
-        assert d.client.post(f"{V1}/runs/ingest", content=body, headers={
-            "Content-Type": "application/vnd.apache.arrow.stream"}).status_code == 201
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(8) as pool:
-            answers = list(pool.map(lambda _: d.client.post(f"{V1}/jobs/reconcile"), range(8)))
-        queued = [j for a in answers for j in a.json()["queued"]]
-        assert len(queued) == 1, queued
-        assert d.client.get(f"{V1}/jobs").json()["total"] == 1
-    finally:
-        d.close()
-
-
-# ---------------------------------------------------------------- bad submissions
-def test_bad_submissions_are_refused_before_anything_is_queued(running: Deployment) -> None:
-    d = running
-    cases = [
-        ({"model": "no-such-model"}, 422, "unknown model"),
-        ({"model": "tiny-2l-s0", "metrics": ["intervention", "vibes"]}, 422, "vibes"),
-        ({"model": "tiny-2l-s0", "seq_len": 4096}, 422, "context"),
-        ({"model": "tiny-2l-s0", "device": "cuda"}, 422, "no worker has device 'cuda'"),
-        ({"model": "tiny-2l-s0", "dtype": "int8"}, 422, "dtype"),
-        ({"model": "tiny-2l-s0", "tokens": "corpus:/etc"}, 422, "configured root"),
-        ({"model": "tiny-2l-s0", "tokens": "source:999"}, 422, "no stored token source"),
-        ({"model": "tiny-2l-s0", "n_sequences": 0}, 400, "n_sequences"),
-        ({"model": "tiny-2l-s0", "colour": "red"}, 400, "colour"),
-    ]
-    for body, status, words in cases:
-        answer = d.client.post(f"{V1}/jobs", json=body)
-        assert answer.status_code == status, (body, answer.text)
-        assert words in answer.json()["detail"], (body, answer.json())
-    assert d.client.post(f"{V1}/jobs", json={"model": "tiny-2l-s0"},
-                         headers={"X-API-Key": "wrong"}).status_code == 401
-    assert d.client.get(f"{V1}/jobs/424242").status_code == 404
-    assert d.client.delete(f"{V1}/jobs/424242").status_code == 404
-    assert d.client.get(f"{V1}/jobs", params={"state": "sleeping"}).status_code == 422
-    assert d.client.get(f"{V1}/jobs").json()["total"] == 0
-
-
-def test_a_cpu_worker_refuses_a_cuda_job_plainly() -> None:
-    d = deploy("filesystem")
-    try:
-        d.start_api()
-        d.register(MODEL)
-        # No worker has spoken yet, so the API cannot know the devices: the job is queued ...
-        job = d.submit("tiny-2l-s0", **SMALL, device="cuda")
-        assert job.status_code == 202, job.text
-        d.start_worker()  # ... and the CPU worker that takes it refuses it, clearly
-        failed = d.wait_state(job.json()["id"], "failed", "succeeded")
-        assert failed["state"] == "failed"
-        assert "cuda" in failed["error"]
-        assert "cpu" in failed["error"]
-        assert d.runs() == []
-    finally:
-        d.close()
 
 
 # ---------------------------------------------------------------- the shell
