@@ -50,13 +50,11 @@ import os
 import random
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,6 +66,7 @@ from compute.run import METRIC_VERSION  # noqa: E402
 from service.store import Store  # noqa: E402
 from service.store.ingest import ingest_result  # noqa: E402
 from service.store.migrate import upgrade  # noqa: E402
+from tests.serving import free_port, start_service  # noqa: E402
 
 PER_LAYER = [("intervention.kl", "drop"), ("intervention.loss_delta", "swap"),
              ("logit_lens.kl_to_final", None), ("attention.prev_5", None), ("norms.resid", None),
@@ -87,12 +86,6 @@ def seed(db: Path, n_models: int, d_mlp: int) -> tuple[list[tuple[str, int]], fl
     return models, time.perf_counter() - start
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 # A read budget this benchmark's load never reaches: every request is counted and checked.
 UNREACHED = {"STRATA_API__READ_RATE_LIMIT": "1000000000/minute",
              "STRATA_API__WRITE_RATE_LIMIT": "1000000000/minute"}
@@ -105,21 +98,8 @@ def start_server(db: Path, port: int, log: Path, *, caches: bool = True,
            "STRATA_DATA_DIR": str(log.parent / f"state-{port}"), **limits}
     if not caches:
         env |= {"STRATA_API__ROW_CACHE_ROWS": "0", "STRATA_API__RESPONSE_CACHE_MB": "0"}
-    with log.open("wb") as sink:
-        proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--port",
-                                 str(port), "--log-level", "warning"], cwd=ROOT, env=env,
-                                stdout=sink, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"strata serve exited:\n{log.read_text()}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/health", timeout=2):
-                return proc
-        except OSError:
-            time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError("strata serve did not start in 120 s")
+    return start_service(env, log=log, port=port, args=["--log-level", "warning"],
+                         inherit=False).proc
 
 
 async def _worker(port: int, urls: list[str], rng: random.Random | None, until: float,

@@ -38,7 +38,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +45,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from benchmarks.api import free_port, seed  # noqa: E402
+from benchmarks.api import seed  # noqa: E402
+from tests.serving import free_port, start_service  # noqa: E402
 
 SWITCH_METRICS = ["intervention.top1_agreement", "intervention.entropy",
                   "intervention.entropy_delta", "intervention.loss", "intervention.loss_delta",
@@ -107,21 +107,8 @@ def start_server(db: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
            # one browser reloading a 100-model page many times a minute: beyond the default
            # read budget per address, which is not what this measures
            "STRATA_API__READ_RATE_LIMIT": "1000000000/minute"}
-    with log.open("wb") as sink:
-        proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--port",
-                                 str(port), "--log-level", "warning"], cwd=ROOT, env=env,
-                                stdout=sink, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"strata serve exited:\n{log.read_text()}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/health", timeout=2):
-                return proc
-        except OSError:
-            time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError("strata serve did not start in 120 s")
+    return start_service(env, log=log, port=port, args=["--log-level", "warning"],
+                         inherit=False).proc
 
 
 def chrome() -> Any:

@@ -34,7 +34,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.integration.jobs_harness import V1, Deployment, make_broker, wait_for  # noqa: E402
+from tests.integration.jobs_harness import V1, Deployment, make_broker  # noqa: E402
+from tests.serving import wait_for  # noqa: E402
 
 # What users run: the shipped defaults for heartbeats, leases and upkeep.
 DEFAULTS = {"STRATA_WORKER__HEARTBEAT_S": "5", "STRATA_JOBS__LEASE_S": "30",

@@ -18,7 +18,8 @@ from service.store import Store
 from service.store.migrate import upgrade
 
 if TYPE_CHECKING:
-    from tests.integration.test_api_harness import Api
+    from tests.integration.api_server import Api
+    from tests.integration.web_harness import Service as WebService
 
 TINY_ARCHITECTURE = dict(n_layers=3, d_model=32, n_heads=4, d_head=8, d_mlp=64, d_vocab=100,
                          n_ctx=64, act_fn="gelu_new", normalization_type="LN")
@@ -50,9 +51,27 @@ def store(db_path: Path) -> Iterator[Store]:
         yield opened
 
 
-@pytest.fixture(scope="module")
-def server(run_result: RunResult) -> Api:
-    """The `strata serve` process of the API tests (one per session, seeded once)."""
-    from tests.integration.test_api_harness import api
+@pytest.fixture(scope="session")
+def server(run_result: RunResult) -> Iterator[Api]:
+    """The `strata serve` process of the API tests: one per session, seeded once, stopped when
+    the session ends."""
+    from tests.integration.api_server import start_api
 
-    return api(run_result)
+    api = start_api(run_result)
+    try:
+        yield api
+    finally:
+        api.stop()
+
+
+@pytest.fixture(scope="session")
+def web() -> Iterator[WebService]:
+    """The service behind the dashboard and client tests (tests/integration/web_harness.py):
+    one per session, stopped when the session ends."""
+    from tests.integration.web_harness import start_web_service
+
+    service = start_web_service()
+    try:
+        yield service
+    finally:
+        service.stop()

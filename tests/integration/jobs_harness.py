@@ -17,14 +17,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from tests.integration.test_api_harness import free_port
+from tests.serving import Served, free_port, start_service, wait_for
 
 KEY = "jobs-test-key"
 V1 = "/api/v1"
@@ -34,23 +33,6 @@ SMALL = {"metrics": ["intervention", "logit_lens"], "n_sequences": 2, "seq_len":
 # A job that runs for several seconds with steady progress (kill / cancel / API-down tests).
 LONG = {"metrics": ["intervention", "logit_lens", "heads", "attention"], "n_sequences": 48,
         "seq_len": 96}
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 60, every: float = 0.2
-             ) -> Any:
-    """Poll `check` until it returns something truthy; fail naming `what` after `timeout`."""
-    end = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < end:
-        try:
-            last = check()
-        except (httpx.TransportError, OSError) as exc:  # not up yet: try again
-            last = exc
-        else:
-            if last:
-                return last
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what} (last: {last!r})")
 
 
 class Broker:
@@ -167,6 +149,7 @@ class Deployment:
     api: subprocess.Popen[bytes] | None = None
     workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
     beat: subprocess.Popen[bytes] | None = None
+    served: Served | None = None
     client: httpx.Client = field(init=False)
 
     def __post_init__(self) -> None:
@@ -208,16 +191,11 @@ class Deployment:
 
     # ---------------------------------------------------------------- processes
     def start_api(self, *, local_worker: bool = False) -> None:
-        argv = ["serve", "--port", str(self.port),
-                "--local-worker" if local_worker else "--no-local-worker"]
-        self.api = self._spawn("api", argv)
-
-        def healthy() -> bool:
-            if self.api is not None and self.api.poll() is not None:
-                raise AssertionError(f"strata serve exited:\n{self.log('api')}")
-            return self.client.get(f"{V1}/health").status_code == 200
-
-        wait_for("the API", healthy, timeout=90)
+        self.served = start_service(
+            self.env(), inherit=False, log=self.tmp / "logs" / "api.log", port=self.port,
+            args=["--local-worker" if local_worker else "--no-local-worker"], timeout=90,
+            new_session=True)
+        self.api = self.served.proc
 
     def stop_api(self) -> None:
         if self.api is not None and self.api.poll() is None:
@@ -249,9 +227,12 @@ class Deployment:
                     os.killpg(proc.pid, signal.SIGTERM)
                 except ProcessLookupError:
                     continue
+        # Cleanup, not a shutdown under test (test_lifetime.py checks those): a process still
+        # there after a short grace is killed with its session.
+        grace = time.monotonic() + 5
         for proc in [*self.workers, *([self.beat] if self.beat else [])]:
             try:
-                proc.wait(timeout=20)
+                proc.wait(timeout=max(grace - time.monotonic(), 0.1))
             except subprocess.TimeoutExpired:
                 self.kill(proc)
         self.stop_api()

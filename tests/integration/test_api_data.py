@@ -17,7 +17,7 @@ from service.api.schemas.families import StabilityRow
 from service.api.schemas.neurons import NeuronCountRow, NeuronRow
 from service.api.schemas.results import CompareRow, HeadRow, MetricRow, columns
 from service.api.schemas.stages import StageRow
-from tests.integration.test_api_harness import CORS_ORIGIN, V1, Api
+from tests.integration.api_server import CORS_ORIGIN, V1, Api
 
 
 def records(api: Api, name: str) -> pl.DataFrame:

@@ -14,7 +14,7 @@ from service.api.app import create_app
 from service.api.schemas.results import CompareRow, MetricRow, columns
 from service.settings import ApiSettings, Settings
 from service.store import Store
-from tests.integration.test_api_harness import KEY, Api
+from tests.integration.api_server import KEY, Api
 
 
 def test_openapi_describes_the_real_fields(server: Api) -> None:

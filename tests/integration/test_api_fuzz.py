@@ -19,7 +19,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from tests.integration.test_api_harness import KEY, V1, Api
+from tests.integration.api_server import KEY, V1, Api
 
 
 @schemathesis.serializer("application/vnd.apache.arrow.stream")

@@ -11,7 +11,7 @@ import pyarrow.compute as pc
 
 from compute.run import result_metadata
 from service.exports import FORMATS
-from tests.integration.test_api_harness import (
+from tests.integration.api_server import (
     INGEST_MAX_MB,
     KEY,
     V1,

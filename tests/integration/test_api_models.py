@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.integration.test_api_harness import KEY, OTHER_KEY, V1, Api
+from tests.integration.api_server import KEY, OTHER_KEY, V1, Api
 
 
 def register(api: Api, body: dict[str, Any], key: str | None = KEY) -> Any:

@@ -17,9 +17,9 @@ import duckdb
 import pytest
 
 from service.store.backup import backups_in
+from tests.integration.api_server import arrow_body
 from tests.integration.jobs_harness import KEY, V1, Deployment, make_broker
 from tests.integration.synthetic import synthetic_result
-from tests.integration.test_api_harness import arrow_body
 
 LAYERS, NEURONS = 4, 1500  # 6,000 neurons (rows) per run, 24,000 records: ingests take a while
 ARROW = {"Content-Type": "application/vnd.apache.arrow.stream"}

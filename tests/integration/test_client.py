@@ -29,16 +29,16 @@ from service.client import (
     WaitTimeoutError,
     api_error,
 )
-from tests.integration.test_api_harness import free_port
-from tests.integration.web_harness import FAMILY, KEY, MODELS, Service, web_service
+from tests.integration.web_harness import FAMILY, KEY, MODELS, Service
+from tests.serving import free_port
 
 METRIC_COLUMNS = ["metric", "component", "layer", "relative_depth", "value", "stderr", "n",
                   "unit"]
 
 
 @pytest.fixture(scope="module")
-def service() -> Service:
-    return web_service()
+def service(web: Service) -> Service:
+    return web
 
 
 @pytest.fixture

@@ -14,8 +14,8 @@ from pathlib import Path
 import httpx
 
 from service.serve import _ConsoleFilter
-from tests.integration.jobs_harness import V1, wait_for
-from tests.integration.test_api_harness import free_port
+from tests.integration.jobs_harness import V1
+from tests.serving import free_port, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 CHATTER = ["Loading model config from local directory", "No hostname was supplied",

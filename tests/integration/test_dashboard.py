@@ -20,7 +20,7 @@ from urllib.parse import parse_qsl
 import pytest
 
 from compute.run import RunResult
-from tests.integration.web_harness import KEY, MODELS, Service, web_service
+from tests.integration.web_harness import KEY, MODELS, Service
 
 ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOTS = ROOT / "build" / "screenshots"
@@ -36,8 +36,8 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.fixture(scope="module")
-def service() -> Service:
-    return web_service()
+def service(web: Service) -> Service:
+    return web
 
 
 def chrome() -> Any:

@@ -16,9 +16,10 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.jobs_harness import LONG, SMALL, V1, Deployment, make_broker, wait_for
+from tests.integration.api_server import arrow_body
+from tests.integration.jobs_harness import LONG, SMALL, V1, Deployment, make_broker
 from tests.integration.synthetic import synthetic_result
-from tests.integration.test_api_harness import arrow_body
+from tests.serving import wait_for
 
 MODEL = "zoo:tiny-2l-s0"
 ARROW = {"Content-Type": "application/vnd.apache.arrow.stream"}

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import httpx
 
-from tests.integration.jobs_harness import V1, wait_for
-from tests.integration.test_api_harness import free_port
+from tests.integration.jobs_harness import V1
+from tests.serving import free_port, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 

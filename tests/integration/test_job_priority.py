@@ -10,7 +10,8 @@ from datetime import datetime
 
 import pytest
 
-from tests.integration.jobs_harness import SMALL, V1, Deployment, make_broker, wait_for
+from tests.integration.jobs_harness import SMALL, V1, Deployment, make_broker
+from tests.serving import wait_for
 
 N_BACKGROUND = 10
 

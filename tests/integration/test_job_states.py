@@ -30,8 +30,8 @@ from service.jobs.service import JobService
 from service.settings import Settings
 from service.store import Store
 from service.store.migrate import upgrade
+from tests.integration.api_server import arrow_body
 from tests.integration.synthetic import old_version_body
-from tests.integration.test_api_harness import arrow_body
 
 KEY = "states-key"
 V1 = "/api/v1"

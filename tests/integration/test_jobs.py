@@ -17,8 +17,9 @@ import polars as pl
 import pytest
 
 from compute.run import METRIC_VERSION
-from tests.integration.jobs_harness import LONG, SMALL, V1, Deployment, make_broker, wait_for
+from tests.integration.jobs_harness import LONG, SMALL, V1, Deployment, make_broker
 from tests.integration.synthetic import old_version_body
+from tests.serving import wait_for
 
 BROKERS = ["filesystem", "redis"]
 MODEL = "zoo:tiny-2l-s0"

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.jobs_harness import LONG, SMALL, Deployment, make_broker, wait_for
+from tests.integration.jobs_harness import LONG, SMALL, Deployment, make_broker
+from tests.serving import wait_for
 
 MODEL = "zoo:tiny-2l-s0"
 

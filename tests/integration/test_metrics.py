@@ -18,7 +18,7 @@ from service.jobs.board import Board
 from service.jobs.service import JobService
 from service.settings import ApiSettings, JobsSettings, Settings
 from service.store import Store
-from tests.integration.test_api_harness import arrow_body, line
+from tests.integration.api_server import arrow_body, line
 from tests.integration.test_rate_limits import serving
 
 KEY = "metrics-key"

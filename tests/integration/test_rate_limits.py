@@ -22,7 +22,7 @@ from service.jobs.board import Board
 from service.jobs.service import JobService
 from service.settings import ApiSettings, Settings
 from service.store import Store
-from tests.integration.test_api_harness import free_port
+from tests.serving import free_port
 
 KEY, OTHER = "rate-key", "other-key"
 ARROW = "application/vnd.apache.arrow.stream"

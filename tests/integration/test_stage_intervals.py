@@ -21,7 +21,7 @@ from service.settings import Settings
 from service.store import Store
 from service.store.ingest import ingest_result
 from service.store.migrate import upgrade
-from tests.integration.test_api_harness import KEY, synthetic
+from tests.integration.api_server import KEY, synthetic
 
 N_SEQ, L = 12, 6
 

@@ -4,19 +4,18 @@ ingest path with results that compute produced for two zoo models of different d
 (tiny-2l-s0: 2 layers, tiny-4l-s0: 4 layers), plus a refit family's head stability stored by
 `strata stability --store` (fam4l-adamw-s0 vs s1).
 
-`web_service()` starts it once per test session (and stops it at exit). Reconciliation is off,
-so the store holds only what was seeded and what the tests submit.
+The session-scoped `web` fixture (tests/integration/conftest.py) starts it once and stops it
+when the session ends. Reconciliation is off, so the store holds only what was seeded and what
+the tests submit.
 """
 
 from __future__ import annotations
 
-import atexit
 import os
 import signal
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,7 +26,8 @@ from compute.metrics.base import EngineOptions
 from compute.models import resolve_model_spec
 from compute.run import RunConfig, RunResult, compute_run
 from compute.tokens import TokenSpec
-from tests.integration.test_api_harness import arrow_body, free_port
+from tests.integration.api_server import arrow_body
+from tests.serving import start_service
 
 KEY = "dashboard-key-0123456789"
 MODELS = {"tiny-2l-s0": 2, "tiny-4l-s0": 4}
@@ -80,7 +80,7 @@ def service_env(db: Path) -> dict[str, str]:
             "STRATA_WORKER__HEARTBEAT_S": "0.5"}
 
 
-def start_service() -> Service:
+def start_web_service() -> Service:
     """Store a refit family's stability (CLI), start `strata serve`, and deliver the two zoo
     runs over HTTP with POST /api/v1/runs/ingest, as a worker would."""
     tmp = Path(tempfile.mkdtemp(prefix="strata-dashboard-"))
@@ -94,40 +94,11 @@ def start_service() -> Service:
     results = {name: zoo_result(name, tmp / "tokens.npy") for name in MODELS}
     out, _ = stability.communicate(timeout=600)
     assert stability.returncode == 0, out.decode()
-    port = free_port()
-    log = tmp / "serve.log"
-    with log.open("wb") as sink:
-        proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--port",
-                                 str(port)], env=env, stdout=sink, stderr=subprocess.STDOUT)
-    service = Service(f"http://127.0.0.1:{port}", proc, log, tmp, results)
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            if service.client.get("/api/v1/health").status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            service.stop()
-            raise RuntimeError(f"strata serve did not start:\n{log.read_text()}")
-        time.sleep(0.2)
+    served = start_service(env, log=tmp / "serve.log", inherit=False)
+    service = Service(served.base, served.proc, served.log, tmp, results)
     for result in results.values():
         response = service.client.post(
             "/api/v1/runs/ingest", content=arrow_body(result),
             headers={"X-API-Key": KEY, "Content-Type": "application/vnd.apache.arrow.stream"})
         assert response.status_code == 201, response.text
     return service
-
-
-
-
-_SERVICE: Service | None = None
-
-
-def web_service() -> Service:
-    """The session's service (started on first use)."""
-    global _SERVICE
-    if _SERVICE is None:
-        _SERVICE = start_service()
-        atexit.register(_SERVICE.stop)
-    return _SERVICE

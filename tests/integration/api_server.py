@@ -1,8 +1,9 @@
 """The API under test: a real `strata serve` process on a real DuckDB file, seeded through the
 real ingest paths, driven over loopback HTTP with httpx.
 
-One server serves every `test_api_*` module (`api()` starts it once per test session and stops
-it at exit). The store holds:
+One server serves every `test_api_*` module: the session-scoped `server` fixture
+(tests/integration/conftest.py) starts it with `start_api` and stops it when the session
+ends. The store holds:
 - `rand-3l`: the integration fixture's computed run (3-layer random model, every family), also
   under an older metric version, and a second registration of the same name with other
   processing (`rand-3l` then means the latest);
@@ -17,16 +18,13 @@ that `strata compute --out run.arrow` writes.
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,18 +40,13 @@ from compute.tokens import TokenSpec
 from compute.zoo.paths import zoo_path
 from service.exports import FORMATS
 from tests.integration.synthetic import variant
+from tests.serving import start_service
 
 KEY = "test-key-0123456789"
 V1 = "/api/v1"
 OTHER_KEY = "second-key"
 CORS_ORIGIN = "http://dashboard.local"
 INGEST_MAX_MB = 8
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def arrow_body(result: RunResult, *, tokens: bool = True) -> bytes:
@@ -165,9 +158,6 @@ class Api:
         self.client.close()
 
 
-_API: Api | None = None
-
-
 def _env(db: Path, tmp: Path) -> dict[str, str]:
     return {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
             "STRATA_DATABASE": str(db), "STRATA_API_KEYS": f"{KEY}, {OTHER_KEY}",
@@ -194,26 +184,10 @@ def start_api(run_result: RunResult) -> Api:
     zoo = zoo_run(tmp)
     out, _ = stability.communicate(timeout=300)
     assert stability.returncode == 0, out.decode()
-    port = free_port()
-    log = tmp / "serve.log"
-    with log.open("wb") as sink:  # the child keeps its own copy of the descriptor
-        proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--port",
-                                 str(port), "--no-local-worker"], env=env, stdout=sink,
-                                stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    client = httpx.Client(base_url=base, timeout=60)
-    api = Api(base, client, db, tmp, proc, log)
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            if client.get("/api/v1/health").status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            api.stop()
-            raise RuntimeError(f"strata serve did not start:\n{log.read_text()}")
-        time.sleep(0.2)
+    served = start_service(env, log=tmp / "serve.log", args=["--no-local-worker"],
+                           inherit=False)
+    client = httpx.Client(base_url=served.base, timeout=60)
+    api = Api(served.base, client, db, tmp, served.proc, served.log)
     shutil.copytree(zoo_path("tiny-2l-s0"), tmp / "checkpoints" / "mini")
     api.results = {"rand-3l": run_result, "rand-3l-v0": variant(run_result, metric_version="0"),
                    "rand-3l-raw": other_processing(run_result), "tiny-2l-s0": zoo,
@@ -223,48 +197,3 @@ def start_api(run_result: RunResult) -> Api:
         assert response.status_code == 201, response.text
         api.runs[name] = response.json()["run_id"]
     return api
-
-
-def api(run_result: RunResult) -> Api:
-    """The session's server (started on first use)."""
-    global _API
-    if _API is None:
-        _API = start_api(run_result)
-        atexit.register(_API.stop)
-    return _API
-
-
-# --------------------------------------------------------------------------- the harness itself
-
-
-def test_server_holds_the_database(server: Api) -> None:
-    """While `strata serve` runs, it is the one process with the file: the CLI says so."""
-    proc = subprocess.run([sys.executable, "-m", "service.cli", "db", "current"],
-                          env={**os.environ, "STRATA_DATABASE": str(server.db)},
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 5, proc.stderr
-    assert "serve" in proc.stderr
-    assert "held by process" in proc.stderr
-
-
-def test_a_second_server_is_refused_plainly(server: Api) -> None:
-    proc = subprocess.run([sys.executable, "-m", "service.cli", "serve", "--port",
-                           str(free_port())], env=_env(server.db, server.tmp),
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 5, proc.stderr
-    assert "held by process" in proc.stderr
-    assert "Traceback" not in proc.stderr
-
-
-def test_health_and_ready(server: Api) -> None:
-    assert server.get("/api/v1/health").json() == {"status": "ok"}
-    ready = server.get("/api/v1/ready")
-    assert ready.status_code == 200
-    assert ready.json()["status"] == "ready"
-    assert ready.json()["revision"] == ready.json()["head"]
-
-
-def test_seeded_runs_inferred_stages(server: Api) -> None:
-    runs = server.get("/api/v1/runs", params={"limit": 50}).json()
-    assert runs["total"] == len(server.results) + 1  # + the stability run
-    assert {r["status"] for r in runs["items"]} == {"succeeded"}

@@ -1,0 +1,45 @@
+"""The shared API server itself (tests/integration/api_server.py): while `strata serve` runs it
+is the one process holding the DuckDB file, a second server is refused plainly, and it answers
+health and readiness over what it was seeded with."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from tests.integration.api_server import Api, _env
+from tests.serving import free_port
+
+
+def test_server_holds_the_database(server: Api) -> None:
+    """While `strata serve` runs, it is the one process with the file: the CLI says so."""
+    proc = subprocess.run([sys.executable, "-m", "service.cli", "db", "current"],
+                          env={**os.environ, "STRATA_DATABASE": str(server.db)},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 5, proc.stderr
+    assert "serve" in proc.stderr
+    assert "held by process" in proc.stderr
+
+
+def test_a_second_server_is_refused_plainly(server: Api) -> None:
+    proc = subprocess.run([sys.executable, "-m", "service.cli", "serve", "--port",
+                           str(free_port())], env=_env(server.db, server.tmp),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 5, proc.stderr
+    assert "held by process" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_health_and_ready(server: Api) -> None:
+    assert server.get("/api/v1/health").json() == {"status": "ok"}
+    ready = server.get("/api/v1/ready")
+    assert ready.status_code == 200
+    assert ready.json()["status"] == "ready"
+    assert ready.json()["revision"] == ready.json()["head"]
+
+
+def test_seeded_runs_inferred_stages(server: Api) -> None:
+    runs = server.get("/api/v1/runs", params={"limit": 50}).json()
+    assert runs["total"] == len(server.results) + 1  # + the stability run
+    assert {r["status"] for r in runs["items"]} == {"succeeded"}
