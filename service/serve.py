@@ -180,8 +180,8 @@ def register_zoo(store: Any, settings: Settings) -> None:
     """First start (no model registered yet): register every shipped zoo model."""
     import sqlalchemy as sa
 
-    from service.store.models import RegisteredModel
     from service.store.registration import Registration, register
+    from service.store.tables import RegisteredModel
 
     with store.read() as conn:
         if conn.execute(sa.select(sa.func.count()).select_from(RegisteredModel)).scalar():

@@ -9,5 +9,5 @@
 - Planted controls (`compute.zoo.planted`): built from explicit weights with known answers —
   `planted-induction` (and refits `-s1`, `-s2`) and `planted-stages`.
 
-`compute.zoo.catalog` describes any of them without loading it (`strata zoo list` / `show`).
+`compute.zoo.describe` describes any of them without loading it (`strata zoo list` / `show`).
 """

@@ -1,7 +1,7 @@
 """Where the zoo's trained checkpoints live (`compute/zoo/checkpoints/<name>/`).
 
-A leaf module: the model sources (`compute.models.sources`), the planted controls and the
-catalog all read these paths, and it imports none of them.
+A leaf module: the model sources (`compute.models.sources`), the planted controls and
+`compute.zoo.describe` all read these paths, and it imports none of them.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Revision ID: 0003
 Revises: 0002
 Create Date: 2026-11-30
 
-Written by hand. No foreign keys or unique indexes (see `service/store/models/job.py`): a job
+Written by hand. No foreign keys or unique indexes (see `service/store/tables/job.py`): a job
 row is updated at every transition, and DuckDB rewrites indexed rows on update.
 """
 

@@ -1,7 +1,7 @@
 """Errors of the HTTP API, and the one place where every error becomes a response.
 
     StrataError                       (compute.errors)
-    └── ApiError                      refused by the API; carries its HTTP status
+    └── HttpError                     refused by the API; carries its HTTP status
         ├── BadRequestError     400   a parameter the schema cannot check is malformed
         ├── UnauthorizedError        401   no API key, or a wrong one
         ├── ForbiddenError           403   writes are switched off (no keys configured)
@@ -47,7 +47,7 @@ class ErrorBody(msgspec.Struct):
     status: int
 
 
-class ApiError(StrataError):
+class HttpError(StrataError):
     status = 500
 
     def __init__(self, detail: str, *, headers: dict[str, str] | None = None) -> None:
@@ -56,43 +56,43 @@ class ApiError(StrataError):
         self.headers = headers or {}
 
 
-class BadRequestError(ApiError):
+class BadRequestError(HttpError):
     status = 400
 
 
-class UnauthorizedError(ApiError):
+class UnauthorizedError(HttpError):
     status = 401
 
 
-class ForbiddenError(ApiError):
+class ForbiddenError(HttpError):
     status = 403
 
 
-class NotFoundError(ApiError):
+class NotFoundError(HttpError):
     status = 404
 
 
-class NotAcceptableError(ApiError):
+class NotAcceptableError(HttpError):
     status = 406
 
 
-class ConflictError(ApiError):
+class ConflictError(HttpError):
     status = 409
 
 
-class PayloadTooLargeError(ApiError):
+class PayloadTooLargeError(HttpError):
     status = 413
 
 
-class UnprocessableError(ApiError):
+class UnprocessableError(HttpError):
     status = 422
 
 
-class TooManyRequestsError(ApiError):
+class TooManyRequestsError(HttpError):
     status = 429
 
 
-class ServiceUnavailableError(ApiError):
+class ServiceUnavailableError(HttpError):
     status = 503
 
 
@@ -137,7 +137,7 @@ def handle_http_exception(_: Request[Any, Any, Any], exc: HTTPException) -> Resp
     return error_response(status, detail, dict(exc.headers or {}))
 
 
-def handle_api_error(_: Request[Any, Any, Any], exc: ApiError) -> Response[bytes]:
+def handle_http_error(_: Request[Any, Any, Any], exc: HttpError) -> Response[bytes]:
     return error_response(exc.status, exc.detail, exc.headers)
 
 
@@ -168,7 +168,7 @@ def handle_internal_error(request: Request[Any, Any, Any], exc: Exception) -> Re
 
 EXCEPTION_HANDLERS: dict[type[Exception], Any] = {
     HTTPException: handle_http_exception,
-    ApiError: handle_api_error,
+    HttpError: handle_http_error,
     StrataError: handle_strata_error,
     Exception: handle_internal_error,
 }

@@ -35,7 +35,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from service.store.models import JOB_STATES, Job
+from service.store.tables import JOB_STATES, JobRow
 
 if TYPE_CHECKING:
     from service.jobs.service import JobService
@@ -142,15 +142,15 @@ class StoreCollector(Collector):
     def _jobs(self) -> Iterator[Metric]:
         now = time.time()
         with self.store.read() as conn:
-            by_state = conn.execute(sa.select(Job.state, Job.queue, sa.func.count())
-                                    .group_by(Job.state, Job.queue)).all()
-            oldest = conn.execute(sa.select(Job.queue, sa.func.min(Job.created_at))
-                                  .where(Job.state == "queued").group_by(Job.queue)).all()
-            waits = conn.execute(sa.select(Job.queue, Job.created_at, Job.started_at)
-                                 .where(Job.started_at.is_not(None))).all()
-            lost = conn.execute(sa.select(sa.func.coalesce(sa.func.sum(Job.dispatch), 0))).scalar()
-            gave_up = conn.execute(sa.select(sa.func.count()).select_from(Job).where(
-                Job.state == "failed", Job.error.like("the worker was lost%"))).scalar()
+            by_state = conn.execute(sa.select(JobRow.state, JobRow.queue, sa.func.count())
+                                    .group_by(JobRow.state, JobRow.queue)).all()
+            oldest = conn.execute(sa.select(JobRow.queue, sa.func.min(JobRow.created_at))
+                                  .where(JobRow.state == "queued").group_by(JobRow.queue)).all()
+            waits = conn.execute(sa.select(JobRow.queue, JobRow.created_at, JobRow.started_at)
+                                 .where(JobRow.started_at.is_not(None))).all()
+            lost = conn.scalar(sa.select(sa.func.coalesce(sa.func.sum(JobRow.dispatch), 0)))
+            gave_up = conn.execute(sa.select(sa.func.count()).select_from(JobRow).where(
+                JobRow.state == "failed", JobRow.error.like("the worker was lost%"))).scalar()
         jobs = GaugeMetricFamily("strata_jobs", "jobs by state and queue",
                                  labels=["state", "queue"])
         queues = sorted({q for _, q, _ in by_state})

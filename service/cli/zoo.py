@@ -20,7 +20,7 @@ def zoo() -> None:
 def zoo_list() -> None:
     """Zoo models: trained checkpoints with their validation loss, and planted controls."""
     from compute.models import zoo_names
-    from compute.zoo.catalog import zoo_line
+    from compute.zoo.describe import zoo_line
 
     for name in zoo_names():
         click.echo(zoo_line(name))
@@ -31,7 +31,7 @@ def zoo_list() -> None:
 def zoo_show(name: str) -> None:
     """One zoo model as JSON: how it was trained, or for a planted control the answer it
     encodes (the values Strata's metrics should find)."""
-    from compute.zoo.catalog import zoo_entry
+    from compute.zoo.describe import zoo_entry
 
     try:
         entry = zoo_entry(name)

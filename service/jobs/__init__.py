@@ -3,11 +3,11 @@
     errors.py      the job errors (404, 409, 503 at the HTTP boundary)
     configs.py     a submission -> the run configuration it means (checked before queueing)
     board.py       what changes every few seconds, kept in memory: progress, leases, workers
-    repository.py  job rows in the store
     broker.py      sending a job to the broker (and knowing when the broker is down)
     service.py     submit, cancel, claim, heartbeat, fail, deliver, reconcile, maintain
     watch.py       checkpoint folders appearing in the watch folder
 
-Only the API process runs this package: it is the database's one writer. Workers reach it over
-HTTP (`service.worker.client`).
+Its queries of the database are the store's (`service.store.job_rows`). Only the API process
+runs this package: it is the database's one writer. Workers reach it over HTTP
+(`service.worker.client`).
 """

@@ -34,16 +34,15 @@ from sqlalchemy.orm import Session
 
 from compute.errors import SpecError
 from compute.run import METRIC_VERSION, RunConfig, RunResult
-from service.jobs import repository as repo
 from service.jobs.board import Board, Live, WorkerSeen
 from service.jobs.broker import OPS_QUEUE, Broker
 from service.jobs.configs import JobRequest, run_config
 from service.jobs.errors import JobConflictError, JobNotFoundError
 from service.settings import Settings
-from service.store import Store
+from service.store import Store, job_rows
 from service.store.errors import IngestError
 from service.store.ingest import IngestSummary, ingest_result
-from service.store.models import FINAL_STATES, JOB_STATES, Job, RegisteredModel, utcnow
+from service.store.tables import FINAL_STATES, JOB_STATES, JobRow, RegisteredModel, utcnow
 
 log = logging.getLogger("strata.jobs")
 
@@ -55,7 +54,7 @@ BACKGROUND_REASONS = ("reconcile",)
 class JobView:
     """A job as the API shows it: its row, its live progress, its model's name."""
 
-    job: Job
+    job: JobRow
     live: Live | None
     model: str
 
@@ -69,7 +68,7 @@ class Claimed:
     attempt: int
 
 
-def _still_queued(dispatch: int) -> Callable[[Job], bool]:
+def _still_queued(dispatch: int) -> Callable[[JobRow], bool]:
     return lambda job: job.state == "queued" and job.dispatch == dispatch
 
 
@@ -93,7 +92,7 @@ class JobService:
         self._threads: list[threading.Thread] = []
 
     # ------------------------------------------------------------------ reads
-    def view(self, job: Job, names: dict[int, str] | None = None) -> JobView:
+    def view(self, job: JobRow, names: dict[int, str] | None = None) -> JobView:
         live = self.board.live(job.id) if job.state == "running" else None
         if names is None:  # one job: its model's name only
             with self.store.read() as conn, Session(bind=conn) as session:
@@ -103,7 +102,7 @@ class JobService:
 
     def get(self, job_id: int) -> JobView:
         with self.store.read() as conn, Session(bind=conn, expire_on_commit=False) as session:
-            job = repo.get(session, job_id)
+            job = job_rows.get(session, job_id)
             if job is None:
                 raise JobNotFoundError(f"job {job_id} does not exist")
             session.expunge(job)
@@ -116,13 +115,13 @@ class JobService:
         with self.store.read() as conn, Session(bind=conn, expire_on_commit=False) as session:
             model_id = None
             if model is not None:
-                found = repo.model(session, model)
+                found = job_rows.model(session, model)
                 if found is None:
                     raise JobNotFoundError(f"no registered model is named {model!r}")
                 model_id = found.id
-            jobs, total = repo.page(session, state=state, model_id=model_id, limit=limit,
-                                    offset=offset)
-            names = repo.model_names(session)
+            jobs, total = job_rows.page(session, state=state, model_id=model_id, limit=limit,
+                                        offset=offset)
+            names = job_rows.model_names(session)
             session.expunge_all()
         return [self.view(j, names) for j in jobs], total
 
@@ -131,8 +130,8 @@ class JobService:
         from collections import Counter
 
         with self.store.read() as conn, Session(bind=conn) as session:
-            jobs = repo.recent(session, 1000)
-            names = repo.model_names(session)
+            jobs = job_rows.recent(session, 1000)
+            names = job_rows.model_names(session)
             states = Counter(j.state for j in jobs)
             running = [(j.id, names.get(j.model_id, str(j.model_id))) for j in jobs
                        if j.state == "running"]
@@ -177,13 +176,13 @@ class JobService:
     def configure(self, request: JobRequest) -> tuple[RegisteredModel, RunConfig]:
         """The model and run configuration a request means; `SpecError` naming what is wrong."""
         with self.store.read() as conn, Session(bind=conn, expire_on_commit=False) as session:
-            model = repo.model(session, request.model)
+            model = job_rows.model(session, request.model)
             if model is None:
                 raise SpecError(f"unknown model {request.model!r}: register it first "
                                 "(POST /api/v1/models or `strata models add`)")
             stored_tokens = None
             if request.tokens and request.tokens.startswith("source:"):
-                source = repo.token_source(session, request.tokens.removeprefix("source:"))
+                source = job_rows.token_source(session, request.tokens.removeprefix("source:"))
                 stored_tokens = source.spec if source is not None else None
             session.expunge(model)
         self._check_device(request.device)
@@ -207,38 +206,37 @@ class JobService:
         return self.view(job), new
 
     def _create(self, model: RegisteredModel, config: RunConfig, request: JobRequest,
-                reason: str) -> tuple[Job, bool]:
+                reason: str) -> tuple[JobRow, bool]:
         config_hash, version = config.config_hash(), config.metric_version
         with self.store.write() as conn, Session(bind=conn, expire_on_commit=False) as session:
-            live = repo.live_for(session, config_hash, version)
+            live = job_rows.live_for(session, config_hash, version)
             if live is not None:
                 return live, False
             state, run_id = "queued", None
             if not request.force:
-                done = repo.latest_for(session, config_hash, version, ("succeeded",))
+                done = job_rows.latest_for(session, config_hash, version, ("succeeded",))
                 if done is not None:
                     return done, False
-                run = repo.succeeded_run(session, config_hash, version)
+                run = job_rows.succeeded_run(session, config_hash, version)
                 if run is not None:  # computed elsewhere (`strata compute --store`): one run
                     state, run_id, reason = "succeeded", run.id, "stored"
-            job = Job(model_id=model.id, config_hash=config_hash, metric_version=version,
-                      config=json.loads(config.canonical_json()), families=sorted(
-                          config.families), device=request.device, dtype=config.model.dtype,
-                      state=state, reason=reason, forced=request.force, dispatch=0, attempts=0,
-                      queue=request.queue,
-                      run_id=run_id, created_at=utcnow())
+            job = JobRow(model_id=model.id, config_hash=config_hash, metric_version=version,
+                         config=json.loads(config.canonical_json()), families=sorted(
+                             config.families), device=request.device, dtype=config.model.dtype,
+                         state=state, reason=reason, forced=request.force, dispatch=0,
+                         attempts=0, queue=request.queue, run_id=run_id, created_at=utcnow())
             if state == "succeeded":
                 job.finished_at = job.created_at
             session.add(job)
             session.flush()
             return job, True
 
-    def _dispatch_new(self, job: Job) -> None:
+    def _dispatch_new(self, job: JobRow) -> None:
         try:
             self.broker.send(job.id, job.dispatch, job.queue)
         except Exception:
             with self.store.write() as conn, Session(bind=conn) as session:
-                stored = repo.get(session, job.id)
+                stored = job_rows.get(session, job.id)
                 if stored is not None and stored.state == "queued":
                     session.delete(stored)
                     session.flush()
@@ -246,11 +244,11 @@ class JobService:
         self._set(job.id, dispatched_at=utcnow())
         job.dispatched_at = utcnow()
 
-    def _set(self, job_id: int, *, only_if: Callable[[Job], bool] | None = None,
-             **values: Any) -> Job | None:
+    def _set(self, job_id: int, *, only_if: Callable[[JobRow], bool] | None = None,
+             **values: Any) -> JobRow | None:
         """Update a job's row (if `only_if` holds for it); the updated job, detached."""
         with self.store.write() as conn, Session(bind=conn, expire_on_commit=False) as session:
-            job = repo.get(session, job_id)
+            job = job_rows.get(session, job_id)
             if job is None or (only_if is not None and not only_if(job)):
                 return None
             for key, value in values.items():
@@ -277,7 +275,7 @@ class JobService:
         this dispatch number; a job asking for a device the worker lacks fails, clearly."""
         refused = None
         with self.store.write() as conn, Session(bind=conn, expire_on_commit=False) as session:
-            job = repo.get(session, job_id)
+            job = job_rows.get(session, job_id)
             if job is None:
                 raise JobNotFoundError(f"job {job_id} does not exist")
             if job.state != "queued" or job.dispatch != dispatch:
@@ -304,7 +302,7 @@ class JobService:
         """Record a running job's progress and renew its lease. True: the worker must stop (the
         job was cancelled, finished, or handed to another dispatch)."""
         with self.store.read() as conn, Session(bind=conn) as session:
-            job = repo.get(session, job_id)
+            job = job_rows.get(session, job_id)
             if job is None:
                 raise JobNotFoundError(f"job {job_id} does not exist")
             current = job.state == "running" and job.dispatch == dispatch
@@ -331,7 +329,7 @@ class JobService:
         cancelled job are refused (nothing stored)."""
 
         def mark(session: Session, summary: IngestSummary) -> None:
-            job = repo.get(session, job_id)
+            job = job_rows.get(session, job_id)
             if job is None:
                 raise JobNotFoundError(f"job {job_id} does not exist")
             if job.state == "cancelled":
@@ -359,11 +357,11 @@ class JobService:
             self.board.forget(job_id)
             max_attempts = self.settings.jobs.max_attempts
 
-            def lost(j: Job, dispatch: int = dispatch) -> bool:
+            def lost(j: JobRow, dispatch: int = dispatch) -> bool:
                 return j.state == "running" and j.dispatch == dispatch
 
             with self.store.write() as conn, Session(bind=conn, expire_on_commit=False) as s:
-                job = repo.get(s, job_id)
+                job = job_rows.get(s, job_id)
                 if job is None or not lost(job):
                     continue
                 if job.attempts >= max_attempts:
@@ -386,7 +384,7 @@ class JobService:
         between storing and sending), then the held reconciliation jobs that have a free
         worker. A broker that is down is tried again on the next round."""
         with self.store.read() as conn, Session(bind=conn) as session:
-            pending = repo.unsent(session, background=BACKGROUND_REASONS, held=False)
+            pending = job_rows.unsent(session, background=BACKGROUND_REASONS, held=False)
         for job_id, dispatch, queue in pending:
             if not self._send(job_id, dispatch, queue):
                 return
@@ -417,9 +415,9 @@ class JobService:
         try:
             with self._release_lock:
                 with self.store.read() as conn, Session(bind=conn) as session:
-                    busy = repo.busy_by_queue(session)
-                    held = repo.unsent(session, background=BACKGROUND_REASONS, held=True,
-                                       limit=1000)
+                    busy = job_rows.busy_by_queue(session)
+                    held = job_rows.unsent(session, background=BACKGROUND_REASONS, held=True,
+                                           limit=1000)
                 slots: dict[str, int] = {}
                 for job_id, dispatch, queue in held:
                     if queue not in slots:
@@ -439,7 +437,7 @@ class JobService:
         it, and could not send heartbeats while the API was down)."""
         with self.store.read() as conn, Session(bind=conn) as session:
             running = [(j.id, j.dispatch, j.worker or "?")
-                       for j in repo.in_state(session, "running")]
+                       for j in job_rows.in_state(session, "running")]
         self.board.grace(running)
 
     def reconcile_soon(self) -> None:
@@ -475,7 +473,7 @@ class JobService:
             return queued
         with self._reconcile_lock:
             with self.store.read() as conn, Session(bind=conn, expire_on_commit=False) as session:
-                models = repo.all_models(session)
+                models = job_rows.all_models(session)
                 session.expunge_all()
             for model in models:
                 if self._stopping.is_set():
@@ -487,8 +485,9 @@ class JobService:
                     continue
                 config_hash = config.config_hash()
                 with self.store.read() as conn, Session(bind=conn) as session:
-                    known = (repo.latest_for(session, config_hash, METRIC_VERSION) is not None
-                             or repo.succeeded_run(session, config_hash, METRIC_VERSION)
+                    known = (job_rows.latest_for(session, config_hash, METRIC_VERSION)
+                             is not None
+                             or job_rows.succeeded_run(session, config_hash, METRIC_VERSION)
                              is not None)
                 if known:
                     continue

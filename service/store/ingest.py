@@ -26,9 +26,13 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from compute.run import CODE_VERSION, RunResult
+from service.store.boundaries import infer_boundaries, store_boundaries
 from service.store.db import Store, raw_connection
 from service.store.errors import IngestError, RunNotFoundError
-from service.store.models import (
+from service.store.registry import register_model, register_token_source
+from service.store.rows import PreparedRows, parse_model_info, prepare_rows
+from service.store.runs import find_run
+from service.store.tables import (
     NEURON_COLUMNS,
     NEURON_TOKEN_COLUMNS,
     RESULT_COLUMNS,
@@ -37,10 +41,6 @@ from service.store.models import (
     StageBoundary,
     utcnow,
 )
-from service.store.registry import register_model, register_token_source
-from service.store.rows import PreparedRows, parse_model_info, prepare_rows
-from service.store.runs import find_run
-from service.store.stages import infer_boundaries, store_boundaries
 
 # Test seam: called inside the ingest transaction after the new rows are written, before commit.
 before_commit: Callable[[], None] | None = None

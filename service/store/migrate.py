@@ -1,7 +1,7 @@
 """Schema migrations, run programmatically (`strata db ...`, the API's readiness check).
 
 The migrations are the hand-written Alembic versions in `migrations/`; the schema they produce must
-equal what `service.store.models` declares (a test checks it through DuckDB's catalog).
+equal what `service.store.tables` declares (a test checks it through DuckDB's catalog).
 """
 
 from __future__ import annotations

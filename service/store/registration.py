@@ -31,7 +31,6 @@ from compute.errors import ModelLoadError, SpecError
 from compute.models import ModelSpec, Processing, load_model, resolve_model_spec
 from service.store.db import Store
 from service.store.errors import ModelConflictError, RegistrationError
-from service.store.models import RegisteredModel
 from service.store.registry import (
     default_model_name,
     fill_known_numbers,
@@ -39,6 +38,7 @@ from service.store.registry import (
     register_model,
 )
 from service.store.rows import ModelInfo, parse_model_info
+from service.store.tables import RegisteredModel
 
 
 @dataclass(frozen=True)

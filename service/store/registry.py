@@ -13,8 +13,8 @@ from sqlalchemy.orm import Session
 from compute.models import ModelSpec
 from compute.tokens import TokenSpec
 from service.store.errors import IngestError
-from service.store.models import RegisteredModel, TokenSource
 from service.store.rows import ModelInfo
+from service.store.tables import RegisteredModel, TokenSource
 
 # Architecture numbers that must agree between a registered model and new results for it.
 _SHAPE = ("n_layers", "d_model", "n_heads", "d_mlp", "d_vocab", "d_vocab_real", "n_ctx",

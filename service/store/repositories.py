@@ -23,7 +23,7 @@ from compute.metrics import FAMILIES
 from compute.records import RECORD_SCHEMA
 from compute.run import METRIC_VERSION
 from service.store.db import raw_connection
-from service.store.models import (
+from service.store.tables import (
     RefitFamily,
     RefitFamilyMember,
     RegisteredModel,

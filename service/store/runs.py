@@ -14,8 +14,8 @@ from sqlalchemy.orm import Session
 from compute.run import CODE_VERSION, RunConfig
 from service.store.db import Store
 from service.store.errors import RunNotFoundError, StoreError
-from service.store.models import Run, utcnow
 from service.store.registry import register_model, register_token_source
+from service.store.tables import Run, utcnow
 
 
 def find_run(session: Session, config_hash: str, metric_version: str) -> Run | None:

@@ -33,16 +33,16 @@ from compute.tokens import TokenSpec
 from service.store.db import Store, raw_connection
 from service.store.errors import IngestError
 from service.store.ingest import bulk_insert, delete_run_rows
-from service.store.models import (
+from service.store.registry import model_identity, register_model, register_token_source
+from service.store.rows import parse_model_info, prepare_rows
+from service.store.runs import find_run
+from service.store.tables import (
     RESULT_COLUMNS,
     RefitFamily,
     RefitFamilyMember,
     Run,
     utcnow,
 )
-from service.store.registry import model_identity, register_model, register_token_source
-from service.store.rows import parse_model_info, prepare_rows
-from service.store.runs import find_run
 
 STABILITY_FAMILY = "stability"
 

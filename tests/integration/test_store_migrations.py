@@ -1,5 +1,5 @@
 """Migrations: every revision up and down on a real DuckDB file; the migrated schema equals what
-the SQLAlchemy models declare (compared through DuckDB's catalog); upgrading and downgrading a
+the SQLAlchemy tables declare (compared through DuckDB's catalog); upgrading and downgrading a
 database that holds results loses nothing."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from compute.records import RECORD_COLUMNS
 from compute.run import RunResult
 from service.store import RevisionError, Store, migrate
 from service.store.ingest import ingest_result
-from service.store.models import Base
+from service.store.tables import Base
 from tests.integration.catalog import catalog, contents
 
 CORE_TABLES = ("models", "token_sources", "runs", "results", "neurons", "neuron_tokens")

@@ -9,7 +9,7 @@ from compute.run import RunResult
 from service.store import Store
 from service.store import repositories as repo
 from service.store.ingest import ingest_result
-from service.store.models import RefitFamily, RefitFamilyMember, StageBoundary
+from service.store.tables import RefitFamily, RefitFamilyMember, StageBoundary
 from tests.integration.synthetic import variant
 
 

@@ -20,7 +20,7 @@ from service.api.controllers.params import (
 )
 from service.api.docs import TabularOperation
 from service.api.errors import BadRequestError
-from service.api.queries import catalog, results
+from service.api.queries import models_and_runs, results
 from service.api.queries import neurons as neuron_queries
 from service.api.queries import stages as stage_queries
 from service.api.queries.answers import Answer
@@ -55,9 +55,9 @@ class ModelsController(Controller):
         """Registered models, by name; filtered, paginated (limit/offset)."""
         if limit > ctx.settings.api.max_page_size:
             raise BadRequestError(f"limit is at most {ctx.settings.api.max_page_size}")
-        return catalog.list_models(ctx.store, source=source, family=family,
-                                   architecture=architecture, name=name, min_layers=min_layers,
-                                   max_layers=max_layers, limit=limit, offset=offset)
+        return models_and_runs.list_models(
+            ctx.store, source=source, family=family, architecture=architecture, name=name,
+            min_layers=min_layers, max_layers=max_layers, limit=limit, offset=offset)
 
     @post("/", sync_to_thread=True, guards=[require_write_key], security=SECURITY,
           status_code=201, responses=errors(400, 401, 403, 409, 422))
@@ -71,12 +71,13 @@ class ModelsController(Controller):
                                   load_max_mb=ctx.settings.api.register_load_max_mb)
         if created and ctx.jobs is not None and ctx.settings.jobs.reconcile:
             ctx.jobs.reconcile_soon()
-        return Response(catalog.model_out(model, []), status_code=201 if created else 200)
+        return Response(models_and_runs.model_out(model, []),
+                        status_code=201 if created else 200)
 
     @get("/{model:str}", sync_to_thread=True, responses=errors(400, 404))
     def get_model(self, ctx: ApiContext, model: str, model_id: ModelId = None) -> ModelDetail:
         """A model by name (its latest registration) or id."""
-        return catalog.get_model(ctx.store, ctx.snapshot(), model, model_id)
+        return models_and_runs.get_model(ctx.store, ctx.snapshot(), model, model_id)
 
     @get("/{model:str}/metrics", responses=DATA_ERRORS,
          operation_class=TabularOperation)

@@ -15,11 +15,11 @@ from service.api.controllers.jobs import jobs_of
 from service.api.controllers.params import MetricVersion, ModelId
 from service.api.errors import BadRequestError, PayloadTooLargeError
 from service.api.formats import MEDIA_TYPES
-from service.api.queries import catalog
 from service.api.queries import ingest as ingest_queries
+from service.api.queries import models_and_runs
 from service.api.respond import ApiContext, errors
 from service.api.schemas.runs import IngestSummary, Run, RunPage
-from service.store.models import RUN_STATUSES
+from service.store.tables import RUN_STATUSES
 
 
 @dataclass
@@ -58,14 +58,14 @@ class RunsController(Controller):
             raise BadRequestError(f"limit is at most {ctx.settings.api.max_page_size}")
         if status is not None and status not in RUN_STATUSES:
             raise BadRequestError(f"status is one of {', '.join(RUN_STATUSES)}")
-        return catalog.list_runs(ctx.store, ctx.snapshot(), model=model, model_id=model_id,
-                                 status=status, family=family, metric_version=metric_version,
-                                 limit=limit, offset=offset)
+        return models_and_runs.list_runs(
+            ctx.store, ctx.snapshot(), model=model, model_id=model_id, status=status,
+            family=family, metric_version=metric_version, limit=limit, offset=offset)
 
     @get("/{run_id:int}", sync_to_thread=True, responses=errors(400, 404))
     def get_run(self, ctx: ApiContext, run_id: int) -> Run:
         """A run: status, progress, error, configuration, timings, environment."""
-        return catalog.get_run(ctx.store, ctx.snapshot(), run_id)
+        return models_and_runs.get_run(ctx.store, ctx.snapshot(), run_id)
 
     @post("/ingest", guards=[require_write_key], security=SECURITY, status_code=201,
           responses=errors(400, 401, 403, 404, 409, 413, 422, 503), request_max_body_size=None,

@@ -8,8 +8,8 @@ from compute.run import METRIC_VERSION
 from service.api.errors import NotFoundError, UnprocessableError
 from service.api.queries.answers import Answer, check_layers, check_metric, model_ref, run_ref
 from service.api.queries.cache import Reader
-from service.api.queries.catalog import utc
 from service.api.queries.index import Snapshot
+from service.api.queries.models_and_runs import utc
 from service.api.schemas.families import Family, Stability, StabilityRow
 from service.api.schemas.results import columns
 from service.store import repositories as repo

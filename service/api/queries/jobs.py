@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from service.api.queries.catalog import utc
+from service.api.queries.models_and_runs import utc
 from service.api.schemas.jobs import Job, JobProgress, Worker
 from service.jobs.board import WorkerSeen
 from service.jobs.service import JobView

@@ -1,7 +1,7 @@
 """Stage boundaries of models, and a metric aggregated over each stage (Polars).
 
-Boundaries come from the model's latest succeeded run that has them (they are inferred at
-ingest for runs with intervention, logit_lens and neurons: `service.store.stages`). Boundary k is
+Boundaries come from the model's latest succeeded run that has them (inferred at ingest for
+runs with intervention, logit_lens and neurons: `service.store.boundaries`). Boundary k is
 the first block of stage k+1, so stage k spans blocks [b_{k-1}, b_k - 1] with b_0 = 0 and
 b_4 = L. Each boundary also carries, lifted out of its stored evidence, its sharpness, the range
 of layers its signals give and its bootstrap interval over sequences (`boundary`). A stage is

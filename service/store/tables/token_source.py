@@ -8,7 +8,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Mapped, mapped_column
 
-from service.store.models.base import Base, utcnow
+from service.store.tables.base import Base, utcnow
 
 
 class TokenSource(Base):

@@ -9,7 +9,7 @@ from datetime import datetime
 import sqlalchemy as sa
 from sqlalchemy.orm import Mapped, mapped_column
 
-from service.store.models.base import Base, utcnow
+from service.store.tables.base import Base, utcnow
 
 
 class RefitFamily(Base):

@@ -1,31 +1,32 @@
-"""Job rows: the queries the job service makes (SQL lives here, decisions in `service.py`)."""
+"""Job rows: the queries the job service makes (SQL lives here, decisions in
+`service.jobs.service`)."""
 
 from __future__ import annotations
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from service.store.models import LIVE_STATES, Job, RegisteredModel, Run, TokenSource
+from service.store.tables import LIVE_STATES, JobRow, RegisteredModel, Run, TokenSource
 
 
-def get(session: Session, job_id: int) -> Job | None:
-    return session.get(Job, job_id)
+def get(session: Session, job_id: int) -> JobRow | None:
+    return session.get(JobRow, job_id)
 
 
-def live_for(session: Session, config_hash: str, metric_version: str) -> Job | None:
+def live_for(session: Session, config_hash: str, metric_version: str) -> JobRow | None:
     """The queued or running job of a configuration, if any."""
-    return session.scalars(sa.select(Job).where(
-        Job.config_hash == config_hash, Job.metric_version == metric_version,
-        Job.state.in_(LIVE_STATES)).order_by(Job.id.desc()).limit(1)).first()
+    return session.scalars(sa.select(JobRow).where(
+        JobRow.config_hash == config_hash, JobRow.metric_version == metric_version,
+        JobRow.state.in_(LIVE_STATES)).order_by(JobRow.id.desc()).limit(1)).first()
 
 
 def latest_for(session: Session, config_hash: str, metric_version: str,
-               states: tuple[str, ...] | None = None) -> Job | None:
-    query = sa.select(Job).where(Job.config_hash == config_hash,
-                                 Job.metric_version == metric_version)
+               states: tuple[str, ...] | None = None) -> JobRow | None:
+    query = sa.select(JobRow).where(JobRow.config_hash == config_hash,
+                                 JobRow.metric_version == metric_version)
     if states is not None:
-        query = query.where(Job.state.in_(states))
-    return session.scalars(query.order_by(Job.id.desc()).limit(1)).first()
+        query = query.where(JobRow.state.in_(states))
+    return session.scalars(query.order_by(JobRow.id.desc()).limit(1)).first()
 
 
 def succeeded_run(session: Session, config_hash: str, metric_version: str) -> Run | None:
@@ -57,32 +58,33 @@ def token_source(session: Session, ref: str) -> TokenSource | None:
 
 
 def page(session: Session, *, state: str | None, model_id: int | None, limit: int,
-         offset: int) -> tuple[list[Job], int]:
+         offset: int) -> tuple[list[JobRow], int]:
     """Jobs, newest first, filtered; and how many match."""
     where = []
     if state is not None:
-        where.append(Job.state == state)
+        where.append(JobRow.state == state)
     if model_id is not None:
-        where.append(Job.model_id == model_id)
-    total = session.scalar(sa.select(sa.func.count()).select_from(Job).where(*where)) or 0
-    rows = session.scalars(sa.select(Job).where(*where).order_by(Job.id.desc())
+        where.append(JobRow.model_id == model_id)
+    total = session.scalar(sa.select(sa.func.count()).select_from(JobRow).where(*where)) or 0
+    rows = session.scalars(sa.select(JobRow).where(*where).order_by(JobRow.id.desc())
                            .limit(limit).offset(offset))
     return list(rows), int(total)
 
 
-def in_state(session: Session, state: str) -> list[Job]:
-    return list(session.scalars(sa.select(Job).where(Job.state == state).order_by(Job.id)))
+def in_state(session: Session, state: str) -> list[JobRow]:
+    return list(session.scalars(sa.select(JobRow).where(JobRow.state == state).order_by(JobRow.id)))
 
 
-def recent(session: Session, limit: int) -> list[Job]:
-    return list(session.scalars(sa.select(Job).order_by(Job.id.desc()).limit(limit)))
+def recent(session: Session, limit: int) -> list[JobRow]:
+    return list(session.scalars(sa.select(JobRow).order_by(JobRow.id.desc()).limit(limit)))
 
 
 def busy_by_queue(session: Session) -> dict[str, int]:
     """Per queue: jobs a worker runs or whose message waits in the broker."""
-    rows = session.execute(sa.select(Job.queue, sa.func.count()).where(sa.or_(
-        Job.state == "running",
-        sa.and_(Job.state == "queued", Job.dispatched_at.is_not(None)))).group_by(Job.queue))
+    busy = sa.or_(JobRow.state == "running",
+                  sa.and_(JobRow.state == "queued", JobRow.dispatched_at.is_not(None)))
+    rows = session.execute(sa.select(JobRow.queue, sa.func.count()).where(busy)
+                           .group_by(JobRow.queue))
     return {str(queue): int(n) for queue, n in rows.all()}
 
 
@@ -90,9 +92,9 @@ def unsent(session: Session, *, background: tuple[str, ...], held: bool,
            limit: int | None = None) -> list[tuple[int, int, str]]:
     """(id, dispatch, queue) of queued jobs no message was sent for, oldest first: the
     background ones (reason in `background`) when `held`, the others (people's) otherwise."""
-    reason = Job.reason.in_(background)
-    query = (sa.select(Job.id, Job.dispatch, Job.queue)
-             .where(Job.state == "queued", Job.dispatched_at.is_(None),
+    reason = JobRow.reason.in_(background)
+    query = (sa.select(JobRow.id, JobRow.dispatch, JobRow.queue)
+             .where(JobRow.state == "queued", JobRow.dispatched_at.is_(None),
                     reason if held else sa.not_(reason))
-             .order_by(Job.id).limit(limit))
+             .order_by(JobRow.id).limit(limit))
     return [(int(i), int(d), str(q)) for i, d, q in session.execute(query).all()]

@@ -21,7 +21,7 @@ from typing import Any, Literal
 import sqlalchemy as sa
 from sqlalchemy.orm import Mapped, mapped_column
 
-from service.store.models.base import Base, utcnow
+from service.store.tables.base import Base, utcnow
 
 JobState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 JOB_STATES: tuple[str, ...] = ("queued", "running", "succeeded", "failed", "cancelled")
@@ -29,7 +29,7 @@ LIVE_STATES: tuple[str, ...] = ("queued", "running")
 FINAL_STATES: tuple[str, ...] = ("succeeded", "failed", "cancelled")
 
 
-class Job(Base):
+class JobRow(Base):
     __tablename__ = "jobs"
     __table_args__ = (
         sa.CheckConstraint("state IN ('queued', 'running', 'succeeded', 'failed', 'cancelled')"),

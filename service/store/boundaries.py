@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from compute.errors import SpecError
 from compute.stages import infer_stages
-from service.store.models import StageBoundary
+from service.store.tables import StageBoundary
 
 STAGE_FAMILIES = frozenset({"intervention", "logit_lens", "neurons"})
 

@@ -11,8 +11,8 @@ from service.api.schemas.models import AppliedProcessing, Model, ModelDetail, Mo
 from service.api.schemas.runs import Run, RunPage, Timings
 from service.store import Store
 from service.store import repositories as repo
-from service.store.models import RegisteredModel
-from service.store.models import Run as RunRow
+from service.store.tables import RegisteredModel
+from service.store.tables import Run as RunRow
 
 
 def utc(value: datetime | None) -> datetime | None:

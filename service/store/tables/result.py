@@ -14,7 +14,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.orm import Mapped, mapped_column
 
-from service.store.models.base import Base
+from service.store.tables.base import Base
 
 RESULT_COLUMNS: tuple[str, ...] = ("run_id", "metric", "layer", "component", "head", "neuron",
                                    "value", "stderr", "n", "unit", "relative_depth")

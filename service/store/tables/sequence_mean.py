@@ -12,7 +12,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.orm import Mapped, mapped_column
 
-from service.store.models.base import Base
+from service.store.tables.base import Base
 
 SEQUENCE_MEAN_COLUMNS: tuple[str, ...] = (
     "run_id", "metric", "layer", "component", "head", "sequence", "value")

@@ -13,7 +13,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Mapped, mapped_column
 
-from service.store.models.base import Base, utcnow
+from service.store.tables.base import Base, utcnow
 
 
 class StageBoundary(Base):

@@ -14,7 +14,7 @@ from typing import Any, Literal
 import sqlalchemy as sa
 from sqlalchemy.orm import Mapped, mapped_column
 
-from service.store.models.base import Base, utcnow
+from service.store.tables.base import Base, utcnow
 
 RunStatus = Literal["queued", "running", "succeeded", "failed"]
 RUN_STATUSES: tuple[str, ...] = ("queued", "running", "succeeded", "failed")

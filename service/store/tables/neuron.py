@@ -11,7 +11,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.orm import Mapped, mapped_column
 
-from service.store.models.base import Base
+from service.store.tables.base import Base
 
 NEURON_COLUMNS: tuple[str, ...] = (
     "run_id", "layer", "neuron", "vocab_mean", "vocab_var", "vocab_skew", "vocab_kurt", "n",
@@ -21,7 +21,7 @@ NEURON_TOKEN_COLUMNS: tuple[str, ...] = (
     "cosine")
 
 
-class NeuronRow(Base):
+class NeuronStatsRow(Base):
     __tablename__ = "neurons"
 
     run_id: Mapped[int] = mapped_column(sa.BigInteger, sa.ForeignKey("runs.id"))

@@ -1,0 +1,29 @@
+"""The store's tables, one module each, on one declarative `Base` (its metadata is the schema
+that the migrations must produce; `tests/integration/test_store_migrations.py` checks they do).
+
+`JobRow` (`jobs`) and `NeuronStatsRow` (`neurons`) end in `Row` because `Job` and `NeuronRow` name
+the API's schemas of the same things (`service.api.schemas`)."""
+
+from service.store.tables.base import Base, utcnow
+from service.store.tables.family import RefitFamily, RefitFamilyMember
+from service.store.tables.job import FINAL_STATES, JOB_STATES, LIVE_STATES, JobRow, JobState
+from service.store.tables.neuron import (
+    NEURON_COLUMNS,
+    NEURON_TOKEN_COLUMNS,
+    NeuronStatsRow,
+    NeuronToken,
+)
+from service.store.tables.registered_model import RegisteredModel
+from service.store.tables.result import RESULT_COLUMNS, Result
+from service.store.tables.run import RUN_STATUSES, Run, RunStatus
+from service.store.tables.sequence_mean import SEQUENCE_MEAN_COLUMNS, SequenceMean
+from service.store.tables.stage import StageBoundary
+from service.store.tables.token_source import TokenSource
+
+__all__ = [
+    "FINAL_STATES", "JOB_STATES", "LIVE_STATES", "NEURON_COLUMNS", "NEURON_TOKEN_COLUMNS",
+    "RESULT_COLUMNS", "RUN_STATUSES", "SEQUENCE_MEAN_COLUMNS", "Base", "JobRow", "JobState",
+    "NeuronStatsRow", "NeuronToken",
+    "RefitFamily", "RefitFamilyMember", "RegisteredModel", "Result", "Run", "RunStatus",
+    "SequenceMean", "StageBoundary", "TokenSource", "utcnow",
+]
