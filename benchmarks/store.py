@@ -47,6 +47,7 @@ from compute.models import ModelSpec  # noqa: E402
 from compute.records import RECORD_SCHEMA, unit_of  # noqa: E402
 from compute.run import NEURON_TOKENS_SCHEMA, RunConfig, RunResult  # noqa: E402
 from compute.tokens import TokenSpec  # noqa: E402
+from service.api.queries.index import StoreIndex  # noqa: E402
 from service.store import Store  # noqa: E402
 from service.store import repositories as repo  # noqa: E402
 from service.store.db import raw_connection  # noqa: E402
@@ -214,19 +215,27 @@ def bench_queries(folder: Path, total_runs: int, n_models: int, repeat: int,
         upgrade(store)
 
         def measure() -> dict[str, float]:
+            # runs picked as the API picks them: its in-memory index (built once per write)
+            snap = StoreIndex(store).snapshot()
             with store.read() as conn:
-                model_id = repo.find_models(conn, names[0])[0].id
+                model_id = snap.model(names[0]).id
 
                 def per_layer_neurons() -> object:
-                    run = repo.current_run(conn, model_id, family="neurons")
+                    run = snap.current_run(model_id, family="neurons", metric_version="1")
                     return repo.neurons(conn, run.id, layer=layer, neuron_class="prediction",
                                         top_k=20)
 
                 def per_layer_metric() -> object:
-                    return repo.current_results(conn, model_id, "intervention.kl", layer=layer)
+                    run = snap.current_run(model_id, family="intervention",
+                                           metric_version="1")
+                    return repo.rows_of_runs(conn, [run.id], ["intervention.kl"],
+                                             layer_min=layer, layer_max=layer)
 
                 def cross_model() -> object:
-                    return repo.cross_model(conn, "intervention.kl", component="drop")
+                    runs = [snap.current_run(m, family="intervention", metric_version="1")
+                            for m in snap.models]
+                    return repo.rows_of_runs(conn, [r.id for r in runs if r],
+                                             ["intervention.kl"], component="drop")
 
                 assert cross_model().height == n_models * n_layers  # type: ignore[attr-defined]
                 return {"per_layer_neurons_ms": 1e3 * _median(per_layer_neurons, repeat),

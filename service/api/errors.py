@@ -34,17 +34,10 @@ from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 
 from compute.errors import SpecError, StrataError
+from service.api.schemas.errors import ErrorBody
 from service.store.errors import DatabaseHeldError, ModelConflictError
 
 log = logging.getLogger("strata.api")
-
-
-class ErrorBody(msgspec.Struct):
-    """The body of every error answer."""
-
-    error: str
-    detail: str
-    status: int
 
 
 class HttpError(StrataError):

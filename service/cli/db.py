@@ -161,26 +161,22 @@ def backup(path: Path, keep: int | None, url: str | None) -> None:
 
 def _backup_through_service(url: str, path: Path, keep: int | None,
                             held: StoreError | None) -> dict[str, Any]:
-    import httpx
+    from service.cli.http import send
+    from service.client.errors import ApiError, UnreachableError
 
-    from service.worker.client import error_detail
-
-    settings = get_settings()
-    key = settings.client_key()
     body: dict[str, Any] = {"path": str(path.absolute())}
     if keep is not None:
         body["keep"] = keep
     try:
-        answer = httpx.post(f"{url.rstrip('/')}/api/v1/admin/backup", json=body, timeout=3600,
-                            headers={"X-API-Key": key} if key else {})
-    except httpx.HTTPError as exc:
+        answer = send(url, "POST", "/api/v1/admin/backup", json=body, timeout=3600)
+    except UnreachableError as exc:
         if held is not None:
-            fail(f"{held} No service answers at {url} to make the backup ({exc}): give "
+            fail(f"{held} No service answers at {url} to make the backup ({exc.reason}): give "
                  "--url, or stop the process and run this again.", EXIT_HELD)
-        fail(f"the service at {url} cannot be reached ({exc})", EXIT_UNREACHABLE)
-    if answer.status_code >= 400:
-        fail(f"the service refused the backup: {error_detail(answer)} (HTTP "
-             f"{answer.status_code})", EXIT_BAD_INPUT if answer.status_code < 500 else 1)
+        fail(f"the service at {url} cannot be reached ({exc.reason})", EXIT_UNREACHABLE)
+    except ApiError as exc:
+        fail(f"the service refused the backup: {exc.detail} (HTTP {exc.status})",
+             EXIT_BAD_INPUT if exc.status < 500 else 1)
     result: dict[str, Any] = answer.json()
     return result
 

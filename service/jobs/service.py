@@ -34,6 +34,7 @@ from sqlalchemy.orm import Session
 
 from compute.errors import SpecError
 from compute.run import METRIC_VERSION, RunConfig, RunResult
+from service.api.schemas.runs import IngestSummary
 from service.jobs.board import Board, Live, WorkerSeen
 from service.jobs.broker import OPS_QUEUE, Broker
 from service.jobs.configs import JobRequest, run_config
@@ -41,7 +42,7 @@ from service.jobs.errors import JobConflictError, JobNotFoundError
 from service.settings import Settings
 from service.store import Store, job_rows
 from service.store.errors import IngestError
-from service.store.ingest import IngestSummary, ingest_result
+from service.store.ingest import ingest_result
 from service.store.tables import FINAL_STATES, JOB_STATES, JobRow, RegisteredModel, utcnow
 
 log = logging.getLogger("strata.jobs")

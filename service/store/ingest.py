@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import timedelta
 
 import pyarrow as pa
@@ -26,6 +25,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from compute.run import CODE_VERSION, RunResult
+from service.api.schemas.runs import IngestSummary
 from service.store.boundaries import infer_boundaries, store_boundaries
 from service.store.db import Store, raw_connection
 from service.store.errors import IngestError, RunNotFoundError
@@ -48,18 +48,6 @@ before_commit: Callable[[], None] | None = None
 # Tables owned by a run, children first (DuckDB has no ON DELETE CASCADE).
 _RUN_ROWS = (("neuron_tokens", NEURON_TOKEN_COLUMNS), ("neurons", NEURON_COLUMNS),
              ("results", RESULT_COLUMNS), ("sequence_means", SEQUENCE_MEAN_COLUMNS))
-
-
-@dataclass(frozen=True)
-class IngestSummary:
-    run_id: int
-    model_id: int
-    replaced: bool
-    results: int
-    neurons: int
-    neuron_tokens: int
-    stage_boundaries: int = 0
-    sequence_means: int = 0
 
 
 def ingest_result(store: Store, result: RunResult, *, run_id: int | None = None,

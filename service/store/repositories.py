@@ -1,11 +1,12 @@
-"""The queries the API serves, in SQL. Entities come back as ORM objects, row sets as Polars
-frames (or Arrow, for exports in the record format).
+"""The queries the API serves, in SQL, and only those. Entities come back as ORM objects, row
+sets as Polars frames.
 
-"Current" results of a model are those of its latest succeeded run under the current
-`METRIC_VERSION` that computed the metric's family; older runs stay queryable by id.
-Row queries first resolve the run ids (a small lookup in `runs`), then filter `results` or
-`neurons` by run id: a run's rows sit together, so DuckDB's zone maps skip other runs' row groups
-and the cost of a query does not grow with the number of runs stored.
+Which run is "current" for a model and metric family is decided once, by the serving index
+(`service.api.queries.index.Snapshot.current_run`, from `run_index` below), and told to
+clients in the model answers (`current_runs`); the queries here take run ids.
+Row queries filter `results` or `neurons` by run id: a run's rows sit together, so DuckDB's
+zone maps skip other runs' row groups and the cost of a query does not grow with the number of
+runs stored.
 """
 
 from __future__ import annotations
@@ -15,20 +16,16 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 import polars as pl
-import pyarrow as pa
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from compute.metrics import FAMILIES
-from compute.records import RECORD_SCHEMA
-from compute.run import METRIC_VERSION
 from service.store.db import raw_connection
 from service.store.tables import (
     RefitFamily,
     RefitFamilyMember,
     RegisteredModel,
     Run,
-    StageBoundary,
 )
 
 NeuronClass = Literal["prediction", "suppression", "partition"]
@@ -51,12 +48,6 @@ def family_of(metric: str) -> str | None:
 
 
 # --------------------------------------------------------------------------- models and runs
-
-
-def list_models(conn: sa.Connection) -> list[RegisteredModel]:
-    with Session(bind=conn) as session:
-        return list(session.scalars(sa.select(RegisteredModel)
-                                    .order_by(RegisteredModel.name, RegisteredModel.id)))
 
 
 def filter_models(conn: sa.Connection, *, source: str | None = None,
@@ -112,14 +103,6 @@ def get_model(conn: sa.Connection, model_id: int) -> RegisteredModel | None:
         return session.get(RegisteredModel, model_id)
 
 
-def find_models(conn: sa.Connection, name: str) -> list[RegisteredModel]:
-    """Models registered under `name` (one per distinct processing / revision)."""
-    with Session(bind=conn) as session:
-        return list(session.scalars(sa.select(RegisteredModel)
-                                    .where(RegisteredModel.name == name)
-                                    .order_by(RegisteredModel.id)))
-
-
 def get_run(conn: sa.Connection, run_id: int) -> Run | None:
     with Session(bind=conn) as session:
         return session.get(Run, run_id)
@@ -155,91 +138,7 @@ def count_runs(conn: sa.Connection, *, model_id: int | None = None, status: str 
     return int(conn.execute(query).scalar() or 0)
 
 
-def current_runs(conn: sa.Connection, *, family: str | None = None,
-                 model_ids: Sequence[int] | None = None,
-                 metric_version: str = METRIC_VERSION) -> dict[int, int]:
-    """model id -> id of its current run (latest succeeded under `metric_version`, computing
-    `family` when given)."""
-    where = ["status = 'succeeded'", "metric_version = ?"]
-    params: list[Any] = [metric_version]
-    if family is not None:
-        where.append("list_contains(CAST(families AS VARCHAR[]), ?)")
-        params.append(family)
-    if model_ids is not None:
-        where.append(f"model_id IN ({_ids(model_ids)})")
-    rows = raw_connection(conn).execute(f"""
-        SELECT model_id, arg_max(id, (finished_at, id)) AS run_id FROM runs
-        WHERE {' AND '.join(where)} GROUP BY model_id""", params).fetchall()
-    return {int(model): int(run) for model, run in rows}
-
-
-def current_run(conn: sa.Connection, model_id: int, *, family: str | None = None,
-                metric_version: str = METRIC_VERSION) -> Run | None:
-    run_id = current_runs(conn, family=family, model_ids=[model_id],
-                          metric_version=metric_version).get(model_id)
-    return None if run_id is None else get_run(conn, run_id)
-
-
 # --------------------------------------------------------------------------- record rows
-
-
-def run_results(conn: sa.Connection, run_id: int, *, metric: str | None = None,
-                component: str | None = None, layer: int | None = None,
-                heads: bool | None = None) -> pl.DataFrame:
-    """A run's record rows (neuron moments excepted: see `neurons`), filtered.
-
-    `heads=True` keeps per-head rows only, `heads=False` per-layer rows only.
-    """
-    where, params = [f"run_id = {int(run_id)}"], []
-    for column, value in (("metric", metric), ("component", component), ("layer", layer)):
-        if value is not None:
-            where.append(f"{column} = ?")
-            params.append(value)
-    if heads is not None:
-        where.append("head IS NOT NULL" if heads else "head IS NULL")
-    return _frame(conn, f"""
-        SELECT {RECORD_SELECT} FROM results WHERE {' AND '.join(where)}
-        ORDER BY metric, component, layer, head""", params)
-
-
-def current_results(conn: sa.Connection, model_id: int, metric: str, *,
-                    component: str | None = None, layer: int | None = None,
-                    metric_version: str = METRIC_VERSION) -> pl.DataFrame:
-    """The rows of `metric` from the model's current run (empty if it has none)."""
-    run = current_runs(conn, family=family_of(metric), model_ids=[model_id],
-                       metric_version=metric_version).get(model_id)
-    frame = run_results(conn, -1 if run is None else run, metric=metric, component=component,
-                        layer=layer)
-    return frame.with_columns(pl.lit(run, pl.Int64).alias("run_id"))
-
-
-def cross_model(conn: sa.Connection, metric: str, *, component: str | None = None,
-                model_ids: Sequence[int] | None = None, heads: bool = False,
-                relative_depth: tuple[float, float] | None = None,
-                metric_version: str = METRIC_VERSION) -> pl.DataFrame:
-    """`metric` for every model's current run, side by side: model id and name, run id, and the
-    record columns with relative depth (optionally within [lo, hi])."""
-    runs = current_runs(conn, family=family_of(metric), model_ids=model_ids,
-                        metric_version=metric_version)
-    where = ["res.metric = ?", "res.head IS NOT NULL" if heads else "res.head IS NULL"]
-    params: list[Any] = [metric]
-    if component is not None:
-        where.append("res.component = ?")
-        params.append(component)
-    if relative_depth is not None:
-        where.append("res.relative_depth BETWEEN ? AND ?")
-        params.extend(relative_depth)
-    # One equality filter per run (UNION ALL) so each branch is pruned by the run_id zone maps,
-    # however scattered the current runs' ids are.
-    per_run = [f"SELECT {int(run)}::BIGINT AS run_id, {RECORD_SELECT} FROM results res "
-               f"WHERE res.run_id = {int(run)} AND {' AND '.join(where)}" for run in runs.values()]
-    if not per_run:
-        per_run = [f"SELECT NULL::BIGINT AS run_id, {RECORD_SELECT} FROM results res WHERE FALSE"]
-    return _frame(conn, f"""
-        WITH rows AS ({' UNION ALL '.join(per_run)})
-        SELECT m.id AS model_id, m.name AS model, m.n_layers, rows.*
-        FROM rows JOIN runs r ON r.id = rows.run_id JOIN models m ON m.id = r.model_id
-        ORDER BY m.name, m.id, rows.component, rows.layer, rows.head""", params * len(runs))
 
 
 def sequence_means(conn: Any, run_id: int, metrics: Sequence[str] | None = None
@@ -263,32 +162,6 @@ def sequence_means(conn: Any, run_id: int, metrics: Sequence[str] | None = None
         WHERE {' AND '.join(where)}
         ORDER BY metric, component NULLS FIRST, layer NULLS FIRST, head NULLS FIRST, sequence
         """, params)
-
-
-def run_records(conn: sa.Connection, run_id: int) -> pa.Table:
-    """Every record of a run in the record format (docs/metrics.md) (`RECORD_SCHEMA`), for exports:
-    the record rows and the per-neuron moments turned back into records."""
-    moments = " UNION ALL ".join(
-        f"SELECT 'neurons.{m}' AS metric, layer, NULL::VARCHAR AS component, NULL::INTEGER AS "
-        f"head, neuron, {m} AS value, NULL::DOUBLE AS stderr, n, "
-        f"'{_unit(m)}' AS unit FROM neurons WHERE run_id = {int(run_id)}"
-        for m in ("vocab_mean", "vocab_var", "vocab_skew", "vocab_kurt"))
-    sql = f"""
-        SELECT metric, layer, component, head, neuron, value, stderr, n, unit FROM results
-        WHERE run_id = {int(run_id)}
-        UNION ALL {moments}
-        ORDER BY metric, component NULLS FIRST, layer, head, neuron"""
-    table = raw_connection(conn).sql(sql).to_arrow_table()
-    return table.cast(RECORD_SCHEMA)
-
-
-def _unit(moment: str) -> str:
-    from compute.records import unit_of
-
-    unit = unit_of(f"neurons.{moment}")
-    if unit is None:  # the catalog lost a name the store relies on: a programming error
-        raise LookupError(f"neurons.{moment} is not in the catalog")
-    return unit
 
 
 def rows_of_runs(conn: Any, run_ids: Sequence[int], metrics: Sequence[str], *,
@@ -369,7 +242,7 @@ def family_by_name(conn: sa.Connection, name: str) -> RefitFamily | None:
                                ).one_or_none()
 
 
-# --------------------------------------------------------------------------- neurons and heads
+# --------------------------------------------------------------------------- neurons
 
 
 def neurons(conn: Any, run_id: int, *, layer: int | None = None,
@@ -421,28 +294,7 @@ def neurons(conn: Any, run_id: int, *, layer: int | None = None,
         ORDER BY {order}""", params)
 
 
-def heads(conn: sa.Connection, run_id: int, metric: str, *, layer: int | None = None
-          ) -> pl.DataFrame:
-    """Per-head rows of `metric` in a run (e.g. `heads.induction`, `attention.prev_1`)."""
-    return run_results(conn, run_id, metric=metric, layer=layer, heads=True)
-
-
-# --------------------------------------------------------------------------- stages, families
-
-
-def stage_boundaries(conn: sa.Connection, *, model_id: int | None = None,
-                     run_id: int | None = None) -> list[StageBoundary]:
-    """Stage boundaries of a run, or of a model's current run (as inferred for it)."""
-    if run_id is None:
-        if model_id is None:
-            raise ValueError("give a model_id or a run_id")
-        run_id = current_runs(conn, model_ids=[model_id]).get(model_id)
-        if run_id is None:
-            return []
-    with Session(bind=conn) as session:
-        return list(session.scalars(sa.select(StageBoundary)
-                                    .where(StageBoundary.run_id == run_id)
-                                    .order_by(StageBoundary.boundary)))
+# --------------------------------------------------------------------------- families
 
 
 def list_families(conn: sa.Connection) -> list[RefitFamily]:

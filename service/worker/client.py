@@ -1,102 +1,81 @@
-"""The worker's side of the HTTP conversation with the API (the database's one owner).
+"""The worker's side of the HTTP conversation with the API (the database's one owner), on the
+shared transport (`service.client.transport`) and decoded with the API's schemas.
 
 Every call retries connection failures and 5xx answers with exponential backoff (capped), for
 as long as its deadline allows: results finished while the API is down are delivered once it is
-back. A 4xx answer is final and raised as `RefusedError` with the API's message.
+back (the API makes each of these calls idempotent: claims by dispatch, ingest by configuration
+hash). A 4xx answer is final and raised as the `ApiError` of its status, with the API's `detail`;
+an exhausted deadline as `UnreachableError` (both `service.client.errors`).
 """
 
 from __future__ import annotations
 
-import logging
-import time
-from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
-import httpx
-
-log = logging.getLogger("strata.worker")
+from service.api.schemas.jobs import Claimed, HeartbeatAnswer, Reconciled
+from service.api.schemas.runs import IngestSummary
+from service.client.transport import READS, RetryPolicy, Transport, decode
 
 ARROW = "application/vnd.apache.arrow.stream"
+V1 = "/api/v1"
 
 
-def error_detail(answer: httpx.Response) -> str:
-    """What an error answer says to fix: the `detail` of the API's error body, else its text."""
-    try:
-        return str(answer.json().get("detail", answer.text))
-    except ValueError:
-        return answer.text
+def until(deadline_s: float) -> RetryPolicy:
+    """The worker's policy: every method, 5xx included, from 0.2 s doubling to 10 s, until
+    `deadline_s` has passed; a 429 is final like any 4xx (not waited out)."""
+    return RetryPolicy(methods=READS | {"POST"}, attempts=None, deadline_s=deadline_s,
+                       backoff_s=0.2, max_backoff_s=10.0, server_errors=True,
+                       rate_limit_wait_s=0.0)
 
 
-class RefusedError(Exception):
-    """The API answered 4xx: the request will not succeed by repeating it."""
-
-    def __init__(self, status: int, detail: str) -> None:
-        super().__init__(f"{status}: {detail}")
-        self.status, self.detail = status, detail
-
-
-class UnreachableError(Exception):
-    """The API did not answer within the deadline."""
-
-
-@dataclass
 class ApiClient:
-    url: str
-    key: str | None
-    timeout_s: float = 30.0
+    """The API at `url`, with the worker's key; a context manager that closes its connections."""
 
-    def _headers(self) -> dict[str, str]:
-        return {"X-API-Key": self.key} if self.key else {}
+    def __init__(self, url: str, key: str | None, timeout_s: float = 30.0) -> None:
+        self.url, self.key, self.timeout_s = url, key, timeout_s
 
-    def call(self, method: str, path: str, *, deadline_s: float, json: Any = None,
-             content: bytes | None = None, params: dict[str, Any] | None = None,
-             content_type: str | None = None) -> Any:
-        """One API call, retried on connection errors and 5xx until `deadline_s` has passed."""
-        headers = self._headers()
-        if content_type:
-            headers["Content-Type"] = content_type
-        end, delay = time.monotonic() + deadline_s, 0.2
-        while True:
-            try:
-                answer = httpx.request(method, f"{self.url.rstrip('/')}{path}", json=json,
-                                       content=content, params=params, headers=headers,
-                                       timeout=self.timeout_s)
-                if answer.status_code < 500:
-                    break
-                problem = f"HTTP {answer.status_code}"
-            except httpx.HTTPError as exc:
-                problem = f"{type(exc).__name__}: {exc}"
-            if time.monotonic() + delay > end:
-                raise UnreachableError(f"{method} {path}: {problem}")
-            log.info("API %s %s not answered (%s); retrying in %.1f s", method, path, problem,
-                     delay)
-            time.sleep(delay)
-            delay = min(delay * 2, 10.0)
-        if answer.status_code >= 400:
-            raise RefusedError(answer.status_code, error_detail(answer))
-        return answer.json() if answer.content else None
+    @cached_property
+    def _transport(self) -> Transport:
+        return Transport(self.url, self.key, timeout=self.timeout_s)
 
-    def claim(self, job_id: int, dispatch: int, worker: str, device: str) -> dict[str, Any]:
-        return dict(self.call("POST", f"/api/v1/jobs/{job_id}/claim", deadline_s=600,
-                              json={"dispatch": dispatch, "worker": worker, "device": device}))
+    def close(self) -> None:
+        if "_transport" in self.__dict__:
+            self._transport.close()
+
+    def __enter__(self) -> ApiClient:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def claim(self, job_id: int, dispatch: int, worker: str, device: str) -> Claimed:
+        answer = self._transport.request(
+            "POST", f"{V1}/jobs/{job_id}/claim", policy=until(600),
+            json={"dispatch": dispatch, "worker": worker, "device": device})
+        return decode(answer, Claimed)
 
     def heartbeat(self, job_id: int, dispatch: int, worker: str, **progress: Any) -> bool:
         """True: stop (cancelled, or the job was handed to another dispatch)."""
-        answer = self.call("POST", f"/api/v1/jobs/{job_id}/heartbeat", deadline_s=5,
-                           json={"dispatch": dispatch, "worker": worker, **progress})
-        return bool(answer["stop"])
+        answer = self._transport.request(
+            "POST", f"{V1}/jobs/{job_id}/heartbeat", policy=until(5),
+            json={"dispatch": dispatch, "worker": worker, **progress})
+        return decode(answer, HeartbeatAnswer).stop
 
     def fail(self, job_id: int, dispatch: int, worker: str, error: str, deadline_s: float
              ) -> None:
-        self.call("POST", f"/api/v1/jobs/{job_id}/fail", deadline_s=deadline_s,
-                  json={"dispatch": dispatch, "worker": worker, "error": error})
+        self._transport.request("POST", f"{V1}/jobs/{job_id}/fail", policy=until(deadline_s),
+                                json={"dispatch": dispatch, "worker": worker, "error": error})
 
-    def deliver(self, job_id: int, body: bytes, deadline_s: float) -> dict[str, Any]:
-        return dict(self.call("POST", "/api/v1/runs/ingest", deadline_s=deadline_s,
-                              content=body, params={"job_id": job_id}, content_type=ARROW))
+    def deliver(self, job_id: int, body: bytes, deadline_s: float) -> IngestSummary:
+        answer = self._transport.request(
+            "POST", f"{V1}/runs/ingest", policy=until(deadline_s), content=body,
+            params={"job_id": job_id}, headers={"Content-Type": ARROW})
+        return decode(answer, IngestSummary)
 
     def reconcile(self) -> list[int]:
-        return list(self.call("POST", "/api/v1/jobs/reconcile", deadline_s=60)["queued"])
+        answer = self._transport.request("POST", f"{V1}/jobs/reconcile", policy=until(60))
+        return decode(answer, Reconciled).queued
 
     def worker_alive(self, **about: Any) -> None:
-        self.call("POST", "/api/v1/workers/heartbeat", deadline_s=2, json=about)
+        self._transport.request("POST", f"{V1}/workers/heartbeat", policy=until(2), json=about)

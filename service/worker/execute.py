@@ -17,9 +17,10 @@ from typing import Any
 
 from compute.engine import Progress
 from compute.errors import StrataError
+from service.client.errors import ApiError, UnreachableError
 from service.settings import Settings
 from service.worker.cache import ModelCache
-from service.worker.client import ApiClient, RefusedError, UnreachableError
+from service.worker.client import ApiClient
 
 log = logging.getLogger("strata.worker")
 
@@ -71,7 +72,7 @@ class Reporter:
         try:
             if self.client.heartbeat(self.job_id, self.dispatch, self.worker, **fields):
                 self.stop_requested.set()
-        except RefusedError as exc:
+        except ApiError as exc:
             if exc.status in (404, 409):
                 self.stop_requested.set()
         except UnreachableError as exc:  # the API is down: keep computing, try again next beat
@@ -92,13 +93,13 @@ def run_job(job_id: int, dispatch: int, *, settings: Settings, client: ApiClient
 
     try:
         claimed = client.claim(job_id, dispatch, me.name, me.device)
-    except RefusedError as exc:  # stale message, cancelled job, wrong device: the API decided
+    except ApiError as exc:  # stale message, cancelled job, wrong device: the API decided
         log.info("job %s (dispatch %s) not started: %s", job_id, dispatch, exc.detail)
         return "refused"
     deadline = settings.worker.delivery_timeout_s
     with Reporter(client, job_id, dispatch, me.name, settings.worker.heartbeat_s) as reporter:
         try:
-            config = with_worker_budgets(RunConfig.model_validate(claimed["config"]),
+            config = with_worker_budgets(RunConfig.model_validate(claimed.config),
                                          settings)
             lm = cache.get(config.model, me.device)
             result = compute_run(config, device=me.device, progress=reporter.progress, lm=lm)
@@ -115,7 +116,7 @@ def run_job(job_id: int, dispatch: int, *, settings: Settings, client: ApiClient
         except JobCancelledError:
             log.info("job %s cancelled: stopped, nothing stored", job_id)
             return "cancelled"
-        except RefusedError as exc:  # the API refused the results (cancelled meanwhile, or invalid)
+        except ApiError as exc:  # the API refused the results (cancelled meanwhile, or invalid)
             if exc.status == 409:
                 log.info("job %s: results not stored: %s", job_id, exc.detail)
                 return "cancelled"
@@ -150,6 +151,6 @@ def _fail(client: ApiClient, job_id: int, dispatch: int, me: Identity, message: 
     log.warning("job %s failed: %s", job_id, message)
     try:
         client.fail(job_id, dispatch, me.name, message, deadline_s=deadline)
-    except RefusedError as exc:
+    except ApiError as exc:
         log.info("failure of job %s not recorded: %s", job_id, exc.detail)
     return "failed"

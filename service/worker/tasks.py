@@ -9,11 +9,12 @@ import threading
 
 from celery import signals
 
+from service.client.errors import ApiError, UnreachableError
 from service.jobs.broker import COMPUTE_TASK, RECONCILE_TASK
 from service.settings import get_settings
 from service.worker.app import app
 from service.worker.cache import process_cache
-from service.worker.client import ApiClient, RefusedError, UnreachableError
+from service.worker.client import ApiClient
 from service.worker.execute import Identity, run_job
 
 log = logging.getLogger("strata.worker")
@@ -34,14 +35,16 @@ def identity() -> Identity:
 @app.task(name=COMPUTE_TASK, bind=True, acks_late=True, reject_on_worker_lost=True)
 def compute_job(self: object, job_id: int, dispatch: int) -> str:
     settings = get_settings()
-    return run_job(job_id, dispatch, settings=settings, client=client(), me=identity(),
-                   cache=process_cache(settings.worker.model_cache_size))
+    with client() as api:
+        return run_job(job_id, dispatch, settings=settings, client=api, me=identity(),
+                       cache=process_cache(settings.worker.model_cache_size))
 
 
 @app.task(name=RECONCILE_TASK)
 def reconcile() -> list[int]:
     """Ask the API (the database's owner) to queue what registered models lack."""
-    return client().reconcile()
+    with client() as api:
+        return api.reconcile()
 
 
 @signals.worker_init.connect
@@ -87,7 +90,7 @@ def _announce(sender: object = None, **_: object) -> None:
             try:
                 api.worker_alive(name=me.name, device=me.device, dtype=settings.worker.dtype,
                                  queues=queues, host=socket.gethostname(), pid=os.getpid())
-            except (RefusedError, UnreachableError) as exc:
+            except (ApiError, UnreachableError) as exc:
                 log.debug("worker heartbeat not delivered: %s", exc)
             threading.Event().wait(settings.worker.heartbeat_s)
 

@@ -31,6 +31,26 @@ def test_list_filter_and_paginate(server: Api) -> None:
     assert server.get(f"{V1}/models", params={"limit": 0}).status_code == 400
     assert server.get(f"{V1}/models", params={"limit": 501}).status_code == 400
     assert server.get(f"{V1}/models", params={"family": "nope"}).json()["total"] == 0
+    # each model says which run the data endpoints read for each family; the same as one model
+    listed = {m["name"]: m["current_runs"] for m in every["items"]}
+    assert listed["tiny-2l-s0"] == server.get(f"{V1}/models/tiny-2l-s0").json()["current_runs"]
+    assert set(listed["tiny-2l-s0"].values()) == {server.runs["tiny-2l-s0"]}
+    assert list(every["items"][0])[-1] == "current_runs"
+
+
+def test_current_runs_are_the_runs_data_answers_read(server: Api) -> None:
+    """`current_runs` names, for every family, the run a data answer reads without `run_id`."""
+    model = server.get(f"{V1}/models/tiny-2l-s0").json()
+    examples = {"intervention": "intervention.kl", "logit_lens": "logit_lens.kl_to_final",
+                "attention": "attention.bos"}
+    checked = 0
+    for family, run_id in model["current_runs"].items():
+        if family in examples:
+            metrics = server.get(f"{V1}/models/tiny-2l-s0/metrics",
+                                 params={"metric": examples[family]}).json()
+            assert metrics["run"]["id"] == run_id
+            checked += 1
+    assert checked
 
 
 def test_one_model(server: Api) -> None:
@@ -40,6 +60,9 @@ def test_one_model(server: Api) -> None:
     assert model["processing"]["fold_ln"] is True
     assert model["n_runs"] == 1
     assert model["current_run_id"] == server.runs["tiny-2l-s0"]
+    run = server.get(f"{V1}/runs/{server.runs['tiny-2l-s0']}").json()
+    assert model["current_runs"] == {f: run["id"] for f in run["families"]}
+    assert list(model)[-4:] == ["current_runs", "n_runs", "current_run_id", "same_name_ids"]
     assert model["registered_at"].endswith("Z") or model["registered_at"].endswith("+00:00")
     missing = server.get(f"{V1}/models/tiny-2l-s1")
     assert missing.status_code == 404

@@ -92,7 +92,7 @@ def test_compute_store_keeps_the_per_sequence_means(tmp_path: Path) -> None:
     with Store.open(db, threads=1) as store, store.read() as conn:
         [run] = repo.list_runs(conn)
         means = repo.sequence_means(conn, run.id, ["intervention.swap_minus_drop_kl"])
-        records = repo.run_results(conn, run.id, metric="intervention.swap_minus_drop_kl")
+        records = repo.rows_of_runs(conn, [run.id], ["intervention.swap_minus_drop_kl"])
     assert run.metric_version == "2"
     assert means.height == 4  # one swap (layers 0, 1) of a 2-layer model x 4 sequences
     assert records["n"].to_list() == [4]

@@ -71,9 +71,14 @@ def test_health_models_and_one_model(reader: Client, service: Service) -> None:
     assert reader.models(name="tiny-4l-s0")["name"].to_list() == ["tiny-4l-s0"]
     assert reader.models(min_layers=3)["n_layers"].min() >= 3  # type: ignore[operator]
     one = reader.model("tiny-2l-s0")
-    assert one["n_layers"] == 2
-    assert one["current_run_id"] is not None
-    assert reader.model(one["id"])["name"] == "tiny-2l-s0"
+    assert one.n_layers == 2
+    assert one.current_run_id is not None
+    assert reader.model(one.id).name == "tiny-2l-s0"
+    # decoded with the API's own schema: every field of its answer, current runs included
+    api = raw(service, "/models/tiny-2l-s0")
+    assert set(one.__struct_fields__) == set(api)
+    assert reader.current_runs("tiny-2l-s0") == api["current_runs"]
+    assert one.current_run_id in one.current_runs.values()
 
 
 def test_metrics_are_the_api_rows(reader: Client, service: Service) -> None:
@@ -143,7 +148,7 @@ def test_stages(reader: Client, service: Service) -> None:
 
 def test_families_and_stability(reader: Client, service: Service) -> None:
     families = reader.families()
-    assert [f["name"] for f in families] == [FAMILY]
+    assert [f.name for f in families] == [FAMILY]
     stability = reader.stability(FAMILY)
     metrics = set(stability["metric"].to_list())
     assert {"heads.stability", "heads.stability_null"} <= metrics
@@ -159,6 +164,12 @@ def test_runs(reader: Client, service: Service) -> None:
     mine = reader.runs(model="tiny-2l-s0", status="succeeded", family="heads")
     assert mine["model"].unique().to_list() == ["tiny-2l-s0"]
     assert mine.schema["finished_at"] == pl.Datetime("us", "UTC")
+    # the columns are the schema's (timings spread out), in its order
+    assert runs.columns[:4] == ["id", "model_id", "model", "status"]
+    assert {"created_at", "started_at", "finished_at", "wall_s", "stderr_basis"} <= set(
+        runs.columns)
+    first = raw(service, "/runs", limit=1)["items"][0]
+    assert runs.row(0, named=True)["config_hash"] == first["config_hash"]
 
 
 def assert_error(exc: ApiError, response: httpx.Response) -> None:
@@ -203,7 +214,7 @@ def test_write_errors(reader: Client, client: Client, service: Service) -> None:
     with pytest.raises(UnauthorizedError):
         reader.cancel(1)
     same = client.register("tiny-2l-s0", "zoo:tiny-2l-s0")  # the same registration: 200
-    assert same["name"] == "tiny-2l-s0"
+    assert same.name == "tiny-2l-s0"
     with pytest.raises(ConflictError):
         client.register("another-name", "zoo:tiny-2l-s0")
     with pytest.raises(UnprocessableError):
@@ -225,6 +236,8 @@ def test_submit_and_wait(client: Client, service: Service) -> None:
                         n_sequences=2, seq_len=16)
     assert job.state in ("queued", "running")
     assert job.families == ["intervention", "logit_lens"]
+    assert (job.queue, job.forced) == ("gpu", False)  # the API's Job: every field it answers
+    assert set(job.__struct_fields__) == set(raw(service, f"/jobs/{job.id}"))
     done = client.wait(job, timeout=300, poll_s=0.2, on_progress=seen.append)
     assert done.state == "succeeded"
     assert done.run_id is not None

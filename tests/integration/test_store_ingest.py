@@ -19,6 +19,7 @@ from service.store import IngestError, RunNotFoundError, Store, ingest
 from service.store import repositories as repo
 from service.store import runs as lifecycle
 from service.store.ingest import ingest_result
+from tests.integration.stored import current_run, stored_records
 from tests.integration.synthetic import variant
 
 
@@ -27,6 +28,10 @@ def _counts(store: Store) -> dict[str, int]:
         return {t: conn.exec_driver_sql(f"SELECT count(*) FROM {t}").scalar() for t in
                 ("models", "token_sources", "runs", "results", "neurons", "neuron_tokens",
                  "sequence_means")}
+
+
+def _metrics(result: RunResult) -> set[str]:
+    return set(result.records.column("metric").to_pylist())
 
 
 def _sorted(table: pa.Table) -> list[dict[str, object]]:
@@ -38,7 +43,7 @@ def test_round_trip_returns_every_record(store: Store, run_result: RunResult) ->
     summary = ingest_result(store, run_result)
     assert not summary.replaced
     with store.read() as conn:
-        stored = repo.run_records(conn, summary.run_id)
+        stored = stored_records(conn, summary.run_id, _metrics(run_result))
         run = repo.get_run(conn, summary.run_id)
         model = repo.get_model(conn, summary.model_id)
     assert _sorted(stored) == _sorted(run_result.records)
@@ -60,8 +65,10 @@ def test_same_run_again_replaces_it(store: Store, run_result: RunResult) -> None
     assert second.run_id == first.run_id
     assert second.replaced
     assert _counts(store) == counts
+    current = current_run(store, first.model_id, family="intervention")
+    assert current is not None
     with store.read() as conn:
-        kl = repo.current_results(conn, first.model_id, "intervention.kl", component="drop")
+        kl = repo.rows_of_runs(conn, [current.id], ["intervention.kl"], component="drop")
     expected = [2 * r["value"] for r in run_result.records.to_pylist()
                 if r["metric"] == "intervention.kl" and r["component"] == "drop"]
     assert kl["value"].to_list() == pytest.approx(expected)
@@ -74,9 +81,8 @@ def test_other_configuration_or_version_is_another_run(store: Store,
     c = ingest_result(store, variant(run_result, metric_version="0"))
     assert len({a.run_id, b.run_id, c.run_id}) == 3
     assert a.model_id == b.model_id == c.model_id
-    with store.read() as conn:
-        assert repo.current_run(conn, a.model_id).id == b.run_id  # latest under version "2"
-        assert repo.current_run(conn, a.model_id, metric_version="0").id == c.run_id
+    assert current_run(store, a.model_id).id == b.run_id  # latest under version "2"
+    assert current_run(store, a.model_id, metric_version="0").id == c.run_id
 
 
 def test_readers_see_old_rows_until_commit(store: Store, run_result: RunResult,
@@ -86,7 +92,7 @@ def test_readers_see_old_rows_until_commit(store: Store, run_result: RunResult,
 
     def look() -> None:  # another connection, mid-transaction
         with store.read() as conn:
-            seen.extend(repo.run_results(conn, run_id, metric="intervention.kl")["value"])
+            seen.extend(repo.rows_of_runs(conn, [run_id], ["intervention.kl"])["value"])
 
     monkeypatch.setattr(ingest, "before_commit", look)
     ingest_result(store, variant(run_result, scale=3.0))
@@ -94,7 +100,7 @@ def test_readers_see_old_rows_until_commit(store: Store, run_result: RunResult,
                 if r["metric"] == "intervention.kl"]
     assert sorted(seen) == pytest.approx(sorted(original))
     with store.read() as conn:
-        now = repo.run_results(conn, run_id, metric="intervention.kl")["value"].to_list()
+        now = repo.rows_of_runs(conn, [run_id], ["intervention.kl"])["value"].to_list()
     assert sorted(now) == pytest.approx(sorted(3 * v for v in original))
 
 
@@ -102,7 +108,7 @@ def test_error_inside_the_transaction_keeps_previous_rows(store: Store, run_resu
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     run_id = ingest_result(store, run_result).run_id
     with store.read() as conn:
-        before = repo.run_records(conn, run_id)
+        before = stored_records(conn, run_id, _metrics(run_result))
 
     def fail() -> None:
         raise OSError("disk full")
@@ -113,7 +119,7 @@ def test_error_inside_the_transaction_keeps_previous_rows(store: Store, run_resu
     with pytest.raises(OSError, match="disk full"):
         ingest_result(store, variant(run_result, seed=3))
     with store.read() as conn:
-        assert repo.run_records(conn, run_id).equals(before)
+        assert stored_records(conn, run_id, _metrics(run_result)).equals(before)
         assert len(repo.list_runs(conn)) == 1
 
 
@@ -223,8 +229,8 @@ def test_failed_run_is_not_current(store: Store, run_result: RunResult) -> None:
     first = ingest_result(store, run_result)
     newer = lifecycle.enqueue(store, variant(run_result, seed=4).config)
     lifecycle.mark_failed(store, newer.id, "CUDA out of memory")
+    assert current_run(store, first.model_id).id == first.run_id
     with store.read() as conn:
-        assert repo.current_run(conn, first.model_id).id == first.run_id
         failed = repo.get_run(conn, newer.id)
     assert failed.status == "failed"
     assert failed.error == "CUDA out of memory"

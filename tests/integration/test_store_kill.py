@@ -17,11 +17,13 @@ from service.store import Store
 from service.store import repositories as repo
 from service.store.ingest import ingest_result
 from service.store.migrate import ensure_current
+from tests.integration.stored import MOMENTS, stored_records
 from tests.integration.synthetic import synthetic_result
 
 # 3 x 40,000 neurons: 480k records, 120k neuron rows -- enough that DuckDB writes row groups to
 # the file before the commit (optimistic writes), so the kill leaves uncommitted blocks behind.
 LAYERS, NEURONS = 3, 40_000
+METRICS = [f"neurons.{m}" for m in MOMENTS]  # what a synthetic result stores
 
 CHILD = """
 import pickle, sys, time
@@ -66,7 +68,7 @@ def test_kill_during_ingest_leaves_previous_results(tmp_path: Path, db_path: Pat
         ensure_current(store)
         run_id = ingest_result(store, original).run_id
         with store.read() as conn:
-            before = repo.run_records(conn, run_id)
+            before = stored_records(conn, run_id, METRICS)
     # Same model and configuration (so the same run) with other values, or another run.
     replacement = (synthetic_result(LAYERS, NEURONS, seed=1, scale=2.0) if same_run
                    else synthetic_result(LAYERS, NEURONS, seed=2, name="other"))
@@ -76,12 +78,12 @@ def test_kill_during_ingest_leaves_previous_results(tmp_path: Path, db_path: Pat
         ensure_current(store)
         with store.read() as conn:
             assert [r.id for r in repo.list_runs(conn)] == [run_id]
-            assert len(repo.list_models(conn)) == 1
-            assert repo.run_records(conn, run_id).equals(before)
+            assert repo.filter_models(conn)[1] == 1
+            assert stored_records(conn, run_id, METRICS).equals(before)
             counts = conn.exec_driver_sql(
                 "SELECT (SELECT count(*) FROM neurons), (SELECT count(*) FROM results)").one()
         assert tuple(counts) == (LAYERS * NEURONS, 0)
         # and the file still takes writes
         again = ingest_result(store, replacement)
         with store.read() as conn:
-            assert repo.run_records(conn, again.run_id).num_rows == 4 * LAYERS * NEURONS
+            assert stored_records(conn, again.run_id, METRICS).num_rows == 4 * LAYERS * NEURONS

@@ -1,4 +1,5 @@
-"""The repository queries the API serves, on a real DuckDB file."""
+"""The repository queries the API serves, on a real DuckDB file, with the runs picked as the
+API picks them (`Snapshot.current_run`)."""
 
 from __future__ import annotations
 
@@ -6,10 +7,12 @@ import polars as pl
 import pytest
 
 from compute.run import RunResult
+from service.api.queries.index import StoreIndex
 from service.store import Store
 from service.store import repositories as repo
 from service.store.ingest import ingest_result
 from service.store.tables import RefitFamily, RefitFamilyMember, StageBoundary
+from tests.integration.stored import current_run
 from tests.integration.synthetic import variant
 
 
@@ -34,24 +37,32 @@ def _records(result: RunResult) -> pl.DataFrame:
 
 def test_models_and_runs(store: Store, filled: dict[str, int]) -> None:
     with store.read() as conn:
-        assert [m.name for m in repo.list_models(conn)] == ["rand-3l", "rand-b"]
-        assert [m.id for m in repo.find_models(conn, "rand-b")] == [filled["model_b"]]
+        assert [m.name for m in repo.filter_models(conn)[0]] == ["rand-3l", "rand-b"]
+        named, total = repo.filter_models(conn, name="rand-b")
+        assert ([m.id for m in named], total) == ([filled["model_b"]], 1)
         assert len(repo.list_runs(conn, model_id=filled["model_a"])) == 3
         assert len(repo.list_runs(conn, metric_version="0")) == 1
-        assert repo.current_runs(conn) == {filled["model_a"]: filled["a_latest"],
-                                           filled["model_b"]: filled["b"]}
-        assert repo.current_run(conn, filled["model_a"], family="neurons").id == filled["a_latest"]
-        assert repo.current_run(conn, filled["model_a"], family="stability") is None
+    snap = StoreIndex(store).snapshot()
+    assert {m: snap.current_run(m).id for m in (filled["model_a"], filled["model_b"])
+            } == {filled["model_a"]: filled["a_latest"], filled["model_b"]: filled["b"]}
+    assert current_run(store, filled["model_a"], family="neurons").id == filled["a_latest"]
+    assert current_run(store, filled["model_a"], family="stability") is None
+    # what the model answers tell clients: every family of the current runs, one place
+    assert set(snap.current_runs(filled["model_a"]).values()) == {filled["a_latest"]}
+    assert "neurons" in snap.current_runs(filled["model_a"])
 
 
 def test_current_results_of_a_model(store: Store, filled: dict[str, int],
                                     run_result: RunResult) -> None:
+    latest = current_run(store, filled["model_a"], family="logit_lens")
+    older = current_run(store, filled["model_a"], family="logit_lens", metric_version="0")
+    assert latest is not None
+    assert older is not None
     with store.read() as conn:
-        rows = repo.current_results(conn, filled["model_a"], "logit_lens.kl_to_final")
-        old = repo.current_results(conn, filled["model_a"], "logit_lens.kl_to_final",
-                                   metric_version="0")
-        layer = repo.current_results(conn, filled["model_a"], "intervention.kl", component="swap",
-                                     layer=1)
+        rows = repo.rows_of_runs(conn, [latest.id], ["logit_lens.kl_to_final"])
+        old = repo.rows_of_runs(conn, [older.id], ["logit_lens.kl_to_final"])
+        layer = repo.rows_of_runs(conn, [latest.id], ["intervention.kl"], component="swap",
+                                  layer_min=1, layer_max=1)
     expected = _records(run_result).filter(pl.col("metric") == "logit_lens.kl_to_final")
     assert rows["run_id"].unique().to_list() == [filled["a_latest"]]
     assert rows["value"].to_list() == pytest.approx((2 * expected["value"]).to_list())
@@ -62,17 +73,20 @@ def test_current_results_of_a_model(store: Store, filled: dict[str, int],
 
 
 def test_cross_model_rows(store: Store, filled: dict[str, int]) -> None:
+    runs = {m: current_run(store, m, family="intervention").id
+            for m in (filled["model_a"], filled["model_b"])}
+    heads_run = current_run(store, filled["model_b"], family="heads").id
     with store.read() as conn:
-        rows = repo.cross_model(conn, "intervention.kl", component="drop")
-        mid = repo.cross_model(conn, "intervention.kl", component="drop",
-                               relative_depth=(0.4, 0.6))
-        heads = repo.cross_model(conn, "heads.induction", heads=True,
-                                 model_ids=[filled["model_b"]])
-    assert rows.group_by("model").len().sort("model").rows() == [("rand-3l", 3), ("rand-b", 3)]
+        rows = repo.rows_of_runs(conn, list(runs.values()), ["intervention.kl"],
+                                 component="drop")
+        heads = repo.rows_of_runs(conn, [heads_run], ["heads.induction"], heads=True)
+    assert rows.group_by("run_id").len().sort("run_id").rows() == sorted(
+        (run, 3) for run in runs.values())
     assert set(rows["run_id"]) == {filled["a_latest"], filled["b"]}
+    mid = rows.filter(pl.col("relative_depth").is_between(0.4, 0.6))
     assert mid["layer"].to_list() == [1, 1]
     assert heads.height == 3 * 4
-    assert set(heads["model"]) == {"rand-b"}
+    assert set(heads["run_id"]) == {filled["b"]}
 
 
 def test_neurons_top_k_with_tokens(store: Store, filled: dict[str, int],
@@ -99,7 +113,7 @@ def test_neurons_top_k_with_tokens(store: Store, filled: dict[str, int],
 
 def test_heads_by_metric(store: Store, filled: dict[str, int]) -> None:
     with store.read() as conn:
-        rows = repo.heads(conn, filled["a_first"], "heads.ablation_kl")
+        rows = repo.rows_of_runs(conn, [filled["a_first"]], ["heads.ablation_kl"], heads=True)
     assert rows.height == 3 * 4
     assert rows["head"].null_count() == 0
 
@@ -123,12 +137,15 @@ def test_stages_and_families(store: Store, filled: dict[str, int]) -> None:
         session.add_all([RefitFamilyMember(family_id=family.id, model_id=m)
                          for m in (filled["model_a"], filled["model_b"])])
         session.flush()
+    staged = {m: current_run(store, m, staged=True).id
+              for m in (filled["model_a"], filled["model_b"])}
     with store.read() as conn:
-        stages = repo.stage_boundaries(conn, model_id=filled["model_a"])
-        assert [(s.boundary, s.found, s.layer) for s in stages] == [(1, True, 1), (2, False, None)]
-        assert stages[0].evidence == {"kl": [3.0, 0.2]}
+        stages = repo.boundaries_of_runs(conn, [staged[filled["model_a"]]])
+        assert [(s["boundary"], s["found"], s["layer"]) for s in stages] == [
+            (1, True, 1), (2, False, None)]
+        assert stages[0]["evidence"] == {"kl": [3.0, 0.2]}
         # model b's boundaries are the ones inferred at ingest
-        assert [s.boundary for s in repo.stage_boundaries(conn, model_id=filled["model_b"])
+        assert [s["boundary"] for s in repo.boundaries_of_runs(conn, [staged[filled["model_b"]]])
                 ] == [1, 2, 3]
         [family] = repo.list_families(conn)
         assert [m.name for m in repo.family_members(conn, family.id)] == ["rand-3l", "rand-b"]
@@ -148,6 +165,6 @@ def test_reingest_drops_stages_inferred_from_the_old_rows(store: Store, run_resu
         session.flush()
     ingest_result(store, run_result)
     with store.read() as conn:
-        rows = repo.stage_boundaries(conn, run_id=summary.run_id)
-    assert [b.boundary for b in rows] == [1, 2, 3]
-    assert "stale" not in {b.rule for b in rows}
+        rows = repo.boundaries_of_runs(conn, [summary.run_id])
+    assert [b["boundary"] for b in rows] == [1, 2, 3]
+    assert "stale" not in {b["rule"] for b in rows}

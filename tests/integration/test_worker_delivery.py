@@ -16,6 +16,8 @@ from compute.models import ModelSpec, load_model
 from compute.run import RunConfig
 from compute.tokens import TokenSpec
 from service.api.queries.ingest import decode
+from service.api.schemas.jobs import Claimed
+from service.api.schemas.runs import IngestSummary
 from service.settings import Settings
 from service.store import Store
 from service.store import repositories as repo
@@ -33,15 +35,15 @@ class RecordingClient:
         self.delivered: list[bytes] = []
         self.failed: list[str] = []
 
-    def claim(self, job_id: int, dispatch: int, worker: str, device: str) -> dict[str, Any]:
-        return {"config": self.config.model_dump(mode="json")}
+    def claim(self, job_id: int, dispatch: int, worker: str, device: str) -> Claimed:
+        return Claimed(config=self.config.model_dump(mode="json"), device=device, attempt=1)
 
     def heartbeat(self, job_id: int, dispatch: int, worker: str, **progress: Any) -> bool:
         return False
 
-    def deliver(self, job_id: int, body: bytes, deadline_s: float) -> dict[str, Any]:
+    def deliver(self, job_id: int, body: bytes, deadline_s: float) -> IngestSummary:
         self.delivered.append(body)
-        return {}
+        return IngestSummary(job_id, 1, False, 0, 0, 0, 0)
 
     def fail(self, job_id: int, dispatch: int, worker: str, error: str,
              deadline_s: float) -> None:
@@ -71,7 +73,7 @@ def test_a_worker_delivers_the_per_sequence_means(tmp_path: Path, store: Store) 
     assert summary.sequence_means == result.sequence_means.num_rows
     with store.read() as conn:
         stored = repo.sequence_means(conn, summary.run_id, ["logit_lens.kl_to_final"])
-        records = repo.run_results(conn, summary.run_id, metric="logit_lens.kl_to_final")
+        records = repo.rows_of_runs(conn, [summary.run_id], ["logit_lens.kl_to_final"])
     assert stored.height == 5 * 4  # 4 residual points of a 3-layer model, 5 sequences
     assert (records["n"] == 5).all()
     per_point = stored.group_by("layer").agg(pl.col("value").mean()).sort("layer")

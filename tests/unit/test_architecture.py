@@ -26,20 +26,27 @@ MODELS = {"torch", "transformer_lens", "transformers", "compute"}
 
 # Which project packages a package may import (besides itself). A package absent from a rule's
 # list is forbidden to it; `service.cli` and `service.serve` assemble the whole and may use all.
+# The API's schemas are the contract every side shares (the API, the store's ingest summary, the
+# Python client, the worker's delivery client): they import nothing of the project.
+CONTRACT = "service.api.schemas"
 ALLOWED: dict[str, set[str]] = {
     "compute": set(),
+    CONTRACT: set(),
     "service.settings": {"compute"},
     "service.exports": {"compute"},
-    "service.store": {"compute", "service.settings"},
-    "service.jobs": {"compute", "service.settings", "service.store"},
+    "service.store": {"compute", "service.settings", CONTRACT},
+    "service.jobs": {"compute", "service.settings", "service.store", CONTRACT},
     "service.api": {"compute", "service.settings", "service.store", "service.jobs",
                     "service.exports"},
+    "service.client": {CONTRACT},
     "service.worker": {"compute", "service.settings", "service.exports", "service.jobs.broker",
-                       "service.jobs.errors"},
+                       "service.jobs.errors", "service.client", CONTRACT},
 }
 # Third-party imports a package may not make.
 FORBIDDEN_EXTERNAL: dict[str, set[str]] = {
     "compute": WEB | DATABASE | QUEUE,
+    CONTRACT: WEB | DATABASE | QUEUE | MODELS,
+    "service.client": DATABASE | QUEUE | MODELS | {"litestar", "starlette", "uvicorn"},
     "service.store": WEB | QUEUE,
     "service.worker": DATABASE,
     "service.exports": WEB | DATABASE | QUEUE,
@@ -148,7 +155,8 @@ def test_workers_never_reach_the_database_even_indirectly() -> None:
         if module not in seen:
             seen.add(module)
             todo += graph[module]
-    assert not {m for m in seen if _within(m, {"service.store", "service.api"})}
+    assert not {m for m in seen if _within(m, {"service.store", "service.api"})
+                and not _within(m, {CONTRACT})}
     externals = {i.split(".")[0] for m in seen for i in _imports(m, MODULES[m])
                  if not _project_module(i)}
     assert not externals & DATABASE
@@ -179,13 +187,16 @@ def test_no_import_cycles() -> None:
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
 
 
-@pytest.mark.parametrize("module", ["service.client"])
+@pytest.mark.parametrize("module", ["service.client", "service.api.schemas.models",
+                                    "service.api.schemas.jobs", "service.api.schemas.runs"])
 def test_the_client_loads_without_compute_torch_or_transformer_lens(module: str) -> None:
-    """What a downstream tool gets from `import service.client`: checked in a fresh
-    interpreter, so anything loaded indirectly counts."""
+    """What a downstream tool gets from `import service.client` (and the contract it decodes
+    with): checked in a fresh interpreter, so anything loaded indirectly counts. Neither the
+    science nor the web framework or the database."""
+    heavy = sorted(MODELS | {"litestar", "sqlalchemy", "duckdb"})
     probe = (f"import sys, {module}\n"
              "heavy = sorted(m for m in sys.modules if m.split('.')[0] in "
-             f"{sorted(MODELS)!r})\n"
+             f"{heavy!r})\n"
              "print(','.join(heavy))")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                           cwd=ROOT, check=False)

@@ -56,8 +56,9 @@ class ModelsController(Controller):
         if limit > ctx.settings.api.max_page_size:
             raise BadRequestError(f"limit is at most {ctx.settings.api.max_page_size}")
         return models_and_runs.list_models(
-            ctx.store, source=source, family=family, architecture=architecture, name=name,
-            min_layers=min_layers, max_layers=max_layers, limit=limit, offset=offset)
+            ctx.store, ctx.snapshot(), source=source, family=family,
+            architecture=architecture, name=name, min_layers=min_layers,
+            max_layers=max_layers, limit=limit, offset=offset)
 
     @post("/", sync_to_thread=True, guards=[require_write_key], security=SECURITY,
           status_code=201, responses=errors(400, 401, 403, 409, 422))
@@ -71,7 +72,8 @@ class ModelsController(Controller):
                                   load_max_mb=ctx.settings.api.register_load_max_mb)
         if created and ctx.jobs is not None and ctx.settings.jobs.reconcile:
             ctx.jobs.reconcile_soon()
-        return Response(models_and_runs.model_out(model, []),
+        current = ctx.snapshot().current_runs(model.id)
+        return Response(models_and_runs.model_out(model, [], current),
                         status_code=201 if created else 200)
 
     @get("/{model:str}", sync_to_thread=True, responses=errors(400, 404))

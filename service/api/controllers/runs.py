@@ -96,9 +96,7 @@ class RunsController(Controller):
             s = await anyio.to_thread.run_sync(ingest_queries.ingest, ctx.store, body, run_id)
         request.app.state.metrics.ingested(s.results + s.neurons + s.neuron_tokens
                                            + s.stage_boundaries + s.sequence_means, len(body))
-        return Response(IngestSummary(s.run_id, s.model_id, s.replaced, s.results, s.neurons,
-                                      s.neuron_tokens, s.stage_boundaries, s.sequence_means),
-                        status_code=200 if s.replaced else 201)
+        return Response(s, status_code=200 if s.replaced else 201)
 
 
 async def read_limited(request: Request[Any, Any, Any], max_mb: int) -> bytes:

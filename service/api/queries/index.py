@@ -98,11 +98,19 @@ class Snapshot:
                     metric_version: str = METRIC_VERSION, staged: bool = False
                     ) -> RunEntry | None:
         """The model's latest succeeded run under `metric_version` that computed `family`
-        (and, with `staged`, has stage boundaries)."""
+        (and, with `staged`, has stage boundaries): the one place "current" is decided."""
         for run in self.succeeded.get((model_id, metric_version), ()):
             if (family is None or family in run.families) and (not staged or run.has_stages):
                 return run
         return None
+
+    def current_runs(self, model_id: int) -> dict[str, int]:
+        """Metric family -> id of the model's current run for it (`current_run`), by family
+        name: what the model answers tell clients (`Model.current_runs`)."""
+        families = sorted({f for run in self.succeeded.get((model_id, METRIC_VERSION), ())
+                           for f in run.families})
+        picked = {f: self.current_run(model_id, family=f) for f in families}
+        return {f: run.id for f, run in picked.items() if run is not None}
 
     def stability_run(self, family: str, metric_version: str = METRIC_VERSION
                       ) -> RunEntry | None:

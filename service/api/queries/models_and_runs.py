@@ -20,7 +20,8 @@ def utc(value: datetime | None) -> datetime | None:
     return None if value is None else value.replace(tzinfo=UTC)
 
 
-def model_out(model: RegisteredModel, families: list[str]) -> Model:
+def model_out(model: RegisteredModel, families: list[str], current_runs: dict[str, int]
+              ) -> Model:
     return Model(
         id=model.id, name=model.name, source=model.source, revision=model.revision,
         spec=model.spec, architecture=model.architecture, n_layers=model.n_layers,
@@ -30,10 +31,11 @@ def model_out(model: RegisteredModel, families: list[str]) -> Model:
         processing=AppliedProcessing(model.fold_ln, model.center_writing_weights,
                                      model.center_unembed, model.fold_value_biases,
                                      list(model.processing_notes or [])),
-        refit_families=families, registered_at=utc(model.registered_at))  # type: ignore[arg-type]
+        refit_families=families, registered_at=utc(model.registered_at),  # type: ignore[arg-type]
+        current_runs=current_runs)
 
 
-def list_models(store: Store, *, source: str | None, family: str | None,
+def list_models(store: Store, snap: Snapshot, *, source: str | None, family: str | None,
                 architecture: str | None, name: str | None, min_layers: int | None,
                 max_layers: int | None, limit: int, offset: int) -> ModelPage:
     with store.read() as conn:
@@ -42,7 +44,7 @@ def list_models(store: Store, *, source: str | None, family: str | None,
                                            min_layers=min_layers, max_layers=max_layers,
                                            limit=limit, offset=offset)
         families = repo.model_families(conn, [m.id for m in models])
-    items = [model_out(m, families.get(m.id, [])) for m in models]
+    items = [model_out(m, families.get(m.id, []), snap.current_runs(m.id)) for m in models]
     return ModelPage(items, total, limit, offset,
                      offset + limit if offset + limit < total else None)
 
@@ -56,7 +58,7 @@ def get_model(store: Store, snap: Snapshot, ref: str, model_id: int | None) -> M
         families = repo.model_families(conn, [entry.id]).get(entry.id, [])
         n_runs = repo.count_runs(conn, model_id=entry.id)
     current = snap.current_run(entry.id, metric_version=METRIC_VERSION)
-    base = model_out(model, families)
+    base = model_out(model, families, snap.current_runs(entry.id))
     return ModelDetail(**{f: getattr(base, f) for f in base.__struct_fields__},
                        n_runs=n_runs, current_run_id=current.id if current else None,
                        same_name_ids=[i for i in snap.by_name.get(entry.name, [])

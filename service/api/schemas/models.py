@@ -18,9 +18,16 @@ class AppliedProcessing(msgspec.Struct):
     notes: list[str]
 
 
+CurrentRuns = Annotated[dict[str, int], msgspec.Meta(description=(
+    "metric family -> id of the run the data endpoints read for it by default: the model's "
+    "latest succeeded run under the current metric version that computed the family"))]
+
+
 class Model(msgspec.Struct):
     """A registered model: the weights and how they are processed. Architecture numbers are
-    null while unknown (registered from a name whose configuration is not available offline)."""
+    null while unknown (registered from a name whose configuration is not available offline).
+    `current_runs`: which run is current for each metric family (the service decides; clients
+    read it rather than working it out from the runs)."""
 
     id: int
     name: str
@@ -41,6 +48,7 @@ class Model(msgspec.Struct):
     processing: AppliedProcessing
     refit_families: list[str]
     registered_at: datetime
+    current_runs: CurrentRuns = {}
 
 
 class ModelDetail(Model):

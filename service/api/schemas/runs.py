@@ -46,7 +46,8 @@ class RunPage(msgspec.Struct):
 
 
 class IngestSummary(msgspec.Struct):
-    """What an ingest stored."""
+    """What an ingest stored: the store's answer (`service.store.ingest.ingest_result`) and the
+    API's, one type."""
 
     run_id: int
     model_id: int

@@ -1,9 +1,9 @@
 /* Strata dashboard: every figure is drawn from the public API (/api/v1), nothing else.
  *
- * Data flow: the model list (/models) and the succeeded runs (/runs) are read once (and again
- * when a job finishes or new runs appear); for each selected model and metric family the page
- * pins the run the API would choose (latest succeeded run under the newest metric version that
- * computed the family) and reads its rows (/models/{id}/metrics, /heads, /neurons, /stages,
+ * Data flow: the model list (/models) is read once (and again when a job finishes or new runs
+ * appear); for each selected model and metric family the page pins the run the API names as
+ * current (each model's `current_runs`: the service decides, the page does not work it out)
+ * and reads its rows (/models/{id}/metrics, /heads, /neurons, /stages,
  * /families/{f}/stability). Answers pinned by run id never change, so they are cached here.
  * Panels draw when they scroll into view; switching the x axis redraws from the cache.
  *

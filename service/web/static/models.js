@@ -11,11 +11,13 @@ import * as state from "./state.js";
 const LISTED = 200;  // models listed at once; a search narrows the rest
 let hashRead = false;  // until the hash is read on load, it still says what to select
 
-/* Read the models and their succeeded runs again, and show them. */
+/* Read the models (each with its current run per family) again, and show them; the newest
+ * succeeded run is remembered to notice new results. */
 export async function loadCatalog() {
-  const [models, runs] = await Promise.all([pages("/models"), pages("/runs",
-    { status: "succeeded" })]);
-  state.setCatalog(models, runs);
+  const [models, newest] = await Promise.all([pages("/models"), request("GET",
+    url("/runs", { status: "succeeded", limit: 1 }))]);
+  state.setCatalog(models, { total: newest.total,
+    latest: newest.items.length ? newest.items[0].id : 0 });
   document.getElementById("model-count").textContent = `(${models.length})`;
   const names = document.getElementById("model-names");
   names.replaceChildren(...models.map((m) => el("option", { value: m.name })));

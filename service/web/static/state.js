@@ -1,8 +1,8 @@
-/* What the page knows, shared by the other modules: the model catalog and the run the API would
- * read for each model and family, the selection, the view options, the stage boundaries of the
- * selection, the refit families and the saved API key. Read through the getters; change only
- * through the updates below, which keep the pieces consistent (the selection never names a
- * model the catalog lacks; colours follow the selection order).
+/* What the page knows, shared by the other modules: the model catalog (each model says which
+ * run the API reads for each family: `current_runs`), the selection, the view options, the
+ * stage boundaries of the selection, the refit families and the saved API key. Read through the
+ * getters; change only through the updates below, which keep the pieces consistent (the
+ * selection never names a model the catalog lacks; colours follow the selection order).
  */
 
 const KEY_STORAGE = "strata.key";
@@ -12,8 +12,7 @@ const PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b
 let key = localStorage.getItem(KEY_STORAGE) || "";
 let models = Object.freeze([]);
 let byId = new Map();
-let runs = [];
-let runIndex = new Map();
+let runsSeen = { total: 0, latest: 0 };
 let selected = Object.freeze([]);
 let xAxis = "layer";
 let showErr = true;
@@ -38,33 +37,12 @@ export function saveApiKey(value) {
 
 /* ------------------------------------------------------------ models, runs */
 
-function versionKey(v) {
-  return /^\d+$/.test(v) ? v.padStart(12, "0") : v;
-}
-
-/* For each model and family, the run the API reads by default: its latest succeeded run under
- * the current metric version (the newest version among stored runs) computing the family. */
-function indexRuns(all) {
-  const versions = all.map((r) => r.metric_version);
-  const current = versions.reduce((a, b) => (versionKey(b) > versionKey(a) ? b : a), "");
-  const index = new Map();
-  const order = [...all].filter((r) => r.metric_version === current).sort((a, b) => {
-    const fa = a.timings.finished_at || "", fb = b.timings.finished_at || "";
-    return fa === fb ? a.id - b.id : (fa < fb ? -1 : 1);
-  });
-  for (const run of order) {  // later runs overwrite earlier ones
-    if (!index.has(run.model_id)) index.set(run.model_id, {});
-    for (const family of run.families) index.get(run.model_id)[family] = run.id;
-  }
-  return index;
-}
-
-/* A new catalog (the models and their succeeded runs); selected models it lacks are dropped. */
-export function setCatalog(newModels, newRuns) {
+/* A new catalog: the models, and how many succeeded runs there were and the newest one's id
+ * (what `watchRuns` compares with); selected models it lacks are dropped. */
+export function setCatalog(newModels, seen) {
   models = Object.freeze([...newModels]);
   byId = new Map(models.map((m) => [m.id, m]));
-  runs = newRuns;
-  runIndex = indexRuns(runs);
+  runsSeen = seen;
   selected = Object.freeze(selected.filter((id) => byId.has(id)));
 }
 
@@ -72,14 +50,16 @@ export function allModels() { return models; }
 export function model(id) { return byId.get(id); }
 export function hasModel(id) { return byId.has(id); }
 export function modelName(id) { return byId.get(id)?.name ?? id; }
-export function hasRuns(id) { return runIndex.has(id); }
-export function runCount() { return runs.length; }
-export function latestRunId() { return runs.length ? Math.max(...runs.map((r) => r.id)) : 0; }
+export function hasRuns(id) {
+  return Object.keys(byId.get(id)?.current_runs ?? {}).length > 0;
+}
+export function runCount() { return runsSeen.total; }
+export function latestRunId() { return runsSeen.latest; }
 
-/* The id of the run the API reads for this model and family; undefined if none computed it. */
+/* The id of the run the API reads for this model and family (the model answer's
+ * `current_runs`: the service decides); undefined if none computed it. */
 export function runFor(m, family) {
-  const byFamily = runIndex.get(m.id);
-  return byFamily ? byFamily[family] : undefined;
+  return (byId.get(m.id) ?? m).current_runs?.[family];
 }
 
 /* -------------------------------------------------------------- selection */
