@@ -1,5 +1,9 @@
 """stages.* — the four stages of inference, placed from a model's stored metrics.
 
+(Longer than the ~500 lines a module should have, on purpose: this is one definition, the rule
+of docs/metrics.md's stages.*, and its three boundaries and the bootstrap share private helpers
+— split, one definition would be spread over files that only make sense together.)
+
 Stages: 1 detokenization, 2 feature engineering, 3 prediction ensembling, 4 residual sharpening.
 Boundary k is the first block of stage k+1, as a layer index l (0..L-1) and relative depth
 l/(L-1). The rule is a pure, deterministic function of the run's records (per-layer means) and,

@@ -1,4 +1,5 @@
 """A slow, obvious reference implementation of the sweep's metric families (docs/metrics.md).
+(Over ~500 lines on purpose: every family's reference side by side, written the obvious way.)
 
 It exists to check `compute.engine.sweep` (tests/unit/test_reference_*.py) and to stand in for
 the original study's code in `benchmarks/sweep.py`. It is written independently of the engine: it

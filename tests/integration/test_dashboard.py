@@ -1,4 +1,5 @@
-"""The dashboard at `/`, end to end: a real `strata serve` seeded through the real ingest path
+"""The dashboard at `/`, end to end (over ~500 lines: one browser session serves every panel's
+test): a real `strata serve` seeded through the real ingest path
 with results that compute produced for two zoo models of different depths (tiny-2l-s0: 2
 layers, tiny-4l-s0: 4 layers) and a refit family's stability, driven by headless Chromium
 (Debian's chromium + chromium-driver) through Selenium.

@@ -1,4 +1,5 @@
-"""deploy/ checked without a container engine: the compose file against the Compose
+"""deploy/ checked without a container engine (over ~500 lines: one module for all of deploy/,
+whose files refer to each other): the compose file against the Compose
 Specification's schema, the manifests against the Kubernetes schemas, and every command the
 deploy files run (compose, manifests, Dockerfiles, systemd units) against the CLI's options.
 
