@@ -40,6 +40,10 @@ def test_health_and_ready(server: Api) -> None:
 
 
 def test_seeded_runs_inferred_stages(server: Api) -> None:
-    runs = server.get("/api/v1/runs", params={"limit": 50}).json()
-    assert runs["total"] == len(server.results) + 1  # + the stability run
-    assert {r["status"] for r in runs["items"]} == {"succeeded"}
+    runs = {r["id"]: r for r in server.get("/api/v1/runs", params={"limit": 500}).json()["items"]}
+    # every seeded run and the stability run is there and succeeded (other modules sharing this
+    # session's server may have added runs of their own)
+    assert set(server.runs.values()) <= set(runs)
+    assert {runs[i]["status"] for i in server.runs.values()} == {"succeeded"}
+    stability = [r for r in runs.values() if r["config"].get("refit_family") == "tiny-4l"]
+    assert [r["status"] for r in stability] == ["succeeded"]

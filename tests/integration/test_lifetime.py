@@ -140,13 +140,14 @@ def test_a_worker_alone_stops_on_sigterm_within_its_budget() -> None:
         os.kill(idle.pid, signal.SIGTERM)
         assert idle.wait(timeout=5 + 20) == 0, d.log("worker-0")
 
-        # busy: the job may finish for 3 s, then it is abandoned and the worker exits
-        budget = 3.0
+        # busy: the job may finish for 1.5 s, then it is abandoned and the worker exits (a job
+        # twice LONG's size, so that it cannot end within the budget on a fast machine)
+        budget = 1.5
         proc = d._spawn("worker-1", ["worker", "--device", "cpu", "--warm-shutdown-s",
                                      str(budget)])
         d.workers.append(proc)
         d.register(MODEL)
-        job = d.submit("tiny-2l-s0", **LONG).json()
+        job = d.submit("tiny-2l-s0", **{**LONG, "n_sequences": 96}).json()  # 2 x LONG
         d.wait_progress(job["id"], at_least=0.02, timeout=180)
         pool = children(proc.pid)
         start = time.monotonic()
