@@ -49,7 +49,9 @@ def supports(cfg: Any, block: Any) -> bool:
 
     norms = (LayerNorm, LayerNormPre, RMSNorm, RMSNormPre)
     ok = (
-        not cfg.use_attn_in and not cfg.use_split_qkv_input and not cfg.use_attn_result
+        not cfg.use_attn_in
+        and not cfg.use_split_qkv_input
+        and not cfg.use_attn_result
         and not cfg.use_normalization_before_and_after
         and cfg.original_architecture not in POST_NORM_ARCHITECTURES
         and cfg.positional_embedding_type in ("standard", "rotary")
@@ -58,8 +60,12 @@ def supports(cfg: Any, block: Any) -> bool:
     ok = ok and not getattr(cfg, "use_attention_sinks", False) and cfg.clip_qkv is None
     ok = ok and not getattr(cfg, "use_logn_attn", False) and cfg.attention_dir == "causal"
     ok = ok and not getattr(cfg, "use_dynamic_ntk_rope", False) and not cfg.load_in_4bit
-    ok = ok and not getattr(cfg, "use_qk_norm", False) and cfg.original_architecture not in (
-        "OlmoeForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM")
+    ok = (
+        ok
+        and not getattr(cfg, "use_qk_norm", False)
+        and cfg.original_architecture
+        not in ("OlmoeForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM")
+    )
     ok = ok and isinstance(block.ln1, norms)
     ok = ok and type(block.attn).__name__ in ("Attention", "GroupedQueryAttention")
     ok = ok and block.attn.attn_type in ("global", "local")
@@ -110,8 +116,9 @@ def norm(module: Any, x: Tensor) -> Tensor:
     return module(x)  # RMSNorm(Pre): TransformerLens's own (no fused kernel gains much)
 
 
-def mlp(block: Any, cfg: Any, x: Float[Tensor, "... d_model"],
-        weights: FastWeights | None = None) -> Float[Tensor, "... d_model"]:
+def mlp(
+    block: Any, cfg: Any, x: Float[Tensor, "... d_model"], weights: FastWeights | None = None
+) -> Float[Tensor, "... d_model"]:
     """The block's MLP on an already normalised input.
 
     A gated MLP computes (act(x W_gate) * (x W_in) + b_in) W_out + b_out, TransformerLens's
@@ -163,11 +170,13 @@ def attention(
         pattern = torch.softmax(scores.masked_fill_(~visible, float("-inf")), dim=-1)
         z = pattern.to(v.dtype) @ v
     elif attn.attn_type == "local":
-        z = F.scaled_dot_product_attention(q, k, v, attn_mask=visible,
-                                           scale=1.0 / float(attn.attn_scale))
+        z = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=visible, scale=1.0 / float(attn.attn_scale)
+        )
     else:
-        z = F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                           scale=1.0 / float(attn.attn_scale))
+        z = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, scale=1.0 / float(attn.attn_scale)
+        )
     z = z.transpose(1, 2)  # [b, t, h, dh]
     if head_mask is not None:
         z = z * head_mask[:, None, :, None].to(z.dtype)

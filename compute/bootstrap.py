@@ -19,24 +19,36 @@ import polars as pl
 from compute.errors import ComputeError
 
 KEY = ("metric", "layer", "component", "head")
-CURVE_SCHEMA = {"metric": pl.String, "layer": pl.Int64, "component": pl.String,
-                "head": pl.Int64, "value": pl.Float64, "n": pl.Int64}
+CURVE_SCHEMA = {
+    "metric": pl.String,
+    "layer": pl.Int64,
+    "component": pl.String,
+    "head": pl.Int64,
+    "value": pl.Float64,
+    "n": pl.Int64,
+}
 
 
-def sequence_matrix(seq_table: pl.DataFrame) -> tuple[pl.DataFrame, np.ndarray, np.ndarray,
-                                                      np.ndarray]:
+def sequence_matrix(
+    seq_table: pl.DataFrame,
+) -> tuple[pl.DataFrame, np.ndarray, np.ndarray, np.ndarray]:
     """(keys, means [keys, sequences], has [keys, sequences], sequence ids): the table pivoted,
     one row per (metric, layer, component, head), one column per distinct sequence."""
     missing = [c for c in (*KEY, "sequence", "value") if c not in seq_table.columns]
     if missing:
         raise ComputeError(f"the per-sequence table lacks columns {', '.join(missing)}")
     table = seq_table.select(
-        pl.col("metric").cast(pl.String), pl.col("layer").cast(pl.Int64),
-        pl.col("component").cast(pl.String), pl.col("head").cast(pl.Int64),
-        pl.col("sequence").cast(pl.Int64), pl.col("value").cast(pl.Float64))
+        pl.col("metric").cast(pl.String),
+        pl.col("layer").cast(pl.Int64),
+        pl.col("component").cast(pl.String),
+        pl.col("head").cast(pl.Int64),
+        pl.col("sequence").cast(pl.Int64),
+        pl.col("value").cast(pl.Float64),
+    )
     if table.select(pl.struct(*KEY, "sequence").is_duplicated().any()).item():
-        raise ComputeError("the per-sequence table has a (metric, layer, component, head, "
-                           "sequence) more than once")
+        raise ComputeError(
+            "the per-sequence table has a (metric, layer, component, head, sequence) more than once"
+        )
     keys = table.select(KEY).unique(maintain_order=True).with_row_index("_key")
     sequences = np.unique(table["sequence"].to_numpy())
     indexed = table.join(keys, on=list(KEY), how="left", nulls_equal=True)
@@ -49,8 +61,9 @@ def sequence_matrix(seq_table: pl.DataFrame) -> tuple[pl.DataFrame, np.ndarray, 
     return keys.drop("_key"), means, has, sequences
 
 
-def curves_for(keys: pl.DataFrame, means: np.ndarray, has: np.ndarray,
-               weights: np.ndarray) -> pl.DataFrame:
+def curves_for(
+    keys: pl.DataFrame, means: np.ndarray, has: np.ndarray, weights: np.ndarray
+) -> pl.DataFrame:
     """Per-layer means with each sequence counted `weights[j]` times (keys none of whose
     sequences has weight are left out): columns metric, layer, component, head, value, n."""
     count = has.astype(np.float64) @ weights
@@ -58,7 +71,8 @@ def curves_for(keys: pl.DataFrame, means: np.ndarray, has: np.ndarray,
     keep = count > 0
     return keys.filter(pl.Series(keep)).with_columns(
         pl.Series("value", total[keep] / count[keep], dtype=pl.Float64),
-        pl.Series("n", count[keep].astype(np.int64), dtype=pl.Int64))
+        pl.Series("n", count[keep].astype(np.int64), dtype=pl.Int64),
+    )
 
 
 def bootstrap_over_sequences(

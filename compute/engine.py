@@ -85,8 +85,9 @@ CPU_BATCH_WEIGHTS_FRACTION = 0.5
 CPU_MIN_BATCH_BYTES = 64 * 2**20
 
 
-def auto_batch_size(lm: LoadedModel, seq_len: int, opts: EngineOptions,
-                    families: list[Family] | None = None) -> int:
+def auto_batch_size(
+    lm: LoadedModel, seq_len: int, opts: EngineOptions, families: list[Family] | None = None
+) -> int:
     """Sequences per batch: the setting if given, else chosen for the device.
 
     CPU: about `CPU_TOKENS_PER_BATCH` tokens (the measured optimum), fewer where the batch's
@@ -99,16 +100,21 @@ def auto_batch_size(lm: LoadedModel, seq_len: int, opts: EngineOptions,
         return opts.batch_size
     families = families or []
     per_sequence = sweep_bytes_per_sequence(
-        ModelDims.of(lm), seq_len, lm.dtype_bytes,
-        patterns=any(f.needs_patterns for f in families), z=any(f.needs_z for f in families))
+        ModelDims.of(lm),
+        seq_len,
+        lm.dtype_bytes,
+        patterns=any(f.needs_patterns for f in families),
+        z=any(f.needs_z for f in families),
+    )
     on_gpu = str(lm.device).startswith("cuda")
     if opts.memory_budget_mb is not None:
         budget = opts.memory_budget_mb * 2**20
     elif on_gpu:
         budget = int(0.85 * device_free_bytes(lm.device))
     else:
-        budget = max(CPU_MIN_BATCH_BYTES,
-                     int(CPU_BATCH_WEIGHTS_FRACTION * lm.n_params * lm.dtype_bytes))
+        budget = max(
+            CPU_MIN_BATCH_BYTES, int(CPU_BATCH_WEIGHTS_FRACTION * lm.n_params * lm.dtype_bytes)
+        )
     by_memory = max(1, budget // per_sequence)
     if on_gpu:
         return by_memory
@@ -137,8 +143,9 @@ def sweep(
     n_batches = -(-n_seq // batch)
     if opts.batch_size is None:  # as few batches, of sizes as even as can be: no thin tail
         batch = -(-n_seq // n_batches)
-    total = sum(f.units_per_batch(lm) for f in families) * n_batches + \
-        sum(f.units_at_finish(lm, opts) for f in families)
+    total = sum(f.units_per_batch(lm) for f in families) * n_batches + sum(
+        f.units_at_finish(lm, opts) for f in families
+    )
     chunks = logit_chunks(lm, opts)
     needs_patterns = any(f.needs_patterns for f in families)
     needs_z = any(f.needs_z for f in families)
@@ -153,8 +160,15 @@ def sweep(
             elapsed = time.perf_counter() - start
             # Throughput of the whole sweep: evaluated tokens times the fraction of work done.
             swept = n_seq * (seq_len - 2) * state["done"] / max(total, 1)
-            progress(Progress(state["done"], total, state["tokens"],
-                              swept / elapsed if elapsed > 0 else 0.0, elapsed))
+            progress(
+                Progress(
+                    state["done"],
+                    total,
+                    state["tokens"],
+                    swept / elapsed if elapsed > 0 else 0.0,
+                    elapsed,
+                )
+            )
 
     allocator_for_sweeping()
     with torch.inference_mode():
@@ -164,8 +178,9 @@ def sweep(
                 chunk = chunk.pin_memory().to(lm.device, non_blocking=True)  # no device wait
             else:
                 chunk = chunk.to(lm.device)
-            ctx = clean_pass(lm, chunk, needs_patterns, chunks, tick, capture_z=needs_z,
-                             families=names)
+            ctx = clean_pass(
+                lm, chunk, needs_patterns, chunks, tick, capture_z=needs_z, families=names
+            )
             state["tokens"] += chunk.shape[0] * (seq_len - 2)
             for family in families:
                 release_free_memory()  # what the previous step freed, before this one's peak
@@ -178,21 +193,27 @@ def sweep(
     records = [r for o in outputs for r in o.records]
     neuron_tokens = [t for o in outputs for t in o.neuron_tokens]
     means = [o.sequence_means for o in outputs if o.sequence_means is not None]
-    sequence_means = (pa.concat_tables(means) if means
-                      else SEQUENCE_MEANS_SCHEMA.empty_table())
-    return SweepResult(records, neuron_tokens, state["tokens"], time.perf_counter() - start,
-                       sequence_means)
+    sequence_means = pa.concat_tables(means) if means else SEQUENCE_MEANS_SCHEMA.empty_table()
+    return SweepResult(
+        records, neuron_tokens, state["tokens"], time.perf_counter() - start, sequence_means
+    )
 
 
-def clean_pass(lm: LoadedModel, tokens: Int[Tensor, "batch pos"], capture_patterns: bool,
-               chunks: LogitChunks, tick: Callable[[int], None], *, capture_z: bool = False,
-               families: frozenset[str] = frozenset()) -> BatchContext:
+def clean_pass(
+    lm: LoadedModel,
+    tokens: Int[Tensor, "batch pos"],
+    capture_patterns: bool,
+    chunks: LogitChunks,
+    tick: Callable[[int], None],
+    *,
+    capture_z: bool = False,
+    families: frozenset[str] = frozenset(),
+) -> BatchContext:
     """Run the unmodified model once, caching what every family needs."""
     resid = [lm.embed(tokens)]
     attn_out, mlp_out, patterns, zs = [], [], [], []
     for layer in range(lm.n_layers):
-        run = lm.run_block(layer, resid[-1], capture_pattern=capture_patterns,
-                           capture_z=capture_z)
+        run = lm.run_block(layer, resid[-1], capture_pattern=capture_patterns, capture_z=capture_z)
         resid.append(run.resid)
         attn_out.append(run.attn_out)
         mlp_out.append(run.mlp_out)
@@ -203,6 +224,16 @@ def clean_pass(lm: LoadedModel, tokens: Int[Tensor, "batch pos"], capture_patter
     final = resid[-1][:, 1:-1].reshape(-1, lm.d_model)
     targets = tokens[:, 2:].reshape(-1)
     ref = reference_distribution(lm, final, targets, chunks=chunks)
-    return BatchContext(lm, tokens, resid, attn_out, mlp_out,
-                        patterns if capture_patterns else None, ref, chunks, tick,
-                        z=zs if capture_z and zs else None, families=families)
+    return BatchContext(
+        lm,
+        tokens,
+        resid,
+        attn_out,
+        mlp_out,
+        patterns if capture_patterns else None,
+        ref,
+        chunks,
+        tick,
+        z=zs if capture_z and zs else None,
+        families=families,
+    )

@@ -44,8 +44,9 @@ def block_parts(dims: ModelDims, seq_len: int) -> tuple[float, float, float]:
     return float(attn), float(mlp), float(unembed)
 
 
-def intervention_flops(dims: ModelDims, seq_len: int, *, parallel: bool = False,
-                       with_lens: bool = False) -> float:
+def intervention_flops(
+    dims: ModelDims, seq_len: int, *, parallel: bool = False, with_lens: bool = False
+) -> float:
     a, m, u = block_parts(dims, seq_len)
     b, n = a + m, dims.n_layers
     tail = n * (n - 1) / 2  # sum over l of the L-1-l blocks after l
@@ -57,8 +58,9 @@ def intervention_flops(dims: ModelDims, seq_len: int, *, parallel: bool = False,
     return drop + drop_attn + drop_mlp + swap
 
 
-def family_flops(dims: ModelDims, seq_len: int, families: Iterable[str], *,
-                 parallel: bool = False) -> dict[str, float]:
+def family_flops(
+    dims: ModelDims, seq_len: int, families: Iterable[str], *, parallel: bool = False
+) -> dict[str, float]:
     """FLOPs per sequence of each family beyond the clean pass, plus `clean` (the shared pass).
 
     Sharing between families is charged to the first in registry order (intervention before
@@ -69,16 +71,19 @@ def family_flops(dims: ModelDims, seq_len: int, families: Iterable[str], *,
     b, n, h = a + m, dims.n_layers, dims.n_heads
     out = {"clean": n * b + u}
     if "intervention" in names:
-        out["intervention"] = intervention_flops(dims, seq_len, parallel=parallel,
-                                                 with_lens="logit_lens" in names)
+        out["intervention"] = intervention_flops(
+            dims, seq_len, parallel=parallel, with_lens="logit_lens" in names
+        )
     if "logit_lens" in names:
         out["logit_lens"] = n * u
     if "similarity" in names:
         out["similarity"] = 0.0 if "intervention" in names else (n - 1) * b
     if "heads" in names:
         per_head_mlp = 0.0 if parallel else n * m
-        out["heads"] = h * (per_head_mlp + n * (n - 1) / 2 * b + n * u) + \
-            n * h * 2 * seq_len * dims.d_head * dims.d_model
+        out["heads"] = (
+            h * (per_head_mlp + n * (n - 1) / 2 * b + n * u)
+            + n * h * 2 * seq_len * dims.d_head * dims.d_model
+        )
     for name in ("attention", "norms", "neurons"):
         if name in names:
             out[name] = 0.0

@@ -104,13 +104,15 @@ def inspect_gguf(path: Path, sha256: str | None = None) -> GGUFInfo:
     except Exception as exc:  # the reader's own parse errors: ValueError, struct/index errors
         raise ModelLoadError(
             f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc}); it may be truncated "
-            "or corrupt: download it again") from exc
+            "or corrupt: download it again"
+        ) from exc
     size = path.stat().st_size
     for tensor in reader.tensors:
         if int(tensor.data_offset) + int(tensor.n_bytes) > size:
             raise ModelLoadError(
                 f"{path}: tensor {tensor.name} ends past the end of the file ({size} bytes): the "
-                "file is truncated; download it again")
+                "file is truncated; download it again"
+            )
 
     def field(key: str) -> object | None:
         value = reader.fields.get(key)
@@ -119,30 +121,41 @@ def inspect_gguf(path: Path, sha256: str | None = None) -> GGUFInfo:
         try:
             return value.contents()
         except Exception as exc:
-            raise ModelLoadError(f"{path}: metadata field {key} is unreadable ({exc}); the file "
-                                 "is corrupt") from exc
+            raise ModelLoadError(
+                f"{path}: metadata field {key} is unreadable ({exc}); the file is corrupt"
+            ) from exc
 
     arch = field("general.architecture")
     if not isinstance(arch, str):
-        raise ModelLoadError(f"{path}: no general.architecture in the file's metadata; not a "
-                             "model GGUF file")
+        raise ModelLoadError(
+            f"{path}: no general.architecture in the file's metadata; not a model GGUF file"
+        )
     if arch not in ARCHITECTURES:
         raise ModelLoadError(
             f"{path}: architecture {arch!r} is not one Strata can run from GGUF (TransformerLens "
             f"runs: {', '.join(sorted(ARCHITECTURES))}); convert the model to a Hugging Face "
-            "checkpoint folder of a supported architecture instead")
+            "checkpoint folder of a supported architecture instead"
+        )
     if field("tokenizer.ggml.model") is None or "tokenizer.ggml.tokens" not in reader.fields:
         raise ModelLoadError(
             f"{path}: the file carries no tokenizer (tokenizer.ggml.model / tokenizer.ggml.tokens "
             "are missing); Strata needs the tokenizer to make its token batches: use a GGUF file "
-            "exported with its tokenizer")
+            "exported with its tokenizer"
+        )
     counts = collections.Counter(t.tensor_type.name for t in reader.tensors)
-    quantization = _file_type_name(field("general.file_type")) or \
-        (counts.most_common(1)[0][0] if counts else "unknown")
+    quantization = _file_type_name(field("general.file_type")) or (
+        counts.most_common(1)[0][0] if counts else "unknown"
+    )
     name = field("general.name")
-    return GGUFInfo(file=path.name, sha256=sha256 or file_sha256(path), architecture=arch,
-                    quantization=quantization, tensor_types=dict(counts),
-                    n_tensors=len(reader.tensors), name=name if isinstance(name, str) else None)
+    return GGUFInfo(
+        file=path.name,
+        sha256=sha256 or file_sha256(path),
+        architecture=arch,
+        quantization=quantization,
+        tensor_types=dict(counts),
+        n_tensors=len(reader.tensors),
+        name=name if isinstance(name, str) else None,
+    )
 
 
 def _file_type_name(value: object) -> str | None:
@@ -185,20 +198,23 @@ def _dequantize_into(path: Path, info: GGUFInfo, out: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    log.info("dequantizing %s (%s, %s) into %s", path, info.architecture, info.quantization,
-             out)
+    log.info("dequantizing %s (%s, %s) into %s", path, info.architecture, info.quantization, out)
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                     dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(
+            str(path.parent), gguf_file=path.name, dtype=torch.float32
+        )
     except Exception as exc:
-        raise ModelLoadError(f"{path}: transformers could not dequantize this GGUF file "
-                             f"({type(exc).__name__}: {exc})") from exc
+        raise ModelLoadError(
+            f"{path}: transformers could not dequantize this GGUF file "
+            f"({type(exc).__name__}: {exc})"
+        ) from exc
     # The dequantized weights are plain float32: what is saved is an ordinary checkpoint.
     model.config.__dict__.pop("quantization_config", None)
     # torch types Module.__setattr__ for tensors and submodules only; this is a plain attribute.
     model.hf_quantizer = None  # type: ignore[assignment]
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    (out / PROVENANCE_FILE).write_text(json.dumps(
-        {"format": "gguf", **info.as_dict()}, indent=2, sort_keys=True))
+    (out / PROVENANCE_FILE).write_text(
+        json.dumps({"format": "gguf", **info.as_dict()}, indent=2, sort_keys=True)
+    )

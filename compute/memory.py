@@ -63,13 +63,17 @@ class ModelDims:
         d_model, n_heads = int(get("d_model")), int(get("n_heads", 1))
         attn_only = bool(get("attn_only", False))
         return cls(
-            n_layers=int(get("n_layers")), d_model=d_model, n_heads=n_heads,
+            n_layers=int(get("n_layers")),
+            d_model=d_model,
+            n_heads=n_heads,
             d_head=int(get("d_head", d_model // n_heads)),
             d_mlp=0 if attn_only else int(get("d_mlp", 4 * d_model)),
             d_vocab=int(get("d_vocab_out", get("d_vocab"))),
-            n_ctx=int(get("n_ctx")), gated_mlp=bool(get("gated_mlp", False)),
+            n_ctx=int(get("n_ctx")),
+            gated_mlp=bool(get("gated_mlp", False)),
             learned_positions=get("positional_embedding_type", "standard") == "standard",
-            n_kv_heads=get("n_key_value_heads"))
+            n_kv_heads=get("n_key_value_heads"),
+        )
 
     @classmethod
     def from_hf_config(cls, path: str | Path) -> ModelDims | None:
@@ -79,6 +83,7 @@ class ModelDims:
             raw = json.loads((Path(path) / "config.json").read_text())
         except (OSError, ValueError):
             return None
+
         def pick(*names: str) -> Any:
             return next((raw[n] for n in names if raw.get(n) is not None), None)
 
@@ -90,24 +95,32 @@ class ModelDims:
             return None
         d_mlp = int(pick("n_inner", "intermediate_size", "d_ff") or 4 * d_model)
         model_type = raw.get("model_type", "")
-        return cls(n_layers=n_layers, d_model=d_model, n_heads=n_heads,
-                   d_head=pick("head_dim") or d_model // n_heads, d_mlp=d_mlp, d_vocab=vocab,
-                   n_ctx=pick("n_positions", "max_position_embeddings", "n_ctx") or 2048,
-                   gated_mlp=model_type in ("llama", "mistral", "gemma", "gemma2", "qwen2", "qwen3",
-                                              "olmo", "olmo2"),
-                   learned_positions=model_type in ("gpt2", "gpt_neo", "opt"),
-                   n_kv_heads=pick("num_key_value_heads"))
+        return cls(
+            n_layers=n_layers,
+            d_model=d_model,
+            n_heads=n_heads,
+            d_head=pick("head_dim") or d_model // n_heads,
+            d_mlp=d_mlp,
+            d_vocab=vocab,
+            n_ctx=pick("n_positions", "max_position_embeddings", "n_ctx") or 2048,
+            gated_mlp=model_type
+            in ("llama", "mistral", "gemma", "gemma2", "qwen2", "qwen3", "olmo", "olmo2"),
+            learned_positions=model_type in ("gpt2", "gpt_neo", "opt"),
+            n_kv_heads=pick("num_key_value_heads"),
+        )
 
     @property
     def n_params(self) -> int:
         """Parameters as TransformerLens holds them (untied W_E and W_U, biases included)."""
         d, hd = self.d_model, self.n_heads * self.d_head
         attn = 4 * d * hd + 3 * hd + d
-        mlp = 0 if self.d_mlp == 0 else (3 if self.gated_mlp else 2) * d * self.d_mlp + \
-            self.d_mlp + d
+        mlp = (
+            0 if self.d_mlp == 0 else (3 if self.gated_mlp else 2) * d * self.d_mlp + self.d_mlp + d
+        )
         norms = (4 if self.d_mlp else 2) * d  # gain and bias of each norm
-        embed = 2 * self.d_vocab * d + self.d_vocab + (self.n_ctx * d if self.learned_positions
-                                                       else 0)
+        embed = (
+            2 * self.d_vocab * d + self.d_vocab + (self.n_ctx * d if self.learned_positions else 0)
+        )
         return self.n_layers * (attn + mlp + norms) + embed + 2 * d
 
     def weight_bytes(self, dtype: str = "float32") -> int:
@@ -117,8 +130,11 @@ class ModelDims:
         """The fused QKV and flattened W_O laid out once per layer by `compute.blocks` (an upper
         bound under grouped-query attention), and a gated MLP's fused W_gate and W_in."""
         gated = 2 * self.d_model * self.d_mlp if self.gated_mlp else 0
-        return self.n_layers * (4 * self.d_model * self.n_heads * self.d_head + gated) * \
-            DTYPE_BYTES[dtype]
+        return (
+            self.n_layers
+            * (4 * self.d_model * self.n_heads * self.d_head + gated)
+            * DTYPE_BYTES[dtype]
+        )
 
 
 def load_peak_bytes(dims: ModelDims, dtype: str, device: str) -> int:
@@ -130,8 +146,9 @@ def load_peak_bytes(dims: ModelDims, dtype: str, device: str) -> int:
     return host
 
 
-def sweep_bytes_per_sequence(dims: ModelDims, seq_len: int, dtype_bytes: int, *,
-                             patterns: bool, z: bool) -> int:
+def sweep_bytes_per_sequence(
+    dims: ModelDims, seq_len: int, dtype_bytes: int, *, patterns: bool, z: bool
+) -> int:
     """Device memory one sequence adds to a batch of the sweep."""
     t, d, n_layers = seq_len, dims.d_model, dims.n_layers
     cache = (3 * n_layers + 1) * t * d * dtype_bytes  # resid 0..L, attn and MLP writes
@@ -164,18 +181,20 @@ def device_free_bytes(device: str) -> int:
     return host_available_bytes()
 
 
-def check_fits(dims: ModelDims, dtype: str, device: str, *, name: str,
-               seq_len: int = 128) -> None:
+def check_fits(dims: ModelDims, dtype: str, device: str, *, name: str, seq_len: int = 128) -> None:
     """Refuse, before loading, a model whose weights (plus one sequence of the sweep) will not
     fit the device, or whose loading will not fit the host."""
     weights = dims.weight_bytes(dtype) + dims.fast_path_extra_bytes(dtype)
-    one_sequence = sweep_bytes_per_sequence(dims, seq_len, DTYPE_BYTES[dtype], patterns=False,
-                                            z=False)
+    one_sequence = sweep_bytes_per_sequence(
+        dims, seq_len, DTYPE_BYTES[dtype], patterns=False, z=False
+    )
     need_device = weights + one_sequence
     host_need = load_peak_bytes(dims, dtype, device)
     host_have = host_available_bytes()
-    figures = (f"{name}: {dims.n_params / 1e9:.2f}B parameters, {dims.n_layers} layers, "
-               f"d_model {dims.d_model}, vocabulary {dims.d_vocab}")
+    figures = (
+        f"{name}: {dims.n_params / 1e9:.2f}B parameters, {dims.n_layers} layers, "
+        f"d_model {dims.d_model}, vocabulary {dims.d_vocab}"
+    )
     if str(device).startswith("cuda"):
         have = device_free_bytes(device)
         if need_device > have:
@@ -184,17 +203,20 @@ def check_fits(dims: ModelDims, dtype: str, device: str, *, name: str,
                 f"{figures} needs about {need_device / GIB:.1f} GiB on {device} in {dtype} "
                 f"(weights {weights / GIB:.1f} GiB + one sequence's activations), but "
                 f"{have / GIB:.1f} GiB is free there ({n_gpus} CUDA device(s) visible). Use "
-                "bfloat16, a device with more memory, or free the device.")
+                "bfloat16, a device with more memory, or free the device."
+            )
     elif host_need > host_have:
         raise ModelTooLargeError(
             f"{figures} needs about {host_need / GIB:.1f} GiB of host memory to load in {dtype} "
             f"(checkpoint and processed weights in float32, then the model), but "
-            f"{host_have / GIB:.1f} GiB is available.")
+            f"{host_have / GIB:.1f} GiB is available."
+        )
     if str(device).startswith("cuda") and host_need > host_have:
         raise ModelTooLargeError(
             f"{figures} needs about {host_need / GIB:.1f} GiB of host memory to process its "
             f"weights in float32 before moving them to {device}, but {host_have / GIB:.1f} GiB "
-            "is available.")
+            "is available."
+        )
 
 
 # glibc malloc options (mallopt parameters).

@@ -16,51 +16,98 @@ import pyarrow as pa
 
 from compute.errors import ComputeError, SpecError
 
-RECORD_SCHEMA = pa.schema([
-    pa.field("metric", pa.string(), nullable=False),
-    pa.field("layer", pa.int32()),
-    pa.field("component", pa.string()),
-    pa.field("head", pa.int32()),
-    pa.field("neuron", pa.int32()),
-    pa.field("value", pa.float64(), nullable=False),
-    pa.field("stderr", pa.float64()),
-    pa.field("n", pa.int64(), nullable=False),
-    pa.field("unit", pa.string(), nullable=False),
-])
+RECORD_SCHEMA = pa.schema(
+    [
+        pa.field("metric", pa.string(), nullable=False),
+        pa.field("layer", pa.int32()),
+        pa.field("component", pa.string()),
+        pa.field("head", pa.int32()),
+        pa.field("neuron", pa.int32()),
+        pa.field("value", pa.float64(), nullable=False),
+        pa.field("stderr", pa.float64()),
+        pa.field("n", pa.int64(), nullable=False),
+        pa.field("unit", pa.string(), nullable=False),
+    ]
+)
 RECORD_COLUMNS = tuple(RECORD_SCHEMA.names)
 
 # The catalog: every metric name with its unit. Names with a parameter are patterns.
 # Every name and unit is defined in docs/metrics.md (a unit test checks the two agree).
 CATALOG: dict[str, str] = {
-    **{f"intervention.{m}": u for m, u in [
-        ("kl", "nats"), ("top1_agreement", "fraction"), ("entropy", "bits"),
-        ("entropy_delta", "bits"), ("loss", "nats"), ("loss_delta", "nats"),
-        ("accuracy", "fraction"), ("swap_minus_drop_kl", "nats"),
-        ("swap_minus_drop_top1", "fraction")]},
-    **{f"logit_lens.{m}": u for m, u in [
-        ("kl_to_final", "nats"), ("entropy", "bits"), ("top1_agreement", "fraction"),
-        ("loss", "nats")]},
-    **{f"neurons.{m}": u for m, u in [
-        ("vocab_mean", "cosine"), ("vocab_var", "cosine^2"), ("vocab_skew", "ratio"),
-        ("vocab_kurt", "ratio"), ("n_prediction", "count"), ("n_suppression", "count"),
-        ("n_partition", "count"), ("frac_prediction", "fraction"),
-        ("frac_suppression", "fraction"), ("frac_partition", "fraction"),
-        ("n_prediction_cal", "count"), ("n_suppression_cal", "count"),
-        ("n_partition_cal", "count"), ("frac_prediction_cal", "fraction"),
-        ("frac_suppression_cal", "fraction"), ("frac_partition_cal", "fraction"),
-        ("null_kurt_q999", "ratio"), ("null_skew_q999", "ratio"),
-        ("null_var_q999", "cosine^2")]},
+    **{
+        f"intervention.{m}": u
+        for m, u in [
+            ("kl", "nats"),
+            ("top1_agreement", "fraction"),
+            ("entropy", "bits"),
+            ("entropy_delta", "bits"),
+            ("loss", "nats"),
+            ("loss_delta", "nats"),
+            ("accuracy", "fraction"),
+            ("swap_minus_drop_kl", "nats"),
+            ("swap_minus_drop_top1", "fraction"),
+        ]
+    },
+    **{
+        f"logit_lens.{m}": u
+        for m, u in [
+            ("kl_to_final", "nats"),
+            ("entropy", "bits"),
+            ("top1_agreement", "fraction"),
+            ("loss", "nats"),
+        ]
+    },
+    **{
+        f"neurons.{m}": u
+        for m, u in [
+            ("vocab_mean", "cosine"),
+            ("vocab_var", "cosine^2"),
+            ("vocab_skew", "ratio"),
+            ("vocab_kurt", "ratio"),
+            ("n_prediction", "count"),
+            ("n_suppression", "count"),
+            ("n_partition", "count"),
+            ("frac_prediction", "fraction"),
+            ("frac_suppression", "fraction"),
+            ("frac_partition", "fraction"),
+            ("n_prediction_cal", "count"),
+            ("n_suppression_cal", "count"),
+            ("n_partition_cal", "count"),
+            ("frac_prediction_cal", "fraction"),
+            ("frac_suppression_cal", "fraction"),
+            ("frac_partition_cal", "fraction"),
+            ("null_kurt_q999", "ratio"),
+            ("null_skew_q999", "ratio"),
+            ("null_var_q999", "cosine^2"),
+        ]
+    },
     **{f"similarity.{m}": "cosine" for m in ("self", "index", "adjacent")},
     **{f"attention.{m}": u for m, u in [("bos", "fraction"), ("entropy", "bits")]},
-    **{f"norms.{m}": u for m, u in [
-        ("attn_out", "norm"), ("mlp_out", "norm"), ("attn_mlp_ratio", "ratio"),
-        ("resid", "norm")]},
-    **{f"heads.{m}": u for m, u in [
-        ("ablation_kl", "nats"), ("ablation_loss_delta", "nats"), ("induction", "fraction"),
-        ("stability", "cosine"), ("stability_null", "cosine"), ("stability_std", "cosine"),
-        ("stability_null_std", "cosine"), ("stability_greedy", "cosine"),
-        ("stability_greedy_std", "cosine"), ("stability_null_greedy", "cosine"),
-        ("stability_null_greedy_std", "cosine")]},
+    **{
+        f"norms.{m}": u
+        for m, u in [
+            ("attn_out", "norm"),
+            ("mlp_out", "norm"),
+            ("attn_mlp_ratio", "ratio"),
+            ("resid", "norm"),
+        ]
+    },
+    **{
+        f"heads.{m}": u
+        for m, u in [
+            ("ablation_kl", "nats"),
+            ("ablation_loss_delta", "nats"),
+            ("induction", "fraction"),
+            ("stability", "cosine"),
+            ("stability_null", "cosine"),
+            ("stability_std", "cosine"),
+            ("stability_null_std", "cosine"),
+            ("stability_greedy", "cosine"),
+            ("stability_greedy_std", "cosine"),
+            ("stability_null_greedy", "cosine"),
+            ("stability_null_greedy_std", "cosine"),
+        ]
+    },
 }
 PATTERNS: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"attention\.prev_[1-9]\d*"), "fraction"),
@@ -68,8 +115,9 @@ PATTERNS: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"heads\.residual_cka\.(linear|rbf)"), "cka"),
     (re.compile(r"stages\.boundary_[123]"), "relative_depth"),
 ]
-COMPONENTS = frozenset({"drop", "swap", "drop_attn", "drop_mlp", "none", "attn", "mlp",
-                        "swap-drop"})
+COMPONENTS = frozenset(
+    {"drop", "swap", "drop_attn", "drop_mlp", "none", "attn", "mlp", "swap-drop"}
+)
 
 
 def unit_of(metric: str) -> str | None:
@@ -95,26 +143,49 @@ class Record:
     unit: str
 
     @classmethod
-    def of(cls, metric: str, value: float, n: int, *, layer: int | None = None,
-           component: str | None = None, head: int | None = None, neuron: int | None = None,
-           stderr: float | None = None) -> Record:
+    def of(
+        cls,
+        metric: str,
+        value: float,
+        n: int,
+        *,
+        layer: int | None = None,
+        component: str | None = None,
+        head: int | None = None,
+        neuron: int | None = None,
+        stderr: float | None = None,
+    ) -> Record:
         """A record whose unit is taken from the catalog (so it cannot disagree with it)."""
         unit = unit_of(metric)
         if unit is None:
             raise ComputeError(f"metric {metric!r} is not in the catalog")
         if not math.isfinite(value):
             raise ComputeError(f"{metric} layer={layer} head={head} is {value}; refusing to store")
-        return cls(metric, layer, component, head, neuron, float(value),
-                   None if stderr is None else float(stderr), int(n), unit)
+        return cls(
+            metric,
+            layer,
+            component,
+            head,
+            neuron,
+            float(value),
+            None if stderr is None else float(stderr),
+            int(n),
+            unit,
+        )
 
 
 def records_to_table(records: Iterable[Record]) -> pa.Table:
     rows = [astuple(r) for r in records]
-    columns: list[tuple[Any, ...]] = (list(zip(*rows, strict=True)) if rows
-                                      else [() for _ in RECORD_COLUMNS])
-    return pa.table({name: pa.array(col, type=RECORD_SCHEMA.field(name).type)
-                     for name, col in zip(RECORD_COLUMNS, columns, strict=True)},
-                    schema=RECORD_SCHEMA)
+    columns: list[tuple[Any, ...]] = (
+        list(zip(*rows, strict=True)) if rows else [() for _ in RECORD_COLUMNS]
+    )
+    return pa.table(
+        {
+            name: pa.array(col, type=RECORD_SCHEMA.field(name).type)
+            for name, col in zip(RECORD_COLUMNS, columns, strict=True)
+        },
+        schema=RECORD_SCHEMA,
+    )
 
 
 def validate_records(table: pa.Table, *, n_layers: int | None = None) -> pa.Table:
@@ -140,16 +211,18 @@ def validate_records(table: pa.Table, *, n_layers: int | None = None) -> pa.Tabl
         bad = pc.sum(pc.invert(pc.is_finite(col.fill_null(0.0)))).as_py() or 0
         if bad:
             raise SpecError(f"column {name!r} has {bad} NaN or infinite values")
-    pairs = pc.unique(pc.binary_join_element_wise(table.column("metric"), table.column("unit"),
-                                                  "\x00")).to_pylist()
+    pairs = pc.unique(
+        pc.binary_join_element_wise(table.column("metric"), table.column("unit"), "\x00")
+    ).to_pylist()
     for pair in pairs:
         metric, unit = pair.split("\x00")
         expected = unit_of(metric)
         if expected is None:
             raise SpecError(f"unknown metric name {metric!r} (see docs/metrics.md)")
         if unit != expected:
-            raise SpecError(f"metric {metric!r} has unit {unit!r}; docs/metrics.md says "
-                            f"{expected!r}")
+            raise SpecError(
+                f"metric {metric!r} has unit {unit!r}; docs/metrics.md says {expected!r}"
+            )
     components = set(pc.unique(table.column("component")).to_pylist()) - {None}
     if components - COMPONENTS:
         raise SpecError(f"unknown component(s): {sorted(components - COMPONENTS)}")

@@ -71,10 +71,17 @@ class MeanAccumulator:
     def _grow_sequences(self, total: int) -> None:
         have = self._sums.shape[0]
         if total > have:
-            self._sums = torch.cat([self._sums, torch.zeros(
-                total - have, self._sums.shape[1], dtype=torch.float64, device=self._device)])
+            self._sums = torch.cat(
+                [
+                    self._sums,
+                    torch.zeros(
+                        total - have, self._sums.shape[1], dtype=torch.float64, device=self._device
+                    ),
+                ]
+            )
             self._counts = np.concatenate(
-                [self._counts, np.zeros((total - have, self._counts.shape[1]), np.int64)])
+                [self._counts, np.zeros((total - have, self._counts.shape[1]), np.int64)]
+            )
 
     def _slot_indices(self, keys: Sequence[Key]) -> tuple[Tensor, np.ndarray, bool]:
         """Device and host slot indices of `keys`, and whether they are all distinct."""
@@ -89,23 +96,39 @@ class MeanAccumulator:
             if len(self._slots) > have:  # grow the columns by doubling: few copies in all
                 more = max(len(self._slots), 2 * have, 16) - have
                 rows = self._sums.shape[0]
-                self._sums = torch.cat([self._sums, torch.zeros(
-                    rows, more, dtype=torch.float64, device=self._device)], dim=1)
+                self._sums = torch.cat(
+                    [self._sums, torch.zeros(rows, more, dtype=torch.float64, device=self._device)],
+                    dim=1,
+                )
                 self._counts = np.concatenate(
-                    [self._counts, np.zeros((rows, more), np.int64)], axis=1)
+                    [self._counts, np.zeros((rows, more), np.int64)], axis=1
+                )
         slots = [self._slots[k] for k in keys]
-        index = (torch.tensor(slots, device=self._device), np.asarray(slots, dtype=np.int64),
-                 len(set(slots)) == len(slots))
+        index = (
+            torch.tensor(slots, device=self._device),
+            np.asarray(slots, dtype=np.int64),
+            len(set(slots)) == len(slots),
+        )
         self._indices[tuple(keys)] = index
         return index
 
-    def add(self, key: Key, values: Float[Tensor, " n"], *,
-            sequence_ids: Tensor | np.ndarray | Sequence[int] | None = None) -> None:
+    def add(
+        self,
+        key: Key,
+        values: Float[Tensor, " n"],
+        *,
+        sequence_ids: Tensor | np.ndarray | Sequence[int] | None = None,
+    ) -> None:
         """Add the per-token values of one key."""
         self.add_many([key], values.reshape(1, -1), sequence_ids=sequence_ids)
 
-    def add_many(self, keys: Sequence[Key], values: Float[Tensor, "k n"], *,
-                 sequence_ids: Tensor | np.ndarray | Sequence[int] | None = None) -> None:
+    def add_many(
+        self,
+        keys: Sequence[Key],
+        values: Float[Tensor, "k n"],
+        *,
+        sequence_ids: Tensor | np.ndarray | Sequence[int] | None = None,
+    ) -> None:
         """Add a row of per-token values for each key (one vectorised update).
 
         Without `sequence_ids` the row is the current batch's sequences one after another,
@@ -117,12 +140,16 @@ class MeanAccumulator:
             self._add_by_ids(keys, v, sequence_ids)
             return
         if self._batch is None:
-            raise ComputeError("MeanAccumulator: call start_batch(first, n) before adding "
-                               "values, or give sequence_ids")
+            raise ComputeError(
+                "MeanAccumulator: call start_batch(first, n) before adding "
+                "values, or give sequence_ids"
+            )
         first, b = self._batch
         if n % b:
-            raise ComputeError(f"{n} values per key do not split evenly over the batch's {b} "
-                               f"sequences (keys {keys[0]!r}...)")
+            raise ComputeError(
+                f"{n} values per key do not split evenly over the batch's {b} "
+                f"sequences (keys {keys[0]!r}...)"
+            )
         sums = v.reshape(k, b, n // b).sum(-1, dtype=torch.float64)  # [k, b]
         slots, host_slots, distinct = self._slot_indices(keys)  # may grow: resolve first
         self._sums[first : first + b].index_add_(1, slots, sums.T)
@@ -132,10 +159,12 @@ class MeanAccumulator:
             rows = np.arange(first, first + b)[:, None]
             np.add.at(self._counts, (rows, host_slots[None, :]), n // b)
 
-    def _add_by_ids(self, keys: Sequence[Key], v: Tensor,
-                    sequence_ids: Tensor | np.ndarray | Sequence[int]) -> None:
-        ids = np.asarray(sequence_ids.cpu() if isinstance(sequence_ids, Tensor)
-                         else sequence_ids, dtype=np.int64).reshape(-1)
+    def _add_by_ids(
+        self, keys: Sequence[Key], v: Tensor, sequence_ids: Tensor | np.ndarray | Sequence[int]
+    ) -> None:
+        ids = np.asarray(
+            sequence_ids.cpu() if isinstance(sequence_ids, Tensor) else sequence_ids, dtype=np.int64
+        ).reshape(-1)
         n = v.shape[1]
         if ids.shape[0] != n:
             raise ComputeError(f"{ids.shape[0]} sequence ids for {n} values per key")
@@ -146,7 +175,7 @@ class MeanAccumulator:
         self._grow_sequences(int(ids.max()) + 1)
         slots, host_slots, _ = self._slot_indices(keys)
         width = self._sums.shape[1]
-        flat = (torch.as_tensor(ids, device=self._device)[None, :] * width + slots[:, None])
+        flat = torch.as_tensor(ids, device=self._device)[None, :] * width + slots[:, None]
         self._sums.view(-1).index_add_(0, flat.reshape(-1), v.to(torch.float64).reshape(-1))
         per_seq = np.bincount(ids, minlength=self._counts.shape[0])
         seen = np.nonzero(per_seq)[0]
@@ -162,8 +191,10 @@ class MeanAccumulator:
         counts = self._counts[:, self._slots[terms[0][1]]]
         for _, term in terms[1:]:
             if not np.array_equal(self._counts[:, self._slots[term]], counts):
-                raise ComputeError(f"cannot combine {terms[0][1]!r} and {term!r}: their "
-                                   "values are not of the same tokens")
+                raise ComputeError(
+                    f"cannot combine {terms[0][1]!r} and {term!r}: their "
+                    "values are not of the same tokens"
+                )
         total = sum(coef * self._sums[:, self._slots[term]] for coef, term in terms)
         _, host_slots, _ = self._slot_indices([key])
         self._sums[:, int(host_slots[0])] = total
@@ -197,8 +228,9 @@ class MeanAccumulator:
         return self._stats([key], means, counts > 0, counts)[key]
 
     @staticmethod
-    def _stats(keys: list[Key], means: np.ndarray, has: np.ndarray,
-               counts: np.ndarray) -> dict[Key, MeanStat]:
+    def _stats(
+        keys: list[Key], means: np.ndarray, has: np.ndarray, counts: np.ndarray
+    ) -> dict[Key, MeanStat]:
         """Per column: the mean of the per-sequence means, their sample std (ddof 1) / sqrt(n);
         n = sequences with values."""
         n = has.sum(axis=0)
@@ -213,9 +245,12 @@ class MeanAccumulator:
         with np.errstate(invalid="ignore", divide="ignore"):
             stderr = np.sqrt(squares / (n - 1) / n)
         tokens = counts.sum(axis=0)
-        return {key: MeanStat(float(value[i]), float(stderr[i]) if n[i] >= 2 else None,
-                              int(n[i]), int(tokens[i]))
-                for i, key in enumerate(keys)}
+        return {
+            key: MeanStat(
+                float(value[i]), float(stderr[i]) if n[i] >= 2 else None, int(n[i]), int(tokens[i])
+            )
+            for i, key in enumerate(keys)
+        }
 
 
 @dataclass
@@ -267,7 +302,10 @@ class Unembedding(Protocol):
 
 
 def reference_distribution(
-    unembed: Unembedding, resid: Float[Tensor, "n d_model"], targets: Int[Tensor, " n"], *,
+    unembed: Unembedding,
+    resid: Float[Tensor, "n d_model"],
+    targets: Int[Tensor, " n"],
+    *,
     chunks: LogitChunks,
 ) -> Reference:
     """The reference P = softmax(z) of the clean final residual, as one [n, vocab] float32
@@ -290,8 +328,8 @@ def reference_distribution(
     for start in range(0, n, chunks.rows):
         rows = slice(start, min(n, start + chunks.rows))
         lse, _, _, argmax[rows], z_target = _streamed_logit_stats(
-            unembed, unembed.normed(resid[rows]), None, targets[rows], chunks.cols,
-            keep=probs[rows])
+            unembed, unembed.normed(resid[rows]), None, targets[rows], chunks.cols, keep=probs[rows]
+        )
         _check_finite(lse, "clean model logits")
         loss[rows] = lse - z_target
         pz = torch.zeros_like(lse)
@@ -331,8 +369,12 @@ def compare_distributions(
             stop = min(n, start + chunks.rows)
             rows = slice(start, stop)
             lse, pz, qz, top, z_target = _streamed_logit_stats(
-                unembed, unembed.normed(resid[gi, rows]), ref.probs[rows], ref.targets[rows],
-                chunks.cols)
+                unembed,
+                unembed.normed(resid[gi, rows]),
+                ref.probs[rows],
+                ref.targets[rows],
+                chunks.cols,
+            )
             out[0, gi, rows] = (lse - pz - ref.entropy_nats[rows]).clamp_min_(0.0)
             out[1, gi, rows] = (lse - qz) / LN2
             out[2, gi, rows] = (top == ref.argmax[rows]).float()
@@ -343,8 +385,13 @@ def compare_distributions(
 
 
 def _streamed_logit_stats(
-    unembed: Unembedding, x: Float[Tensor, "n d_model"], probs: Float[Tensor, "n vocab"] | None,
-    targets: Int[Tensor, " n"], cols: int, *, keep: Float[Tensor, "n vocab"] | None = None,
+    unembed: Unembedding,
+    x: Float[Tensor, "n d_model"],
+    probs: Float[Tensor, "n vocab"] | None,
+    targets: Int[Tensor, " n"],
+    cols: int,
+    *,
+    keep: Float[Tensor, "n vocab"] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Per row: logsumexp(z), p.z (meaningless without `probs`), q.z, argmax z (first of ties)
     and z[target], from the logits made `cols` vocabulary columns at a time (float32 logits
@@ -367,8 +414,7 @@ def _streamed_logit_stats(
         # with the number of blocks.
         chunk_s = e.sum(dim=-1).to(f64)
         chunk_t = torch.linalg.vecdot(e, z).to(f64)
-        chunk_pz = (torch.linalg.vecdot(probs[:, c0:c1], z).to(f64) if probs is not None
-                    else chunk_s)
+        chunk_pz = torch.linalg.vecdot(probs[:, c0:c1], z).to(f64) if probs is not None else chunk_s
         if c0 == 0:
             s, t, pz, top, z_target = chunk_s, chunk_t, chunk_pz, chunk_arg, z_at
         else:

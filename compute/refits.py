@@ -39,10 +39,12 @@ class FamilyStability:
 
     def metadata(self) -> dict[str, Any]:
         """What an exported file carries beside the records."""
-        return {"family": [spec.model_dump(mode="json") for spec, _ in self.members],
-                "anchor": self.anchor.model_dump(mode="json"),
-                "options": self.options.model_dump(mode="json"),
-                "prompts": self.prompts.model_dump(mode="json")}
+        return {
+            "family": [spec.model_dump(mode="json") for spec, _ in self.members],
+            "anchor": self.anchor.model_dump(mode="json"),
+            "options": self.options.model_dump(mode="json"),
+            "prompts": self.prompts.model_dump(mode="json"),
+        }
 
 
 def expand_family(refs: Sequence[str]) -> list[str]:
@@ -69,9 +71,15 @@ def _named_anchor(refs: list[str], anchor: str) -> str:
     return matches[0]
 
 
-def family_stability(members: Sequence[str], *, anchor: str | None = None, n_prompts: int = 32,
-                     prompt_len: int = 64, n_null: int = 3, device: str = "cpu"
-                     ) -> FamilyStability:
+def family_stability(
+    members: Sequence[str],
+    *,
+    anchor: str | None = None,
+    n_prompts: int = 32,
+    prompt_len: int = 64,
+    n_null: int = 3,
+    device: str = "cpu",
+) -> FamilyStability:
     """Head stability and residual CKA of a refit family against its anchor.
 
     `members` are model references (zoo names, checkpoint folders, TransformerLens names) or
@@ -92,19 +100,28 @@ def family_stability(members: Sequence[str], *, anchor: str | None = None, n_pro
     opts = StabilityOptions(n_prompts=n_prompts, prompt_len=prompt_len, n_null=n_null)
     specs = {ref: resolve_model_spec(ref) for ref in refs}
     anchor_lm = load_model(specs[anchor_ref], device)
-    token_spec = resolve_token_spec(TokenSpec(source="builtin", n_sequences=n_prompts,
-                                              seq_len=prompt_len, seed=opts.seed))
-    prompts = load_tokens(token_spec, anchor_lm.tokenizer, bos_token_id=anchor_lm.bos_token_id,
-                          d_vocab=anchor_lm.d_vocab, n_ctx=anchor_lm.n_ctx)
+    token_spec = resolve_token_spec(
+        TokenSpec(source="builtin", n_sequences=n_prompts, seq_len=prompt_len, seed=opts.seed)
+    )
+    prompts = load_tokens(
+        token_spec,
+        anchor_lm.tokenizer,
+        bos_token_id=anchor_lm.bos_token_id,
+        d_vocab=anchor_lm.d_vocab,
+        n_ctx=anchor_lm.n_ctx,
+    )
     refits = [load_model(specs[r], device) for r in refs if r != anchor_ref]
-    records = stability_records(anchor_lm, refits, prompts, opts,
-                                lambda spec: load_model(spec, device))
+    records = stability_records(
+        anchor_lm, refits, prompts, opts, lambda spec: load_model(spec, device)
+    )
     table = validate_records(records_to_table(records), n_layers=anchor_lm.n_layers)
     others = iter(refits)
-    described = [(specs[r], (anchor_lm if r == anchor_ref else next(others)).describe())
-                 for r in refs]
-    return FamilyStability(records=table, anchor=specs[anchor_ref], members=described,
-                           options=opts, prompts=token_spec)
+    described = [
+        (specs[r], (anchor_lm if r == anchor_ref else next(others)).describe()) for r in refs
+    ]
+    return FamilyStability(
+        records=table, anchor=specs[anchor_ref], members=described, options=opts, prompts=token_spec
+    )
 
 
 def family_name(names: Sequence[str]) -> str:

@@ -34,11 +34,18 @@ from compute.tokens import TokenSpec, load_tokens, resolve_token_spec
 METRIC_VERSION = "2"
 CODE_VERSION = "0.1.0"
 
-NEURON_TOKENS_SCHEMA = pa.schema([
-    ("layer", pa.int32()), ("neuron", pa.int32()), ("neuron_class", pa.string()),
-    ("direction", pa.string()), ("rank", pa.int32()), ("token_id", pa.int64()),
-    ("token", pa.string()), ("cosine", pa.float64()),
-])
+NEURON_TOKENS_SCHEMA = pa.schema(
+    [
+        ("layer", pa.int32()),
+        ("neuron", pa.int32()),
+        ("neuron_class", pa.string()),
+        ("direction", pa.string()),
+        ("rank", pa.int32()),
+        ("token_id", pa.int64()),
+        ("token", pa.string()),
+        ("cosine", pa.float64()),
+    ]
+)
 
 
 def stderr_basis(metric_version: str) -> str:
@@ -108,18 +115,26 @@ def compute_run(
     start = time.perf_counter()
     lm = lm or load_model(config.model, device)
     token_spec = resolve_token_spec(config.tokens)
-    tokens = load_tokens(token_spec, lm.tokenizer, bos_token_id=lm.bos_token_id,
-                         d_vocab=lm.d_vocab, n_ctx=lm.n_ctx)
+    tokens = load_tokens(
+        token_spec, lm.tokenizer, bos_token_id=lm.bos_token_id, d_vocab=lm.d_vocab, n_ctx=lm.n_ctx
+    )
     config = config.model_copy(update={"tokens": token_spec})
     result = sweep(lm, tokens, list(config.families), config.options, progress)
     table = validate_records(records_to_table(result.records), n_layers=lm.n_layers)
     return RunResult(
-        config=config, config_hash=config.config_hash(), records=table,
-        neuron_tokens=neuron_tokens_table(result.neuron_tokens), model_info=lm.describe(),
-        tokens_evaluated=result.tokens_evaluated, device=device,
+        config=config,
+        config_hash=config.config_hash(),
+        records=table,
+        neuron_tokens=neuron_tokens_table(result.neuron_tokens),
+        model_info=lm.describe(),
+        tokens_evaluated=result.tokens_evaluated,
+        device=device,
         wall_s=time.perf_counter() - start,
-        environment={"torch": torch.__version__, "python": platform.python_version(),
-                     "strata": CODE_VERSION},
+        environment={
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+            "strata": CODE_VERSION,
+        },
         sequence_means=result.sequence_means,
     )
 
@@ -128,10 +143,12 @@ def result_metadata(result: RunResult) -> dict[str, Any]:
     """Run and model identity, which travel beside the rows (docs/metrics.md: record format)."""
     return {
         "config": json.loads(result.config.canonical_json()),
-        "config_hash": result.config_hash, "model": result.model_info,
-        "tokens_evaluated": result.tokens_evaluated, "device": result.device,
-        "wall_s": round(result.wall_s, 3), "environment": result.environment,
+        "config_hash": result.config_hash,
+        "model": result.model_info,
+        "tokens_evaluated": result.tokens_evaluated,
+        "device": result.device,
+        "wall_s": round(result.wall_s, 3),
+        "environment": result.environment,
         "metric_version": result.config.metric_version,
         "stderr_basis": stderr_basis(result.config.metric_version),
     }
-

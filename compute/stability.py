@@ -79,8 +79,9 @@ def model_activations(lm: LoadedModel, prompts: Tensor, cka_tokens: int) -> Mode
     return ModelActivations(torch.stack(patterns).cpu(), torch.stack(resid).cpu())
 
 
-def head_match(anchor: ModelActivations, other: ModelActivations, *,
-               matching: Matching = "one_to_one") -> Float[Tensor, "layer head"]:
+def head_match(
+    anchor: ModelActivations, other: ModelActivations, *, matching: Matching = "one_to_one"
+) -> Float[Tensor, "layer head"]:
     """For each anchor head, the prompt-averaged cosine of its pattern with its match among the
     other model's heads of the same layer.
 
@@ -96,8 +97,9 @@ def head_match(anchor: ModelActivations, other: ModelActivations, *,
     out = torch.zeros(cos.shape[:2], dtype=cos.dtype)
     for layer in range(cos.shape[0]):
         rows, cols = linear_sum_assignment(cos[layer].double().numpy(), maximize=True)
-        out[layer, torch.from_numpy(rows)] = cos[layer, torch.from_numpy(rows),
-                                                 torch.from_numpy(cols)]
+        out[layer, torch.from_numpy(rows)] = cos[
+            layer, torch.from_numpy(rows), torch.from_numpy(cols)
+        ]
     return out
 
 
@@ -139,19 +141,44 @@ def rbf_cka(x: Float[Tensor, "n d1"], y: Float[Tensor, "n d2"]) -> float:
 def random_counterpart(lm: LoadedModel, seed: int) -> ModelSpec:
     """A randomly initialised model with the same architecture as `lm` (the null baseline)."""
     cfg = lm.cfg
-    fields = ("n_layers", "d_model", "n_heads", "d_head", "d_mlp", "d_vocab", "n_ctx", "act_fn",
-              "attn_only", "positional_embedding_type", "rotary_dim", "parallel_attn_mlp",
-              "n_key_value_heads", "gated_mlp", "d_vocab_out", "rotary_base",
-              "rotary_adjacent_pairs", "final_rms", "use_attn_scale", "attn_scores_soft_cap",
-              "output_logits_soft_cap", "use_local_attn", "window_size", "attn_types")
-    arch: dict[str, Any] = {f: getattr(cfg, f) for f in fields
-                            if getattr(cfg, f, None) is not None}
+    fields = (
+        "n_layers",
+        "d_model",
+        "n_heads",
+        "d_head",
+        "d_mlp",
+        "d_vocab",
+        "n_ctx",
+        "act_fn",
+        "attn_only",
+        "positional_embedding_type",
+        "rotary_dim",
+        "parallel_attn_mlp",
+        "n_key_value_heads",
+        "gated_mlp",
+        "d_vocab_out",
+        "rotary_base",
+        "rotary_adjacent_pairs",
+        "final_rms",
+        "use_attn_scale",
+        "attn_scores_soft_cap",
+        "output_logits_soft_cap",
+        "use_local_attn",
+        "window_size",
+        "attn_types",
+    )
+    arch: dict[str, Any] = {f: getattr(cfg, f) for f in fields if getattr(cfg, f, None) is not None}
     # Processing folds LN into LNPre (RMS into RMSPre); the random model is built unfolded with
     # the anchor's own normalization, and a norm-free anchor stays norm-free.
     norm = cfg.normalization_type
     arch["normalization_type"] = norm.removesuffix("Pre") if norm is not None else None
-    return ModelSpec(source="random", name=f"random-{cfg.model_name}-{seed}", architecture=arch,
-                     seed=seed, processing=lm.spec.processing)
+    return ModelSpec(
+        source="random",
+        name=f"random-{cfg.model_name}-{seed}",
+        architecture=arch,
+        seed=seed,
+        processing=lm.spec.processing,
+    )
 
 
 def stability_records(
@@ -168,21 +195,34 @@ def stability_records(
         check_refit(anchor, other)
     base = model_activations(anchor, prompts, opts.cka_tokens)
     others = [model_activations(m, prompts, opts.cka_tokens) for m in refits]
-    nulls = [model_activations(load(random_counterpart(anchor, 10_000 + i)), prompts,
-                               opts.cka_tokens) for i in range(opts.n_null)]
+    nulls = [
+        model_activations(load(random_counterpart(anchor, 10_000 + i)), prompts, opts.cka_tokens)
+        for i in range(opts.n_null)
+    ]
     records: list[Record] = []
     matchings: tuple[tuple[str, Matching], ...] = (("", "one_to_one"), ("_greedy", "greedy"))
     for suffix, matching in matchings:
-        records += _head_records(f"stability{suffix}", torch.stack(
-            [head_match(base, o, matching=matching) for o in others]))
+        records += _head_records(
+            f"stability{suffix}",
+            torch.stack([head_match(base, o, matching=matching) for o in others]),
+        )
         if nulls:
-            records += _head_records(f"stability_null{suffix}", torch.stack(
-                [head_match(base, o, matching=matching) for o in nulls]))
+            records += _head_records(
+                f"stability_null{suffix}",
+                torch.stack([head_match(base, o, matching=matching) for o in nulls]),
+            )
     for layer in range(anchor.n_layers):
         for kind, fn in (("linear", linear_cka), ("rbf", rbf_cka)):
             values = torch.tensor([fn(base.resid[layer], o.resid[layer]) for o in others])
-            records.append(Record.of(f"heads.residual_cka.{kind}", float(values.mean()),
-                                     len(values), layer=layer, stderr=_stderr(values)))
+            records.append(
+                Record.of(
+                    f"heads.residual_cka.{kind}",
+                    float(values.mean()),
+                    len(values),
+                    layer=layer,
+                    stderr=_stderr(values),
+                )
+            )
     return records
 
 
@@ -192,27 +232,35 @@ def check_refit(anchor: LoadedModel, other: LoadedModel) -> None:
     both without one is allowed, then only the width is checked)."""
     name = other.spec.name
     if (other.n_layers, other.n_heads, other.d_model) != (
-            anchor.n_layers, anchor.n_heads, anchor.d_model):
+        anchor.n_layers,
+        anchor.n_heads,
+        anchor.d_model,
+    ):
         raise RefitMismatchError(
             f"{name} does not share the anchor's architecture (layers, heads, d_model: "
             f"{other.n_layers}, {other.n_heads}, {other.d_model} vs {anchor.n_layers}, "
-            f"{anchor.n_heads}, {anchor.d_model}); refits must be of one architecture")
+            f"{anchor.n_heads}, {anchor.d_model}); refits must be of one architecture"
+        )
     if other.d_vocab != anchor.d_vocab:
         raise RefitMismatchError(
             f"{name} has a vocabulary of {other.d_vocab} tokens but the anchor "
-            f"{anchor.spec.name} has {anchor.d_vocab}; refits must share the vocabulary")
+            f"{anchor.spec.name} has {anchor.d_vocab}; refits must share the vocabulary"
+        )
     mine, theirs = anchor.tokenizer, other.tokenizer
     if (mine is None) != (theirs is None):
         raise RefitMismatchError(
             f"{name if theirs is None else anchor.spec.name} has no tokenizer, so its "
             "vocabulary cannot be checked against the other's; give every refit its tokenizer "
-            "files (refits must share the tokenizer)")
-    if mine is not None and (mine.get_vocab() != theirs.get_vocab()
-                             or anchor.bos_token_id != other.bos_token_id):
+            "files (refits must share the tokenizer)"
+        )
+    if mine is not None and (
+        mine.get_vocab() != theirs.get_vocab() or anchor.bos_token_id != other.bos_token_id
+    ):
         raise RefitMismatchError(
             f"{name} has another tokenizer than the anchor {anchor.spec.name} (its token -> id "
             "map or BOS id differs): the anchor's prompts would mean other tokens to it; "
-            "refits must share the tokenizer")
+            "refits must share the tokenizer"
+        )
 
 
 def _stderr(values: Tensor) -> float | None:
@@ -226,11 +274,19 @@ def _head_records(name: str, per_refit: Float[Tensor, "refit layer head"]) -> li
     n_refits = per_refit.shape[0]
     for layer in range(per_head.shape[0]):
         for head in range(per_head.shape[1]):
-            records.append(Record.of(f"heads.{name}", float(per_head[layer, head]), n_refits,
-                                     layer=layer, head=head,
-                                     stderr=_stderr(per_refit[:, layer, head])))
+            records.append(
+                Record.of(
+                    f"heads.{name}",
+                    float(per_head[layer, head]),
+                    n_refits,
+                    layer=layer,
+                    head=head,
+                    stderr=_stderr(per_refit[:, layer, head]),
+                )
+            )
         row = per_head[layer]
         records.append(Record.of(f"heads.{name}", float(row.mean()), len(row), layer=layer))
-        records.append(Record.of(f"heads.{name}_std", float(row.std(unbiased=False)), len(row),
-                                 layer=layer))
+        records.append(
+            Record.of(f"heads.{name}_std", float(row.std(unbiased=False)), len(row), layer=layer)
+        )
     return records

@@ -44,8 +44,12 @@ import polars as pl
 from compute.errors import SpecError
 from compute.records import Record
 
-STAGE_NAMES = ("detokenization", "feature_engineering", "prediction_ensembling",
-               "residual_sharpening")
+STAGE_NAMES = (
+    "detokenization",
+    "feature_engineering",
+    "prediction_ensembling",
+    "residual_sharpening",
+)
 
 KL_FLOOR = 0.01  # nats added to a KL before its log: differences below it are not structure
 CATASTROPHIC_KL = 1.0  # nats: the least drop KL of every detokenization layer
@@ -108,11 +112,13 @@ def _key(metric: str, component: str | None) -> str:
 
 def curves_of(records: pl.DataFrame) -> Curves:
     """Per-layer (per-point) curves of a record table: rows with a layer, no head, no neuron."""
-    rows = records.filter(pl.col("head").is_null() & pl.col("neuron").is_null()
-                          & pl.col("layer").is_not_null())
+    rows = records.filter(
+        pl.col("head").is_null() & pl.col("neuron").is_null() & pl.col("layer").is_not_null()
+    )
     out: Curves = {}
     for metric, component, layer, value in rows.select(
-            "metric", "component", "layer", "value").iter_rows():
+        "metric", "component", "layer", "value"
+    ).iter_rows():
         out.setdefault(_key(metric, component), {})[int(layer)] = float(value)
     return out
 
@@ -155,19 +161,23 @@ def _tolerance(n_layers: int) -> int:
 
 def _agreeing(signals: list[Any], estimate: int, n_layers: int) -> list[Any]:
     """The signals whose own position is within the tolerance of `estimate`."""
-    return [s for s in signals if s.own is not None
-            and abs(s.own - estimate) <= _tolerance(n_layers)]
+    return [
+        s for s in signals if s.own is not None and abs(s.own - estimate) <= _tolerance(n_layers)
+    ]
 
 
-def _unsharp_or_disagreeing(sharpness: float | None, agree: list[Any], signals: list[Any],
-                            estimate: int, n_layers: int) -> str | None:
+def _unsharp_or_disagreeing(
+    sharpness: float | None, agree: list[Any], signals: list[Any], estimate: int, n_layers: int
+) -> str | None:
     """Why a placement is not clear by the two checks boundaries 1 and 2 share (in this order:
     sharpness, then agreement), or None."""
     if sharpness is None or sharpness < SHARPNESS_MIN:
         return f"not sharp: sharpness {sharpness or 0:.3g} < {SHARPNESS_MIN}"
     if 2 * len(agree) < len(signals):
-        return (f"signals disagree: {len(agree)} of {len(signals)} place it within "
-                f"{_tolerance(n_layers)} layer(s) of {estimate}")
+        return (
+            f"signals disagree: {len(agree)} of {len(signals)} place it within "
+            f"{_tolerance(n_layers)} layer(s) of {estimate}"
+        )
     return None
 
 
@@ -205,30 +215,55 @@ def _detokenization(curves: Curves, n_layers: int) -> _Placement:
     corroborating = {
         "drop_top1": drop_top1,
         "swap_kl": _log_kl(_series(curves, "intervention.kl[swap]", swaps)),
-        "swap_top1": _disagreement(_series(curves, "intervention.top1_agreement[swap]", swaps))}
+        "swap_top1": _disagreement(_series(curves, "intervention.top1_agreement[swap]", swaps)),
+    }
     if drop_kl is None or log_drop is None or n_layers < 3:
-        return _Placement(None, False, None, "needs intervention.kl[drop] for every layer of a "
-                          "model with >= 3 layers")
+        return _Placement(
+            None,
+            False,
+            None,
+            "needs intervention.kl[drop] for every layer of a model with >= 3 layers",
+        )
     estimate = _early_run(log_drop)
     signals = [_contrast_signal("drop_kl", log_drop, estimate)]
-    signals += [_contrast_signal(n, y, estimate) for n, y in corroborating.items()
-                if y is not None and len(y) >= 2]
+    signals += [
+        _contrast_signal(n, y, estimate)
+        for n, y in corroborating.items()
+        if y is not None and len(y) >= 2
+    ]
     if estimate is None:
-        return _Placement(None, False, None, "no early run: the drop KL of layer 0 is not above "
-                          "the median layer's, or never falls back", signals)
+        return _Placement(
+            None,
+            False,
+            None,
+            "no early run: the drop KL of layer 0 is not above "
+            "the median layer's, or never falls back",
+            signals,
+        )
     head_kl = float(drop_kl[:estimate].min())
-    sharp = [s.sharpness for s in signals if s.name in ("drop_kl", "drop_top1")
-             and s.sharpness is not None]
+    sharp = [
+        s.sharpness
+        for s in signals
+        if s.name in ("drop_kl", "drop_top1") and s.sharpness is not None
+    ]
     sharpness = float(np.median(sharp)) if sharp else None
     agree = _agreeing(signals, estimate, n_layers)
     reason: str | None
     if head_kl < CATASTROPHIC_KL:
-        reason = (f"not catastrophic: dropping layer(s) 0..{estimate - 1} costs {head_kl:.3g} "
-                  f"nats at least, under {CATASTROPHIC_KL}")
+        reason = (
+            f"not catastrophic: dropping layer(s) 0..{estimate - 1} costs {head_kl:.3g} "
+            f"nats at least, under {CATASTROPHIC_KL}"
+        )
     else:
         reason = _unsharp_or_disagreeing(sharpness, agree, signals, estimate, n_layers)
-    return _Placement(estimate, reason is None, sharpness, reason, signals,
-                      {"min_drop_kl_before": head_kl, "agreeing": [s.name for s in agree]})
+    return _Placement(
+        estimate,
+        reason is None,
+        sharpness,
+        reason,
+        signals,
+        {"min_drop_kl_before": head_kl, "agreeing": [s.name for s in agree]},
+    )
 
 
 # --------------------------------------------------------------------------- boundary 2
@@ -262,7 +297,7 @@ def _knee_gains(y: np.ndarray, x: np.ndarray, knees: np.ndarray, shape: str) -> 
     """[knee]: 1 - SSE(fit) / SSE(straight line), for every knee at once; 0 where the fit does
     not fall or the line is exact (a straight curve has no knee). The same fits as `_fit`."""
     line = _line_sse(y, x)
-    if line <= 1e-12 * max(1.0, float((y ** 2).sum())):
+    if line <= 1e-12 * max(1.0, float((y**2).sum())):
         return np.zeros(len(knees))
     after = x[None, :] > knees[:, None]
     if shape == "step":
@@ -283,8 +318,15 @@ def _knee_gains(y: np.ndarray, x: np.ndarray, knees: np.ndarray, shape: str) -> 
     return np.where(fall > 0, 1.0 - sse / line, 0.0)
 
 
-def _knee_signal(name: str, y: np.ndarray, x: np.ndarray, knees: np.ndarray, at: int,
-                 shape: str, by_shape: dict[str, np.ndarray]) -> _Signal:
+def _knee_signal(
+    name: str,
+    y: np.ndarray,
+    x: np.ndarray,
+    knees: np.ndarray,
+    at: int,
+    shape: str,
+    by_shape: dict[str, np.ndarray],
+) -> _Signal:
     """A curve's own best knee (best of both shapes: `by_shape` holds its gains), and at knee
     `at` its fitted fall over the robust noise of the fit."""
     gains = np.maximum(*(by_shape[s] for s in SHAPES))
@@ -302,12 +344,18 @@ SHAPES = ("decline", "step")
 def _feature_engineering(curves: Curves, n_layers: int, start: int) -> _Placement:
     points = range(1, n_layers)  # the embedding point 0 and the final point L are left out
     lens_kl = _series(curves, "logit_lens.kl_to_final", points)
-    primary = {"lens_kl": _log_kl(lens_kl),
-               "lens_top1": _disagreement(_series(curves, "logit_lens.top1_agreement", points))}
+    primary = {
+        "lens_kl": _log_kl(lens_kl),
+        "lens_top1": _disagreement(_series(curves, "logit_lens.top1_agreement", points)),
+    }
     used = {n: y for n, y in primary.items() if y is not None}
     if lens_kl is None or n_layers < 4:
-        return _Placement(None, False, None, "needs logit_lens.kl_to_final at every point of a "
-                          "model with >= 4 layers")
+        return _Placement(
+            None,
+            False,
+            None,
+            "needs logit_lens.kl_to_final at every point of a model with >= 4 layers",
+        )
     x = np.arange(1, n_layers, dtype=np.float64)
     knees = np.arange(max(start, 2), n_layers - 1)  # a plateau of >= 2 points, then a fall
     if len(knees) == 0:
@@ -317,8 +365,9 @@ def _feature_engineering(curves: Curves, n_layers: int, start: int) -> _Placemen
     # points before the KL leaves its plateau, and a mean of the two would sit between them);
     # the better shape at its best knee; ties: the earliest knee, then "decline"
     kl_gain = each["lens_kl"]
-    shape = max(SHAPES, key=lambda s: (float(kl_gain[s].max()), -_first_max(kl_gain[s]),
-                                       s == "decline"))
+    shape = max(
+        SHAPES, key=lambda s: (float(kl_gain[s].max()), -_first_max(kl_gain[s]), s == "decline")
+    )
     estimate = int(knees[_first_max(kl_gain[shape])])
     gain = {int(k): float(g) for k, g in zip(knees, kl_gain[shape], strict=True)}
     signals = [_knee_signal(n, y, x, knees, estimate, shape, each[n]) for n, y in used.items()]
@@ -328,16 +377,30 @@ def _feature_engineering(curves: Curves, n_layers: int, start: int) -> _Placemen
     agree = _agreeing(signals, estimate, n_layers)
     reason: str | None
     if gain[estimate] < KNEE_GAIN_MIN:
-        reason = (f"no knee: a plateau then a fall of the lens KL fits no better than a "
-                  f"straight line (gain {gain[estimate]:.3g} < {KNEE_GAIN_MIN})")
+        reason = (
+            f"no knee: a plateau then a fall of the lens KL fits no better than a "
+            f"straight line (gain {gain[estimate]:.3g} < {KNEE_GAIN_MIN})"
+        )
     elif kl_fall < CONVERGENCE_MIN:
-        reason = (f"no convergence: the lens KL falls {math.exp(kl_fall):.3g}-fold past the "
-                  f"knee, under 2-fold")
+        reason = (
+            f"no convergence: the lens KL falls {math.exp(kl_fall):.3g}-fold past the "
+            f"knee, under 2-fold"
+        )
     else:
         reason = _unsharp_or_disagreeing(sharpness, agree, signals, estimate, n_layers)
-    return _Placement(estimate, reason is None, sharpness, reason, signals,
-                      {"knee_gain": gain[estimate], "knee_shape": shape, "search_start": start,
-                       "agreeing": [s.name for s in agree]})
+    return _Placement(
+        estimate,
+        reason is None,
+        sharpness,
+        reason,
+        signals,
+        {
+            "knee_gain": gain[estimate],
+            "knee_shape": shape,
+            "search_start": start,
+            "agreeing": [s.name for s in agree],
+        },
+    )
 
 
 # --------------------------------------------------------------------------- boundary 3
@@ -353,44 +416,69 @@ def neuron_counts(curves: Curves, n_layers: int) -> tuple[np.ndarray, np.ndarray
     return None
 
 
-def _sharpening(counts: tuple[np.ndarray, np.ndarray, str] | None, n_layers: int,
-                start: int) -> _Placement:
+def _sharpening(
+    counts: tuple[np.ndarray, np.ndarray, str] | None, n_layers: int, start: int
+) -> _Placement:
     if counts is None:
-        return _Placement(None, False, None, "needs neurons.n_prediction(_cal) and "
-                          "n_suppression(_cal) for every layer")
+        return _Placement(
+            None,
+            False,
+            None,
+            "needs neurons.n_prediction(_cal) and n_suppression(_cal) for every layer",
+        )
     pred, supp, kind = counts
     excess = supp - pred
     estimate = next((k for k in range(max(start, 1), n_layers) if (excess[k:] > 0).all()), None)
-    extra: dict[str, Any] = {"counts": kind, "search_start": start,
-                             "n_prediction": pred.tolist(), "n_suppression": supp.tolist()}
+    extra: dict[str, Any] = {
+        "counts": kind,
+        "search_start": start,
+        "n_prediction": pred.tolist(),
+        "n_suppression": supp.tolist(),
+    }
     if estimate is None:
-        return _Placement(None, False, None, f"suppression never dominates to the end from "
-                          f"layer {max(start, 1)} on ({kind} counts)", [], extra)
+        return _Placement(
+            None,
+            False,
+            None,
+            f"suppression never dominates to the end from layer {max(start, 1)} on ({kind} counts)",
+            [],
+            extra,
+        )
     # summed over the run: the surplus in standard deviations of a difference of counts
     surplus = float(excess[estimate:].sum())
     sharpness = surplus / math.sqrt(max(float((supp + pred)[estimate:].sum()), 1.0))
     extra["surplus"] = surplus
     reason = None
     if surplus < SUPPRESSION_EXCESS_MIN or sharpness < SUPPRESSION_Z_MIN:
-        reason = (f"too few neurons: suppression exceeds prediction by {surplus:.0f} neurons "
-                  f"(z {sharpness:.3g}) over layers {estimate}..{n_layers - 1}; needs "
-                  f"{SUPPRESSION_EXCESS_MIN} and z {SUPPRESSION_Z_MIN}")
-    return _Placement(estimate, reason is None, sharpness, reason,
-                      [_Signal("neuron_dominance", estimate, sharpness, surplus)], extra)
+        reason = (
+            f"too few neurons: suppression exceeds prediction by {surplus:.0f} neurons "
+            f"(z {sharpness:.3g}) over layers {estimate}..{n_layers - 1}; needs "
+            f"{SUPPRESSION_EXCESS_MIN} and z {SUPPRESSION_Z_MIN}"
+        )
+    return _Placement(
+        estimate,
+        reason is None,
+        sharpness,
+        reason,
+        [_Signal("neuron_dominance", estimate, sharpness, surplus)],
+        extra,
+    )
 
 
 # --------------------------------------------------------------------------- the rule
 
 
-def _place(curves: Curves, counts: tuple[np.ndarray, np.ndarray, str] | None,
-           n_layers: int) -> tuple[_Placement, _Placement, _Placement]:
+def _place(
+    curves: Curves, counts: tuple[np.ndarray, np.ndarray, str] | None, n_layers: int
+) -> tuple[_Placement, _Placement, _Placement]:
     """The three placements, ordered: boundary 2's search starts at boundary 1, boundary 3's at
     max(boundary 1, boundary 2), using clear boundaries (an unclear one constrains nothing)."""
     first = _detokenization(curves, n_layers)
     start2 = first.estimate if first.clear and first.estimate is not None else 1
     second = _feature_engineering(curves, n_layers, start2)
-    start3 = max(start2, second.estimate if second.clear and second.estimate is not None
-                 else start2)
+    start3 = max(
+        start2, second.estimate if second.clear and second.estimate is not None else start2
+    )
     third = _sharpening(counts, n_layers, start3)
     return first, second, third
 
@@ -423,29 +511,46 @@ def _support(curves: Curves, layer: int) -> dict[str, float | None]:
         "intervention.kl[swap]": curves.get("intervention.kl[swap]", {}).get(layer),
         "attention_share_of_ablation_kl": share,
         "attention.prev_5": curves.get("attention.prev_5", {}).get(layer),
-        "logit_lens.kl_to_final[point layer+1]":
-            curves.get("logit_lens.kl_to_final", {}).get(layer + 1),
+        "logit_lens.kl_to_final[point layer+1]": curves.get("logit_lens.kl_to_final", {}).get(
+            layer + 1
+        ),
         "logit_lens.entropy[point layer+1]": curves.get("logit_lens.entropy", {}).get(layer + 1),
         "norms.attn_mlp_ratio": curves.get("norms.attn_mlp_ratio", {}).get(layer),
     }
 
 
-RULE_CURVES = frozenset({"intervention.kl[drop]", "intervention.top1_agreement[drop]",
-                         "intervention.kl[swap]", "intervention.top1_agreement[swap]",
-                         "logit_lens.kl_to_final", "logit_lens.top1_agreement"})
+RULE_CURVES = frozenset(
+    {
+        "intervention.kl[drop]",
+        "intervention.top1_agreement[drop]",
+        "intervention.kl[swap]",
+        "intervention.top1_agreement[swap]",
+        "logit_lens.kl_to_final",
+        "logit_lens.top1_agreement",
+    }
+)
 SIGNAL_SOURCES = {
-    "drop_kl": ("intervention.kl[drop]", 0), "drop_top1": ("intervention.top1_agreement[drop]", 0),
-    "swap_kl": ("intervention.kl[swap]", 0), "swap_top1": ("intervention.top1_agreement[swap]", 0),
-    "lens_kl": ("logit_lens.kl_to_final", 1), "lens_top1": ("logit_lens.top1_agreement", 1),
+    "drop_kl": ("intervention.kl[drop]", 0),
+    "drop_top1": ("intervention.top1_agreement[drop]", 0),
+    "swap_kl": ("intervention.kl[swap]", 0),
+    "swap_top1": ("intervention.top1_agreement[swap]", 0),
+    "lens_kl": ("logit_lens.kl_to_final", 1),
+    "lens_top1": ("logit_lens.top1_agreement", 1),
 }
 
 
 def _boundary(index: int, placed: _Placement, curves: Curves, n_layers: int) -> Boundary:
-    evidence: dict[str, Any] = {"metric": ("intervention.kl", "logit_lens.kl_to_final",
-                                           "neurons.n_suppression vs neurons.n_prediction")[
-                                               index - 1],
-                                "estimate": placed.estimate, "clear": placed.clear,
-                                "sharpness": placed.sharpness, **placed.extra}
+    evidence: dict[str, Any] = {
+        "metric": (
+            "intervention.kl",
+            "logit_lens.kl_to_final",
+            "neurons.n_suppression vs neurons.n_prediction",
+        )[index - 1],
+        "estimate": placed.estimate,
+        "clear": placed.clear,
+        "sharpness": placed.sharpness,
+        **placed.extra,
+    }
     if placed.reason:
         evidence["reason"] = placed.reason
     at = placed.estimate
@@ -460,8 +565,7 @@ def _boundary(index: int, placed: _Placement, curves: Curves, n_layers: int) -> 
         evidence["kl_at_point_0"] = lens.get(0)
     signals: dict[str, Any] = {}
     for s in placed.signals:
-        entry: dict[str, Any] = {"own_layer": s.own, "sharpness": s.sharpness,
-                                 "change": s.change}
+        entry: dict[str, Any] = {"own_layer": s.own, "sharpness": s.sharpness, "change": s.change}
         if s.name in SIGNAL_SOURCES and placed.estimate is not None:
             key, shift = SIGNAL_SOURCES[s.name]
             # the value at the boundary and just before it (lens: the point after the block)
@@ -480,32 +584,47 @@ def _boundary(index: int, placed: _Placement, curves: Curves, n_layers: int) -> 
         owns = [s.own for s in placed.signals if s.own is not None]
         span = (min([layer, *owns]), max([layer, *owns]))
         evidence["range"] = list(span)
-    return Boundary(index, layer, _depth(layer, n_layers) if layer is not None else None,
-                    RULES[index - 1], evidence, placed.estimate, placed.sharpness, span)
+    return Boundary(
+        index,
+        layer,
+        _depth(layer, n_layers) if layer is not None else None,
+        RULES[index - 1],
+        evidence,
+        placed.estimate,
+        placed.sharpness,
+        span,
+    )
 
 
 # --------------------------------------------------------------------------- bootstrap
 
 
-def _sequence_matrix(sequence_means: pl.DataFrame) -> tuple[list[tuple[str, int]], np.ndarray,
-                                                             np.ndarray]:
+def _sequence_matrix(
+    sequence_means: pl.DataFrame,
+) -> tuple[list[tuple[str, int]], np.ndarray, np.ndarray]:
     """(curve key, layer) columns, [n_sequences, keys] values (NaN where a sequence has none)
     and the has-value mask, from a per-sequence means table (rows with head null)."""
     rows = sequence_means.filter(pl.col("head").is_null() & pl.col("layer").is_not_null())
-    keys = sorted({(_key(m, c), int(layer)) for m, c, layer in
-                   rows.select("metric", "component", "layer").unique().iter_rows()})
+    keys = sorted(
+        {
+            (_key(m, c), int(layer))
+            for m, c, layer in rows.select("metric", "component", "layer").unique().iter_rows()
+        }
+    )
     column = {k: i for i, k in enumerate(keys)}
     sequences = sorted(set(rows["sequence"].to_list()))
     row_of = {s: i for i, s in enumerate(sequences)}
     values = np.full((len(sequences), len(keys)), np.nan)
-    for m, c, layer, seq, v in rows.select("metric", "component", "layer", "sequence",
-                                           "value").iter_rows():
+    for m, c, layer, seq, v in rows.select(
+        "metric", "component", "layer", "sequence", "value"
+    ).iter_rows():
         values[row_of[seq], column[(_key(m, c), int(layer))]] = v
     return keys, values, ~np.isnan(values)
 
 
-def resampled_curves(sequence_means: pl.DataFrame, *, n_resamples: int = N_RESAMPLES,
-                     seed: int = BOOTSTRAP_SEED) -> tuple[list[tuple[str, int]], np.ndarray]:
+def resampled_curves(
+    sequence_means: pl.DataFrame, *, n_resamples: int = N_RESAMPLES, seed: int = BOOTSTRAP_SEED
+) -> tuple[list[tuple[str, int]], np.ndarray]:
     """Curves recomputed from sequences drawn with replacement: (keys, [n_resamples, keys]).
 
     Resample r draws n sequence indices uniformly with replacement (numpy default_rng(seed),
@@ -528,18 +647,29 @@ def resampled_curves(sequence_means: pl.DataFrame, *, n_resamples: int = N_RESAM
 def _percentile_interval(samples: list[int], level: float) -> tuple[int, int]:
     arr = np.array(samples)
     tail = 100 * (1 - level) / 2
-    return (int(np.percentile(arr, tail, method="lower")),
-            int(np.percentile(arr, 100 - tail, method="higher")))
+    return (
+        int(np.percentile(arr, tail, method="lower")),
+        int(np.percentile(arr, 100 - tail, method="higher")),
+    )
 
 
-def _bootstrap(boundaries: list[Boundary], curves: Curves,
-               counts: tuple[np.ndarray, np.ndarray, str] | None, n_layers: int,
-               sequence_means: pl.DataFrame, n_resamples: int, seed: int,
-               level: float) -> None:
+def _bootstrap(
+    boundaries: list[Boundary],
+    curves: Curves,
+    counts: tuple[np.ndarray, np.ndarray, str] | None,
+    n_layers: int,
+    sequence_means: pl.DataFrame,
+    n_resamples: int,
+    seed: int,
+    level: float,
+) -> None:
     n_sequences = sequence_means["sequence"].n_unique()
-    used = sequence_means.filter(pl.struct("metric", "component").map_elements(
-        lambda row: _key(row["metric"], row["component"]) in RULE_CURVES,
-        return_dtype=pl.Boolean))
+    used = sequence_means.filter(
+        pl.struct("metric", "component").map_elements(
+            lambda row: _key(row["metric"], row["component"]) in RULE_CURVES,
+            return_dtype=pl.Boolean,
+        )
+    )
     keys, resampled = resampled_curves(used, n_resamples=n_resamples, seed=seed)
     estimates: list[list[int]] = [[], [], []]
     clear = [0, 0, 0]
@@ -554,10 +684,15 @@ def _bootstrap(boundaries: list[Boundary], curves: Curves,
                 estimates[i].append(placed.estimate)
             clear[i] += placed.clear
     for b, found, n_clear in zip(boundaries, estimates, clear, strict=True):
-        info: dict[str, Any] = {"n_resamples": n_resamples, "seed": seed, "level": level,
-                                "n_sequences": n_sequences, "resampled": "sequences",
-                                "clear_fraction": n_clear / max(n_resamples, 1),
-                                "placed_fraction": len(found) / max(n_resamples, 1)}
+        info: dict[str, Any] = {
+            "n_resamples": n_resamples,
+            "seed": seed,
+            "level": level,
+            "n_sequences": n_sequences,
+            "resampled": "sequences",
+            "clear_fraction": n_clear / max(n_resamples, 1),
+            "placed_fraction": len(found) / max(n_resamples, 1),
+        }
         if found:
             b.interval = _percentile_interval(found, level)
             info["interval"] = list(b.interval)
@@ -565,10 +700,15 @@ def _bootstrap(boundaries: list[Boundary], curves: Curves,
         b.evidence["bootstrap"] = info
 
 
-def infer_stages(records: pl.DataFrame, n_layers: int,
-                 sequence_means: pl.DataFrame | None = None, *,
-                 n_resamples: int = N_RESAMPLES, seed: int = BOOTSTRAP_SEED,
-                 level: float = BOOTSTRAP_LEVEL) -> list[Boundary]:
+def infer_stages(
+    records: pl.DataFrame,
+    n_layers: int,
+    sequence_means: pl.DataFrame | None = None,
+    *,
+    n_resamples: int = N_RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+    level: float = BOOTSTRAP_LEVEL,
+) -> list[Boundary]:
     """Place the three boundaries of one model from its record table.
 
     `sequence_means` (metric, layer, component, head, sequence, value: the run's per-sequence
@@ -586,19 +726,19 @@ def infer_stages(records: pl.DataFrame, n_layers: int,
     placed = _place(curves, counts, n_layers)
     boundaries = [_boundary(i + 1, p, curves, n_layers) for i, p in enumerate(placed)]
     if counts is not None and counts[2] == "fixed":
-        boundaries[2].evidence["note"] = ("no width-calibrated neuron counts in this run: the "
-                                          "fixed study classes were used")
+        boundaries[2].evidence["note"] = (
+            "no width-calibrated neuron counts in this run: the fixed study classes were used"
+        )
     if sequence_means is not None and sequence_means.height > 0:
-        missing = {"metric", "layer", "component", "head", "sequence", "value"} - \
-            set(sequence_means.columns)
+        missing = {"metric", "layer", "component", "head", "sequence", "value"} - set(
+            sequence_means.columns
+        )
         if missing:
             raise SpecError(f"sequence means lack columns: {', '.join(sorted(missing))}")
-        _bootstrap(boundaries, curves, counts, n_layers, sequence_means, n_resamples, seed,
-                   level)
+        _bootstrap(boundaries, curves, counts, n_layers, sequence_means, n_resamples, seed, level)
     else:
         for b in boundaries:
-            b.evidence["bootstrap"] = {"reason": "no per-sequence means for this run: no "
-                                       "interval"}
+            b.evidence["bootstrap"] = {"reason": "no per-sequence means for this run: no interval"}
     for b in boundaries:
         b.evidence["interval"] = list(b.interval) if b.interval else None
     return boundaries
@@ -606,19 +746,25 @@ def infer_stages(records: pl.DataFrame, n_layers: int,
 
 def stage_records(boundaries: list[Boundary], n_layers: int) -> list[Record]:
     """Clear boundaries as records (`stages.boundary_k`, value = relative depth)."""
-    return [Record.of(f"stages.boundary_{b.index}", b.relative_depth or 0.0, n_layers,
-                      layer=b.layer) for b in boundaries if b.clear]
+    return [
+        Record.of(f"stages.boundary_{b.index}", b.relative_depth or 0.0, n_layers, layer=b.layer)
+        for b in boundaries
+        if b.clear
+    ]
 
 
 def n_layers_of(records: pl.DataFrame) -> int:
     """Block count of the model a record table describes (from intervention or norms rows)."""
-    blocks = records.filter(pl.col("metric").str.starts_with("intervention.")
-                            | pl.col("metric").str.starts_with("norms."))
+    blocks = records.filter(
+        pl.col("metric").str.starts_with("intervention.")
+        | pl.col("metric").str.starts_with("norms.")
+    )
     layers = blocks["layer"].drop_nulls()
     if layers.len() == 0:
         lens = records.filter(pl.col("metric") == "logit_lens.kl_to_final")["layer"]
         if lens.len() == 0:
-            raise SpecError("cannot tell the number of layers: no intervention, norms or "
-                            "logit_lens rows")
+            raise SpecError(
+                "cannot tell the number of layers: no intervention, norms or logit_lens rows"
+            )
         return int(lens.max())  # type: ignore[arg-type]
     return int(layers.max()) + 1  # type: ignore[arg-type]

@@ -315,12 +315,16 @@ def load_tokens(
         if tokenizer is None:
             raise TokenSpecError(
                 "this model has no tokenizer, so text cannot be tokenized for it; give "
-                "pre-tokenized ids as a .npy file (--tokens)")
+                "pre-tokenized ids as a .npy file (--tokens)"
+            )
         if spec.source == "pile":
             stream = _pile_stream(spec, tokenizer, bos_token_id)
         else:
-            documents = (builtin_corpus_documents() if spec.source == "builtin"
-                         else read_corpus(str(spec.path)))
+            documents = (
+                builtin_corpus_documents()
+                if spec.source == "builtin"
+                else read_corpus(str(spec.path))
+            )
             fingerprint = documents_fingerprint(documents)
             stream = _tokenize_stream(tokenizer, documents, bos_token_id)
         tokens = pack_windows(
@@ -337,7 +341,8 @@ def load_tokens(
                 raise TokenSpecError(
                     f"the Pile sample differs from the pinned one: its windows' fingerprint is "
                     f"{fingerprint}, the spec's {spec.fingerprint} ({PILE_DATASET} changed "
-                    "upstream, or another tokenizer); these are not the same data")
+                    "upstream, or another tokenizer); these are not the same data"
+                )
     if spec.fingerprint is not None and fingerprint is not None and fingerprint != spec.fingerprint:
         raise TokenSpecError(
             f"the {spec.source} tokens changed: fingerprint {fingerprint} does not match the "

@@ -60,12 +60,15 @@ def _json(table: pa.Table, meta: dict[str, Any] | None) -> bytes:
     return json.dumps(body, allow_nan=False).encode()
 
 
-FORMATS: dict[str, ExportFormat] = {f.name: f for f in (
-    ExportFormat("json", (".json",), "application/json", _json),
-    ExportFormat("csv", (".csv",), "text/csv", _csv),
-    ExportFormat("parquet", (".parquet",), "application/vnd.apache.parquet", _parquet),
-    ExportFormat("arrow", (".arrow", ".arrows"), "application/vnd.apache.arrow.stream", _arrow),
-)}
+FORMATS: dict[str, ExportFormat] = {
+    f.name: f
+    for f in (
+        ExportFormat("json", (".json",), "application/json", _json),
+        ExportFormat("csv", (".csv",), "text/csv", _csv),
+        ExportFormat("parquet", (".parquet",), "application/vnd.apache.parquet", _parquet),
+        ExportFormat("arrow", (".arrow", ".arrows"), "application/vnd.apache.arrow.stream", _arrow),
+    )
+}
 
 
 def format_for_path(path: Path) -> ExportFormat | None:

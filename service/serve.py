@@ -105,8 +105,15 @@ def ensure_key(settings: Settings) -> Settings:
     return settings.model_copy(update={"api_keys": key})
 
 
-def run_service(settings: Settings, *, host: str | None, port: int | None,
-                local_worker: bool | None, access_log: bool, log_level: str) -> None:
+def run_service(
+    settings: Settings,
+    *,
+    host: str | None,
+    port: int | None,
+    local_worker: bool | None,
+    access_log: bool,
+    log_level: str,
+) -> None:
     import uvicorn
 
     from service.api.app import create_app
@@ -132,9 +139,14 @@ def run_service(settings: Settings, *, host: str | None, port: int | None,
     try:
         ensure_current(store)
         board = Board(settings.jobs.lease_s)
-        jobs = JobService(store, settings,
-                          CeleryBroker(make_app(settings, create_broker_dir=True),
-                                       settings.jobs.publish_timeout_s), board)
+        jobs = JobService(
+            store,
+            settings,
+            CeleryBroker(
+                make_app(settings, create_broker_dir=True), settings.jobs.publish_timeout_s
+            ),
+            board,
+        )
         watch = None
         if settings.jobs.watch_dir is not None:
             watch_root = settings.jobs.watch_dir
@@ -145,8 +157,11 @@ def run_service(settings: Settings, *, host: str | None, port: int | None,
 
                 name = folder.stem if folder.is_file() else folder.name  # x.gguf -> x
                 _, created = register(
-                    store, Registration(str(folder.resolve()), name=usable_name(name)),
-                    checkpoint_roots=roots, load_max_mb=settings.api.register_load_max_mb)
+                    store,
+                    Registration(str(folder.resolve()), name=usable_name(name)),
+                    checkpoint_roots=roots,
+                    load_max_mb=settings.api.register_load_max_mb,
+                )
                 if created:
                     log.info("watch folder: registered %s", folder.name)
                 return created
@@ -157,19 +172,34 @@ def run_service(settings: Settings, *, host: str | None, port: int | None,
         upkeep = Upkeep(jobs, watch, say=lambda line: click.echo(line, err=True))
         url = f"http://{host}:{port}"
         if local:
-            processes = LocalProcesses(api_url=url, api_key=settings.write_keys()[0],
-                                       device=settings.worker.device,
-                                       log_dir=str(settings.data_dir / "logs"))
+            processes = LocalProcesses(
+                api_url=url,
+                api_key=settings.write_keys()[0],
+                device=settings.worker.device,
+                log_dir=str(settings.data_dir / "logs"),
+            )
         # Stopped from the app's shutdown hook: uvicorn re-raises SIGTERM/SIGINT once it has
         # shut down, so code after uvicorn.run() does not run on a signal.
-        app = create_app(settings, store, jobs=jobs, upkeep=upkeep,
-                         on_shutdown=[processes.stop] if processes is not None else [])
+        app = create_app(
+            settings,
+            store,
+            jobs=jobs,
+            upkeep=upkeep,
+            on_shutdown=[processes.stop] if processes is not None else [],
+        )
         if processes is not None:
             processes.start()
         _announce(settings, url, local, log_file)
         # log_config=None: uvicorn's loggers keep to the handlers of `configure_logging`.
-        uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=access_log,
-                    workers=1, log_config=None)
+        uvicorn.run(
+            app,
+            host=host,
+            port=port,
+            log_level=log_level,
+            access_log=access_log,
+            workers=1,
+            log_config=None,
+        )
     finally:
         if processes is not None:
             processes.stop()
@@ -190,27 +220,42 @@ def register_zoo(store: Any, settings: Settings) -> None:
 
     names = zoo_names()
     for name in names:
-        register(store, Registration(f"zoo:{name}"),
-                 checkpoint_roots=settings.api.checkpoint_roots,
-                 load_max_mb=settings.api.register_load_max_mb)
-    click.echo(f"first start: registered the {len(names)} zoo models ({', '.join(names)}); "
-               "their default runs are queued", err=True)
+        register(
+            store,
+            Registration(f"zoo:{name}"),
+            checkpoint_roots=settings.api.checkpoint_roots,
+            load_max_mb=settings.api.register_load_max_mb,
+        )
+    click.echo(
+        f"first start: registered the {len(names)} zoo models ({', '.join(names)}); "
+        "their default runs are queued",
+        err=True,
+    )
 
 
 def _announce(settings: Settings, url: str, local: bool, log_file: Path) -> None:
-    lines = [f"Strata: serving {settings.database} on {url}",
-             f"  web page:  {url}/", f"  API docs:  {url}/schema",
-             f"  jobs:      {url}/api/v1/jobs  (strata jobs list)"]
+    lines = [
+        f"Strata: serving {settings.database} on {url}",
+        f"  web page:  {url}/",
+        f"  API docs:  {url}/schema",
+        f"  jobs:      {url}/api/v1/jobs  (strata jobs list)",
+    ]
     if local:
-        lines += [f"  broker:    filesystem, {settings.data_dir.resolve() / 'broker'} (a local "
-                  "worker and beat run beside the API)",
-                  f"  logs:      {log_file.parent} (api.log, worker.log, beat.log)"]
+        lines += [
+            f"  broker:    filesystem, {settings.data_dir.resolve() / 'broker'} (a local "
+            "worker and beat run beside the API)",
+            f"  logs:      {log_file.parent} (api.log, worker.log, beat.log)",
+        ]
         if settings.key_file.is_file() and not settings.api_key:
             lines.append(f"  API key:   in {settings.key_file} (the CLI reads it from there)")
     else:
-        where = settings.broker_url.split("@")[-1] or \
-            f"filesystem, {settings.data_dir.resolve() / 'broker'}"
-        lines += [f"  broker:    {where} (start workers with `strata worker`, one "
-                  "`strata beat`)", f"  log:       {log_file}"]
+        where = (
+            settings.broker_url.split("@")[-1]
+            or f"filesystem, {settings.data_dir.resolve() / 'broker'}"
+        )
+        lines += [
+            f"  broker:    {where} (start workers with `strata worker`, one `strata beat`)",
+            f"  log:       {log_file}",
+        ]
     click.echo("\n".join(lines), err=True)
     sys.stderr.flush()

@@ -19,32 +19,47 @@ class ApiSettings(BaseModel):
     """The HTTP API (`strata serve`)."""
 
     public_reads: bool = Field(True, description="reads need no API key (writes always do)")
-    cors_origins: list[str] = Field(default_factory=list,
-                                    description="origins allowed by CORS; empty: no CORS headers")
+    cors_origins: list[str] = Field(
+        default_factory=list, description="origins allowed by CORS; empty: no CORS headers"
+    )
     max_page_size: int = Field(500, ge=1, description="largest `limit` of a list endpoint")
     ingest_max_mb: int = Field(4096, ge=1, description="largest ingest body, MiB")
     checkpoint_roots: list[Path] = Field(
         default_factory=list,
         description="folders under which checkpoint directories may be registered over HTTP "
-                    "(empty: none; zoo models and TransformerLens names are always allowed)")
+        "(empty: none; zoo models and TransformerLens names are always allowed)",
+    )
     register_load_max_mb: int = Field(
-        2048, ge=0, description="checkpoints up to this size are loaded at registration to "
-                                "record their architecture numbers; larger ones are not")
-    cache_max_age: int = Field(300, ge=0, description="Cache-Control max-age, seconds, of "
-                                                      "results pinned to a finished run")
-    row_cache_rows: int = Field(2_000_000, ge=0, description="record rows of recently read "
-                                                           "runs kept in memory")
+        2048,
+        ge=0,
+        description="checkpoints up to this size are loaded at registration to "
+        "record their architecture numbers; larger ones are not",
+    )
+    cache_max_age: int = Field(
+        300, ge=0, description="Cache-Control max-age, seconds, of results pinned to a finished run"
+    )
+    row_cache_rows: int = Field(
+        2_000_000, ge=0, description="record rows of recently read runs kept in memory"
+    )
     response_cache_mb: int = Field(64, ge=0, description="encoded answers kept in memory, MiB")
-    gzip_min_bytes: int = Field(1024, ge=0, description="responses from this size are gzipped "
-                                                        "when the client accepts it")
-    duckdb_threads: int | None = Field(None, ge=1, description="DuckDB threads per query "
-                                                               "(default: all cores)")
-    read_rate_limit: str = Field("12000/minute", description="reads (GET) allowed per client "
-                                 "address, `N/second|minute|hour|day` in a fixed window; "
-                                 "beyond it 429 with Retry-After; empty: no limit")
-    write_rate_limit: str = Field("600/minute", description="writes allowed per API key, in "
-                                  "the same form; the workers' claims, heartbeats, failure "
-                                  "reports and deliveries are never limited; empty: no limit")
+    gzip_min_bytes: int = Field(
+        1024, ge=0, description="responses from this size are gzipped when the client accepts it"
+    )
+    duckdb_threads: int | None = Field(
+        None, ge=1, description="DuckDB threads per query (default: all cores)"
+    )
+    read_rate_limit: str = Field(
+        "12000/minute",
+        description="reads (GET) allowed per client "
+        "address, `N/second|minute|hour|day` in a fixed window; "
+        "beyond it 429 with Retry-After; empty: no limit",
+    )
+    write_rate_limit: str = Field(
+        "600/minute",
+        description="writes allowed per API key, in "
+        "the same form; the workers' claims, heartbeats, failure "
+        "reports and deliveries are never limited; empty: no limit",
+    )
 
     @field_validator("read_rate_limit", "write_rate_limit")
     @classmethod
@@ -52,80 +67,148 @@ class ApiSettings(BaseModel):
         """`N/unit`, checked when the settings are read (not at the first request)."""
         value = value.strip()
         if value and not re.fullmatch(r"[1-9]\d*\s*/\s*(second|minute|hour|day)", value):
-            raise ValueError(f"{value!r} is not a rate such as 600/minute (N/second, "
-                             "N/minute, N/hour or N/day; empty for no limit)")
+            raise ValueError(
+                f"{value!r} is not a rate such as 600/minute (N/second, "
+                "N/minute, N/hour or N/day; empty for no limit)"
+            )
         return value
 
 
 class WorkerSettings(BaseModel):
     """A Celery worker (`strata worker`): what it runs on and how it is recycled."""
 
-    device: str = Field("cpu", description="device of a worker started without --gpus "
-                                           "(cpu; `strata worker --gpus 0,1` sets cuda)")
-    dtype: str = Field("float32", description="dtype of jobs that name none "
-                                              "(float32, bfloat16, float16)")
-    model_cache_size: int = Field(2, ge=0, description="loaded models kept per worker process "
-                                                       "(LRU by model spec)")
-    max_tasks_per_child: int = Field(20, ge=1, description="a worker process is replaced after "
-                                                           "this many jobs (frees GPU memory)")
-    max_memory_mb: int = Field(0, ge=0, description="a worker process is replaced after a job "
-                                                    "that left it above this resident size, "
-                                                    "MiB (0: no bound)")
-    memory_budget_mb: int | None = Field(None, ge=64, description="memory a job's sweep may "
-                                         "use beyond the weights, MiB, when the job sets none "
-                                         "(None: on a GPU 85% of what is free after loading, "
-                                         "on a CPU half the weights' size, at least 64)")
-    tokens_per_batch: int | None = Field(None, ge=1, description="on a CPU worker, about this "
-                                         "many tokens per batch when the job sets none (None: "
-                                         "the measured best, 1024)")
-    soft_time_limit_s: int = Field(6 * 3600, ge=1, description="a job running longer fails "
-                                                              "(cleanly)")
-    time_limit_s: int = Field(6 * 3600 + 300, ge=1, description="a job running longer is "
-                                                               "killed with its process")
-    heartbeat_s: float = Field(5.0, gt=0, description="seconds between a worker's heartbeats "
-                                                      "(progress and lease) to the API")
-    delivery_timeout_s: int = Field(7 * 24 * 3600, ge=1, description="how long a worker keeps "
-                                    "retrying to deliver finished results while the API is "
-                                    "unreachable")
+    device: str = Field(
+        "cpu",
+        description="device of a worker started without --gpus "
+        "(cpu; `strata worker --gpus 0,1` sets cuda)",
+    )
+    dtype: str = Field(
+        "float32", description="dtype of jobs that name none (float32, bfloat16, float16)"
+    )
+    model_cache_size: int = Field(
+        2, ge=0, description="loaded models kept per worker process (LRU by model spec)"
+    )
+    max_tasks_per_child: int = Field(
+        20, ge=1, description="a worker process is replaced after this many jobs (frees GPU memory)"
+    )
+    max_memory_mb: int = Field(
+        0,
+        ge=0,
+        description="a worker process is replaced after a job "
+        "that left it above this resident size, "
+        "MiB (0: no bound)",
+    )
+    memory_budget_mb: int | None = Field(
+        None,
+        ge=64,
+        description="memory a job's sweep may "
+        "use beyond the weights, MiB, when the job sets none "
+        "(None: on a GPU 85% of what is free after loading, "
+        "on a CPU half the weights' size, at least 64)",
+    )
+    tokens_per_batch: int | None = Field(
+        None,
+        ge=1,
+        description="on a CPU worker, about this "
+        "many tokens per batch when the job sets none (None: "
+        "the measured best, 1024)",
+    )
+    soft_time_limit_s: int = Field(
+        6 * 3600, ge=1, description="a job running longer fails (cleanly)"
+    )
+    time_limit_s: int = Field(
+        6 * 3600 + 300, ge=1, description="a job running longer is killed with its process"
+    )
+    heartbeat_s: float = Field(
+        5.0,
+        gt=0,
+        description="seconds between a worker's heartbeats (progress and lease) to the API",
+    )
+    delivery_timeout_s: int = Field(
+        7 * 24 * 3600,
+        ge=1,
+        description="how long a worker keeps "
+        "retrying to deliver finished results while the API is "
+        "unreachable",
+    )
 
 
 class JobsSettings(BaseModel):
     """Jobs, their leases, and the default run that reconciliation computes for every model."""
 
-    lease_s: float = Field(30.0, gt=0, description="a running job whose worker sent no "
-                           "heartbeat for this long is re-queued (its worker is presumed lost)")
-    max_attempts: int = Field(3, ge=1, description="a job whose worker was lost this many "
-                                                   "times fails")
-    maintenance_interval_s: float = Field(2.0, gt=0, description="how often the API checks "
-                                          "leases, undelivered dispatches and the watch folder")
-    reconcile_interval_s: float = Field(60.0, gt=0, description="how often beat asks for "
-                                        "reconciliation (missing or outdated default results)")
-    reconcile: bool = Field(True, description="queue the default run of every registered model "
-                            "that lacks current results: at start, at each registration, and on "
-                            "beat's schedule (false: only what is submitted is computed)")
-    register_zoo: bool = Field(True, description="on the first start with an empty store, "
-                               "register the shipped zoo models (so their default runs are "
-                               "computed)")
-    progress_log_s: float = Field(10.0, ge=0, description="how often `strata serve` prints the "
-                                  "jobs' progress while any are queued or running (0: never)")
+    lease_s: float = Field(
+        30.0,
+        gt=0,
+        description="a running job whose worker sent no "
+        "heartbeat for this long is re-queued (its worker is presumed lost)",
+    )
+    max_attempts: int = Field(
+        3, ge=1, description="a job whose worker was lost this many times fails"
+    )
+    maintenance_interval_s: float = Field(
+        2.0,
+        gt=0,
+        description="how often the API checks leases, undelivered dispatches and the watch folder",
+    )
+    reconcile_interval_s: float = Field(
+        60.0,
+        gt=0,
+        description="how often beat asks for reconciliation (missing or outdated default results)",
+    )
+    reconcile: bool = Field(
+        True,
+        description="queue the default run of every registered model "
+        "that lacks current results: at start, at each registration, and on "
+        "beat's schedule (false: only what is submitted is computed)",
+    )
+    register_zoo: bool = Field(
+        True,
+        description="on the first start with an empty store, "
+        "register the shipped zoo models (so their default runs are "
+        "computed)",
+    )
+    progress_log_s: float = Field(
+        10.0,
+        ge=0,
+        description="how often `strata serve` prints the "
+        "jobs' progress while any are queued or running (0: never)",
+    )
     families: list[str] = Field(
-        default_factory=lambda: ["intervention", "logit_lens", "neurons", "similarity",
-                                 "attention", "norms", "heads"],
-        description="metric families of the default run")
+        default_factory=lambda: [
+            "intervention",
+            "logit_lens",
+            "neurons",
+            "similarity",
+            "attention",
+            "norms",
+            "heads",
+        ],
+        description="metric families of the default run",
+    )
     tokens: str = Field("builtin", description="token source of the default run")
     n_sequences: int = Field(32, ge=1, description="sequences of the default run")
-    seq_len: int = Field(128, ge=3, description="tokens per sequence of the default run "
-                                                "(capped at the model's context)")
-    dtype: str = Field("float32", description="dtype of the default run and of jobs that name "
-                                              "none")
-    devices: list[str] = Field(default_factory=list, description="devices the deployment's "
-                               "workers have (empty: learnt from worker heartbeats)")
-    corpus_roots: list[Path] = Field(default_factory=list, description="folders under which a "
-                                     "job may name a corpus path (empty: none)")
-    watch_dir: Path | None = Field(None, description="checkpoint folders appearing here are "
-                                   "registered (under their folder name) and computed")
-    publish_timeout_s: float = Field(3.0, gt=0, description="how long submitting waits for the "
-                                     "broker before answering 503")
+    seq_len: int = Field(
+        128,
+        ge=3,
+        description="tokens per sequence of the default run (capped at the model's context)",
+    )
+    dtype: str = Field("float32", description="dtype of the default run and of jobs that name none")
+    devices: list[str] = Field(
+        default_factory=list,
+        description="devices the deployment's workers have (empty: learnt from worker heartbeats)",
+    )
+    corpus_roots: list[Path] = Field(
+        default_factory=list,
+        description="folders under which a job may name a corpus path (empty: none)",
+    )
+    watch_dir: Path | None = Field(
+        None,
+        description="checkpoint folders appearing here are "
+        "registered (under their folder name) and computed",
+    )
+    publish_timeout_s: float = Field(
+        3.0, gt=0, description="how long submitting waits for the broker before answering 503"
+    )
 
 
 class Settings(BaseSettings):
@@ -133,20 +216,31 @@ class Settings(BaseSettings):
 
     database: Path = Field(Path("strata.duckdb"), description="the DuckDB file (one writer)")
     api_keys: str = Field("", description="comma-separated keys allowed to write")
-    host: str = Field("127.0.0.1", description="address `strata serve` listens on (--host "
-                                               "overrides)")
-    port: int = Field(8000, ge=0, le=65535, description="port `strata serve` listens on "
-                                                        "(--port overrides)")
+    host: str = Field(
+        "127.0.0.1", description="address `strata serve` listens on (--host overrides)"
+    )
+    port: int = Field(
+        8000, ge=0, le=65535, description="port `strata serve` listens on (--port overrides)"
+    )
     api: ApiSettings = Field(default_factory=ApiSettings)
-    broker_url: str = Field("", description="Celery broker (redis://..., amqp://...); empty: "
-                            "Celery's filesystem broker under data_dir, and `strata serve` "
-                            "starts a local worker and beat")
-    data_dir: Path = Field(Path(".strata"), description="local state: the filesystem broker, "
-                           "beat's schedule, the generated API key")
-    api_url: str = Field("http://127.0.0.1:8000", description="where workers, beat and the "
-                         "CLI reach the API")
-    api_key: str = Field("", description="the key workers and the CLI send (default: the key "
-                         "file in data_dir that `strata serve` writes when no keys are set)")
+    broker_url: str = Field(
+        "",
+        description="Celery broker (redis://..., amqp://...); empty: "
+        "Celery's filesystem broker under data_dir, and `strata serve` "
+        "starts a local worker and beat",
+    )
+    data_dir: Path = Field(
+        Path(".strata"),
+        description="local state: the filesystem broker, beat's schedule, the generated API key",
+    )
+    api_url: str = Field(
+        "http://127.0.0.1:8000", description="where workers, beat and the CLI reach the API"
+    )
+    api_key: str = Field(
+        "",
+        description="the key workers and the CLI send (default: the key "
+        "file in data_dir that `strata serve` writes when no keys are set)",
+    )
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     jobs: JobsSettings = Field(default_factory=JobsSettings)
 

@@ -130,22 +130,37 @@ def iter_settings(model: type[BaseSettings]) -> Iterator[Setting]:
             continue
         aliases = _alias_names(info)  # pydantic-settings applies no prefix to an alias
         env = tuple(a.upper() for a in aliases) or (f"{prefix}{name}".upper(),)
-        yield Setting((name,), env, _type_name(info.annotation), _default(info),
-                      info.description or "", "", _is_secret(name, info.annotation))
+        yield Setting(
+            (name,),
+            env,
+            _type_name(info.annotation),
+            _default(info),
+            info.description or "",
+            "",
+            _is_secret(name, info.annotation),
+        )
     for name, section, _info in sections:
         yield from _section_settings(section, (name,), f"{prefix}{name}".upper(), delimiter)
 
 
-def _section_settings(model: type[BaseModel], path: tuple[str, ...], env_stem: str,
-                      delimiter: str) -> Iterator[Setting]:
+def _section_settings(
+    model: type[BaseModel], path: tuple[str, ...], env_stem: str, delimiter: str
+) -> Iterator[Setting]:
     for name, info in model.model_fields.items():
         env = f"{env_stem}{delimiter}{name}".upper()
         inner = _model_of(info.annotation)
         if inner is not None:
             yield from _section_settings(inner, (*path, name), env, delimiter)
             continue
-        yield Setting((*path, name), (env,), _type_name(info.annotation), _default(info),
-                      info.description or "", path[0], _is_secret(name, info.annotation))
+        yield Setting(
+            (*path, name),
+            (env,),
+            _type_name(info.annotation),
+            _default(info),
+            info.description or "",
+            path[0],
+            _is_secret(name, info.annotation),
+        )
 
 
 def render_value(value: Any) -> str:
@@ -209,8 +224,11 @@ def markdown(model: type[BaseSettings]) -> str:
         if section:
             field = model.model_fields[section]
             inner = _model_of(field.annotation)
-            title = (field.description or (inner.__doc__ or "").strip().split("\n")[0]
-                     if inner is not None else "")
+            title = (
+                field.description or (inner.__doc__ or "").strip().split("\n")[0]
+                if inner is not None
+                else ""
+            )
             out.append(f"## `{section}` section\n")
             if title:
                 out.append(f"{title}\n")
@@ -223,9 +241,14 @@ def markdown(model: type[BaseSettings]) -> str:
                 continue
             env = " or ".join(f"`{e}`" for e in s.env)
             default = render_value(s.default)
-            default_cell = f"`{_md_cell(default)}`" if default and not default.startswith("(") \
+            default_cell = (
+                f"`{_md_cell(default)}`"
+                if default and not default.startswith("(")
                 else default or "(empty)"
-            out.append(f"| {env} | {_md_cell(s.type)} | {default_cell} | "
-                       f"{_md_cell(s.description) or '(undocumented)'} |")
+            )
+            out.append(
+                f"| {env} | {_md_cell(s.type)} | {default_cell} | "
+                f"{_md_cell(s.description) or '(undocumented)'} |"
+            )
         out.append("")
     return "\n".join(out).rstrip("\n") + "\n"

@@ -14,8 +14,15 @@ from compute.metrics.similarity import SimilarityFamily
 
 FAMILIES: dict[str, Family] = {
     f.name: f
-    for f in (InterventionFamily(), LogitLensFamily(), NeuronsFamily(), SimilarityFamily(),
-              AttentionFamily(), NormsFamily(), HeadsFamily())
+    for f in (
+        InterventionFamily(),
+        LogitLensFamily(),
+        NeuronsFamily(),
+        SimilarityFamily(),
+        AttentionFamily(),
+        NormsFamily(),
+        HeadsFamily(),
+    )
 }
 DEFAULT_FAMILIES = tuple(FAMILIES)
 
@@ -26,7 +33,8 @@ def families_named(names: list[str] | tuple[str, ...]) -> list[Family]:
     if unknown:
         raise UnknownMetricError(
             f"unknown metric famil{'y' if len(unknown) == 1 else 'ies'} {', '.join(unknown)}; "
-            f"choose from {', '.join(FAMILIES)}")
+            f"choose from {', '.join(FAMILIES)}"
+        )
     if not names:
         raise UnknownMetricError(f"no metric family given; choose from {', '.join(FAMILIES)}")
     return [FAMILIES[n] for n in dict.fromkeys(names)]

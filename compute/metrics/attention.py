@@ -65,8 +65,13 @@ class AttentionFamily(FamilyBase):
                 acc.add_many([(metric, layer, h) for h in range(heads)], per_head)
                 acc.add((metric, layer, None), v.mean(dim=1).reshape(-1))
 
-    def finish(self, lm: LoadedModel, acc: MeanAccumulator, opts: EngineOptions,
-               tick: Callable[[int], None]) -> FamilyOutput:
+    def finish(
+        self,
+        lm: LoadedModel,
+        acc: MeanAccumulator,
+        opts: EngineOptions,
+        tick: Callable[[int], None],
+    ) -> FamilyOutput:
         # prev_<k>_mean = prev_<k> / k (the per-entry mean, as some code reports), sequence by
         # sequence: its stderr is prev_<k>'s / k
         known = acc.keys()  # a copy: derive adds keys

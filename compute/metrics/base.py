@@ -37,15 +37,24 @@ class EngineOptions(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     batch_size: int | None = Field(None, ge=1, description="sequences per batch; None = auto")
     tokens_per_batch: int | None = Field(
-        None, ge=1, description="auto batch on a CPU: about this many tokens per batch "
-        "(None = the measured default, compute.engine.CPU_TOKENS_PER_BATCH)")
+        None,
+        ge=1,
+        description="auto batch on a CPU: about this many tokens per batch "
+        "(None = the measured default, compute.engine.CPU_TOKENS_PER_BATCH)",
+    )
     memory_budget_mb: int | None = Field(
-        None, ge=64, description="automatic batch: bound on the sweep's memory beyond the "
+        None,
+        ge=64,
+        description="automatic batch: bound on the sweep's memory beyond the "
         "weights, MiB (None = on a GPU 85% of the device's free memory, on a CPU half the "
-        "weights' bytes, at least 64 MiB)")
+        "weights' bytes, at least 64 MiB)",
+    )
     logits_budget_mb: int = Field(256, ge=8, description="bound on [tokens, vocab] intermediates")
-    chunk_mb: int | None = Field(None, ge=1, description="MiB of logits made and reduced at "
-                                 "once (rows x vocabulary columns); auto")
+    chunk_mb: int | None = Field(
+        None,
+        ge=1,
+        description="MiB of logits made and reduced at once (rows x vocabulary columns); auto",
+    )
     prev_ks: tuple[int, ...] = (1, 2, 4, 5, 8, 16)
     induction_n: int = Field(64, ge=2)
     induction_sequences: int = Field(32, ge=1)
@@ -56,8 +65,13 @@ class EngineOptions(BaseModel):
 
 # Options that change speed and memory but not the numbers (beyond float rounding): they are
 # not part of a run's identity (`RunConfig.canonical_json`).
-PERFORMANCE_OPTIONS = ("batch_size", "tokens_per_batch", "memory_budget_mb", "logits_budget_mb",
-                       "chunk_mb")
+PERFORMANCE_OPTIONS = (
+    "batch_size",
+    "tokens_per_batch",
+    "memory_budget_mb",
+    "logits_budget_mb",
+    "chunk_mb",
+)
 
 
 @dataclass
@@ -102,12 +116,16 @@ def logit_chunks(lm: LoadedModel, opts: EngineOptions) -> LogitChunks:
 # The per-sequence means behind every per-layer mean (rows with head null): what a bootstrap over
 # sequences resamples (docs/metrics.md: uncertainty). `sequence` is the index of the sequence in
 # the run's tokens (0 .. n_sequences-1).
-SEQUENCE_MEANS_SCHEMA = pa.schema([
-    pa.field("metric", pa.string(), nullable=False), pa.field("layer", pa.int32()),
-    pa.field("component", pa.string()), pa.field("head", pa.int32()),
-    pa.field("sequence", pa.int32(), nullable=False),
-    pa.field("value", pa.float64(), nullable=False),
-])
+SEQUENCE_MEANS_SCHEMA = pa.schema(
+    [
+        pa.field("metric", pa.string(), nullable=False),
+        pa.field("layer", pa.int32()),
+        pa.field("component", pa.string()),
+        pa.field("head", pa.int32()),
+        pa.field("sequence", pa.int32(), nullable=False),
+        pa.field("value", pa.float64(), nullable=False),
+    ]
+)
 
 
 @dataclass
@@ -150,9 +168,12 @@ class BatchContext:
             if point == self.n_layers:
                 ref = self.ref
                 self._memo[key] = TokenStats(
-                    torch.zeros_like(ref.loss)[None], ref.entropy_bits[None],
-                    torch.ones_like(ref.loss)[None], ref.loss[None],
-                    (ref.argmax == ref.targets).float()[None])
+                    torch.zeros_like(ref.loss)[None],
+                    ref.entropy_bits[None],
+                    torch.ones_like(ref.loss)[None],
+                    ref.loss[None],
+                    (ref.argmax == ref.targets).float()[None],
+                )
             else:
                 self._memo[key] = self.compare(self.resid[point], f"residual point {point}")
         return self._memo[key]  # type: ignore[return-value]
@@ -198,21 +219,24 @@ def cosine_per_token(a: Tensor, b: Tensor) -> Tensor:
     return torch.nn.functional.cosine_similarity(a.float(), b.float(), dim=-1, eps=1e-12)
 
 
-def accumulated_records(family: str, acc: MeanAccumulator,
-                        key_fields: tuple[str, ...]) -> list[Record]:
+def accumulated_records(
+    family: str, acc: MeanAccumulator, key_fields: tuple[str, ...]
+) -> list[Record]:
     """One record per accumulated key. `key_fields` names the key's parts: "metric" (the name
     within the family) and any of "layer", "component", "head"."""
     records = []
     for key, stat in acc.results().items():
         fields = dict(zip(key_fields, key, strict=True))
         metric = fields.pop("metric")
-        records.append(Record.of(f"{family}.{metric}", stat.value, stat.n, stderr=stat.stderr,
-                                 **fields))
+        records.append(
+            Record.of(f"{family}.{metric}", stat.value, stat.n, stderr=stat.stderr, **fields)
+        )
     return records
 
 
-def accumulated_sequence_means(family: str, acc: MeanAccumulator,
-                               key_fields: tuple[str, ...]) -> pa.Table:
+def accumulated_sequence_means(
+    family: str, acc: MeanAccumulator, key_fields: tuple[str, ...]
+) -> pa.Table:
     """The per-sequence means of every per-layer key (no head, or head None): one row per
     (key, sequence that has values for it), in `SEQUENCE_MEANS_SCHEMA`."""
     keys, means, has = acc.sequence_means()
@@ -229,14 +253,17 @@ def accumulated_sequence_means(family: str, acc: MeanAccumulator,
         per_key = [f"{family}.{p['metric']}" if name == "metric" else p.get(name) for p in parts]
         return [per_key[i] for i in slot.tolist()]
 
-    return pa.table({
-        "metric": pa.array(column("metric"), pa.string()),
-        "layer": pa.array(column("layer"), pa.int32()),
-        "component": pa.array(column("component"), pa.string()),
-        "head": pa.array(column("head"), pa.int32()),
-        "sequence": pa.array(seq.astype(np.int32)),
-        "value": pa.array(values, pa.float64()),
-    }, schema=SEQUENCE_MEANS_SCHEMA)
+    return pa.table(
+        {
+            "metric": pa.array(column("metric"), pa.string()),
+            "layer": pa.array(column("layer"), pa.int32()),
+            "component": pa.array(column("component"), pa.string()),
+            "head": pa.array(column("head"), pa.int32()),
+            "sequence": pa.array(seq.astype(np.int32)),
+            "value": pa.array(values, pa.float64()),
+        },
+        schema=SEQUENCE_MEANS_SCHEMA,
+    )
 
 
 class FamilyBase:
@@ -257,11 +284,17 @@ class FamilyBase:
     def on_batch(self, ctx: BatchContext, acc: MeanAccumulator, opts: EngineOptions) -> None:
         return None
 
-    def finish(self, lm: LoadedModel, acc: MeanAccumulator, opts: EngineOptions,
-               tick: Callable[[int], None]) -> FamilyOutput:
-        return FamilyOutput(accumulated_records(self.name, acc, self.key_fields),
-                            sequence_means=accumulated_sequence_means(self.name, acc,
-                                                                      self.key_fields))
+    def finish(
+        self,
+        lm: LoadedModel,
+        acc: MeanAccumulator,
+        opts: EngineOptions,
+        tick: Callable[[int], None],
+    ) -> FamilyOutput:
+        return FamilyOutput(
+            accumulated_records(self.name, acc, self.key_fields),
+            sequence_means=accumulated_sequence_means(self.name, acc, self.key_fields),
+        )
 
 
 class Family(Protocol):
@@ -274,5 +307,10 @@ class Family(Protocol):
     def units_per_batch(self, lm: LoadedModel) -> int: ...
     def units_at_finish(self, lm: LoadedModel, opts: EngineOptions) -> int: ...
     def on_batch(self, ctx: BatchContext, acc: MeanAccumulator, opts: EngineOptions) -> None: ...
-    def finish(self, lm: LoadedModel, acc: MeanAccumulator, opts: EngineOptions,
-               tick: Callable[[int], None]) -> FamilyOutput: ...
+    def finish(
+        self,
+        lm: LoadedModel,
+        acc: MeanAccumulator,
+        opts: EngineOptions,
+        tick: Callable[[int], None],
+    ) -> FamilyOutput: ...

@@ -25,8 +25,9 @@ from compute.tokens import random_repeated_tokens
 def induction_scores(lm: LoadedModel, opts: EngineOptions) -> torch.Tensor:
     """Per (layer, head, item) induction attention: [L, H, sequences * (n-1)]."""
     n = min(opts.induction_n, (lm.n_ctx - 1) // 2)
-    tokens = random_repeated_tokens(opts.induction_sequences, n, lm.d_vocab_real,
-                                    lm.bos_token_id, opts.induction_seed).to(lm.device)
+    tokens = random_repeated_tokens(
+        opts.induction_sequences, n, lm.d_vocab_real, lm.bos_token_id, opts.induction_seed
+    ).to(lm.device)
     i = torch.arange(1, n, device=lm.device)
     scores = []
     with torch.inference_mode():
@@ -104,12 +105,19 @@ class HeadsFamily(FamilyBase):
                 final = ctx.run_from(layer + 1, after)
                 q = ctx.compare(final, f"head ablation at layer {layer}")
                 acc.add_many([("ablation_kl", layer, h) for h in group], q.kl)
-                acc.add_many([("ablation_loss_delta", layer, h) for h in group],
-                             q.loss - ctx.ref.loss[None, :])
+                acc.add_many(
+                    [("ablation_loss_delta", layer, h) for h in group],
+                    q.loss - ctx.ref.loss[None, :],
+                )
             ctx.tick(1)
 
-    def finish(self, lm: LoadedModel, acc: MeanAccumulator, opts: EngineOptions,
-               tick: Callable[[int], None]) -> FamilyOutput:
+    def finish(
+        self,
+        lm: LoadedModel,
+        acc: MeanAccumulator,
+        opts: EngineOptions,
+        tick: Callable[[int], None],
+    ) -> FamilyOutput:
         scores = induction_scores(lm, opts)  # batch-major over the induction sequences
         acc.start_batch(0, opts.induction_sequences)  # the unit: one induction sequence
         for layer in range(lm.n_layers):

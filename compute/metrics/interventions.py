@@ -30,12 +30,21 @@ def _kinds(lm: LoadedModel) -> tuple[str, ...]:
     return KINDS if lm.has_mlp else ("drop", "swap", "drop_attn")
 
 
-def _add(acc: MeanAccumulator, kind: str, layer: int | None, q: TokenStats,
-         ctx: BatchContext) -> None:
+def _add(
+    acc: MeanAccumulator, kind: str, layer: int | None, q: TokenStats, ctx: BatchContext
+) -> None:
     ref = ctx.ref
-    values = torch.stack([q.kl[0], q.agree[0], q.entropy_bits[0],
-                          q.entropy_bits[0] - ref.entropy_bits, q.loss[0], q.loss[0] - ref.loss,
-                          q.correct[0]])
+    values = torch.stack(
+        [
+            q.kl[0],
+            q.agree[0],
+            q.entropy_bits[0],
+            q.entropy_bits[0] - ref.entropy_bits,
+            q.loss[0],
+            q.loss[0] - ref.loss,
+            q.correct[0],
+        ]
+    )
     acc.add_many([(m, kind, layer) for m in METRICS], values)
 
 
@@ -55,16 +64,23 @@ class InterventionFamily(FamilyBase):
                 _add(acc, kind, layer, stats(), ctx)
                 ctx.tick(1)
 
-    def finish(self, lm: LoadedModel, acc: MeanAccumulator, opts: EngineOptions,
-               tick: Callable[[int], None]) -> FamilyOutput:
+    def finish(
+        self,
+        lm: LoadedModel,
+        acc: MeanAccumulator,
+        opts: EngineOptions,
+        tick: Callable[[int], None],
+    ) -> FamilyOutput:
         """Adds the paired swap-minus-drop means. Per sequence, the mean over its tokens of
         (swap value - drop value) is the difference of the two per-sequence means (the same
         tokens), so they come from the accumulated per-sequence sums at no cost in the sweep;
         their stderr is that of the per-sequence differences (paired)."""
         for layer in range(lm.n_layers - 1):
             for name, metric in PAIRED:
-                acc.derive((name, PAIRED_COMPONENT, layer),
-                           [(1.0, (metric, "swap", layer)), (-1.0, (metric, "drop", layer))])
+                acc.derive(
+                    (name, PAIRED_COMPONENT, layer),
+                    [(1.0, (metric, "swap", layer)), (-1.0, (metric, "drop", layer))],
+                )
         return super().finish(lm, acc, opts, tick)
 
 
@@ -89,8 +105,11 @@ def _layer_runs(ctx: BatchContext, layer: int) -> list[tuple[str, Callable[[], T
 
     def drop() -> TokenStats:
         if not dropped:  # attention-only models: drop_attn is the same run
-            dropped.append(ctx.point_stats(layer) if layer == n_layers - 1 else
-                           ctx.compare(ctx.run_from(layer + 1, pre), f"drop at layer {layer}"))
+            dropped.append(
+                ctx.point_stats(layer)
+                if layer == n_layers - 1
+                else ctx.compare(ctx.run_from(layer + 1, pre), f"drop at layer {layer}")
+            )
         return dropped[0]
 
     def drop_attn() -> TokenStats:

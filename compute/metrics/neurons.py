@@ -67,8 +67,12 @@ def neuron_cosines(w_out: Float[Tensor, "n d_model"], u: Float[Tensor, "d_model 
     return unit_rows(w_out) @ u
 
 
-def neuron_moments(w_out: Float[Tensor, "n d_model"], u: Float[Tensor, "d_model vocab"], *,
-                   chunks: LogitChunks | None = None) -> Float[Tensor, "4 n"]:
+def neuron_moments(
+    w_out: Float[Tensor, "n d_model"],
+    u: Float[Tensor, "d_model vocab"],
+    *,
+    chunks: LogitChunks | None = None,
+) -> Float[Tensor, "4 n"]:
     """Mean, variance, skew and non-excess kurtosis over the vocabulary of each neuron's
     cosines, without ever holding all of them: [rows, cols] blocks of cosines are made by one
     matmul each and reduced while in the cache (on a CPU a whole [rows, vocab] block streams
@@ -101,9 +105,14 @@ def neuron_moments(w_out: Float[Tensor, "n d_model"], u: Float[Tensor, "d_model 
         m4 = s4 - 4 * shift * s3 + 6 * shift**2 * s2 - 3 * shift**4
         safe = var.clamp_min(1e-30)
         constant = var <= 0
-        out[:, r0 : r0 + w.shape[0]] = torch.stack([
-            mean.float().double() + shift, var, torch.where(constant, 0.0, m3 / safe**1.5),
-            torch.where(constant, 0.0, m4 / safe**2)])
+        out[:, r0 : r0 + w.shape[0]] = torch.stack(
+            [
+                mean.float().double() + shift,
+                var,
+                torch.where(constant, 0.0, m3 / safe**1.5),
+                torch.where(constant, 0.0, m4 / safe**2),
+            ]
+        )
     return out
 
 
@@ -111,8 +120,11 @@ def classify(moments: Float[Tensor, "4 n"]) -> dict[str, Tensor]:
     """Boolean masks of the three classes (partition is a flag that may coexist)."""
     _, var, skew, kurt = moments
     heavy = kurt > KURTOSIS_THRESHOLD
-    return {"prediction": heavy & (skew > 0), "suppression": heavy & (skew < 0),
-            "partition": var > PARTITION_VARIANCE}
+    return {
+        "prediction": heavy & (skew > 0),
+        "suppression": heavy & (skew < 0),
+        "partition": var > PARTITION_VARIANCE,
+    }
 
 
 @dataclass(frozen=True)
@@ -125,8 +137,9 @@ class NullThresholds:
     n: int  # random directions the quantiles are over
 
 
-def random_directions(d_model: int, n: int = NULL_DIRECTIONS,
-                      seed: int = NULL_SEED) -> Float[Tensor, "n d_model"]:
+def random_directions(
+    d_model: int, n: int = NULL_DIRECTIONS, seed: int = NULL_SEED
+) -> Float[Tensor, "n d_model"]:
     """`n` seeded standard normal rows of `d_model` (CPU, float32): the null's raw directions
     (`neuron_moments` centers them over d_model and scales them to unit norm, as it does w_out).
 
@@ -136,8 +149,13 @@ def random_directions(d_model: int, n: int = NULL_DIRECTIONS,
     return torch.randn(n, d_model, generator=torch.Generator().manual_seed(seed))
 
 
-def null_moments(u: Float[Tensor, "d_model vocab"], *, n: int = NULL_DIRECTIONS,
-                 seed: int = NULL_SEED, chunks: LogitChunks | None = None) -> Float[Tensor, "4 n"]:
+def null_moments(
+    u: Float[Tensor, "d_model vocab"],
+    *,
+    n: int = NULL_DIRECTIONS,
+    seed: int = NULL_SEED,
+    chunks: LogitChunks | None = None,
+) -> Float[Tensor, "4 n"]:
     """The vocabulary moments of `n` random directions against `u` (the same blocked code as the
     neurons' own moments)."""
     return neuron_moments(random_directions(u.shape[0], n, seed).to(u.device), u, chunks=chunks)
@@ -159,9 +177,11 @@ def classify_calibrated(moments: Float[Tensor, "4 n"], null: NullThresholds) -> 
     and skew < -null |skew|; partition_cal: var > null var (a flag, may coexist)."""
     _, var, skew, kurt = moments
     heavy = kurt > null.kurt
-    return {"prediction_cal": heavy & (skew > null.skew),
-            "suppression_cal": heavy & (skew < -null.skew),
-            "partition_cal": var > null.var}
+    return {
+        "prediction_cal": heavy & (skew > null.skew),
+        "suppression_cal": heavy & (skew < -null.skew),
+        "partition_cal": var > null.var,
+    }
 
 
 class NeuronsFamily(FamilyBase):
@@ -170,8 +190,13 @@ class NeuronsFamily(FamilyBase):
     def units_at_finish(self, lm: LoadedModel, opts: EngineOptions) -> int:
         return lm.n_layers if lm.has_mlp else 0
 
-    def finish(self, lm: LoadedModel, acc: MeanAccumulator, opts: EngineOptions,
-               tick: Callable[[int], None]) -> FamilyOutput:
+    def finish(
+        self,
+        lm: LoadedModel,
+        acc: MeanAccumulator,
+        opts: EngineOptions,
+        tick: Callable[[int], None],
+    ) -> FamilyOutput:
         if not lm.has_mlp:
             return FamilyOutput([])
         out = FamilyOutput([])
@@ -196,20 +221,30 @@ class NeuronsFamily(FamilyBase):
             out.records.append(Record.of(f"neurons.null_{name}_q999", value, null.n))
 
     @staticmethod
-    def _layer_records(out: FamilyOutput, layer: int, moments: Tensor, vocab: int,
-                       d_mlp: int, null: NullThresholds) -> None:
+    def _layer_records(
+        out: FamilyOutput, layer: int, moments: Tensor, vocab: int, d_mlp: int, null: NullThresholds
+    ) -> None:
         values = moments.tolist()
         for name, column in zip(MOMENTS, values, strict=True):
-            out.records.extend(Record.of(f"neurons.{name}", v, vocab, layer=layer, neuron=i)
-                               for i, v in enumerate(column))
+            out.records.extend(
+                Record.of(f"neurons.{name}", v, vocab, layer=layer, neuron=i)
+                for i, v in enumerate(column)
+            )
         for cls, mask in {**classify(moments), **classify_calibrated(moments, null)}.items():
             count = int(mask.sum())
             out.records.append(Record.of(f"neurons.n_{cls}", count, d_mlp, layer=layer))
             out.records.append(Record.of(f"neurons.frac_{cls}", count / d_mlp, d_mlp, layer=layer))
 
     @staticmethod
-    def _top_tokens(out: FamilyOutput, lm: LoadedModel, layer: int, moments: Tensor,
-                    w_out: Tensor, u: Tensor, opts: EngineOptions) -> None:
+    def _top_tokens(
+        out: FamilyOutput,
+        lm: LoadedModel,
+        layer: int,
+        moments: Tensor,
+        w_out: Tensor,
+        u: Tensor,
+        opts: EngineOptions,
+    ) -> None:
         if opts.top_neurons == 0:
             return
         kurt = moments[3]
@@ -228,4 +263,6 @@ class NeuronsFamily(FamilyBase):
                     out.neuron_tokens.extend(
                         NeuronTokens(layer, neuron, cls, direction, rank, int(tid), s, float(v))
                         for rank, (tid, s, v) in enumerate(
-                            zip(ids[row].tolist(), strings, vals[row].tolist(), strict=True)))
+                            zip(ids[row].tolist(), strings, vals[row].tolist(), strict=True)
+                        )
+                    )

@@ -29,8 +29,13 @@ class NormsFamily(FamilyBase):
                 acc.add(("mlp_out", "mlp", layer), ctx.at_eval(mlp).float().norm(dim=-1))
             acc.add(("resid", None, layer), ctx.at_eval(ctx.resid[layer + 1]).float().norm(dim=-1))
 
-    def finish(self, lm: LoadedModel, acc: MeanAccumulator, opts: EngineOptions,
-               tick: Callable[[int], None]) -> FamilyOutput:
+    def finish(
+        self,
+        lm: LoadedModel,
+        acc: MeanAccumulator,
+        opts: EngineOptions,
+        tick: Callable[[int], None],
+    ) -> FamilyOutput:
         out = super().finish(lm, acc, opts, tick)
         records = out.records
         if lm.has_mlp:
@@ -38,6 +43,9 @@ class NormsFamily(FamilyBase):
                 attn = acc.result(("attn_out", "attn", layer))
                 mlp = acc.result(("mlp_out", "mlp", layer))
                 if mlp.value > 0:
-                    records.append(Record.of("norms.attn_mlp_ratio", attn.value / mlp.value,
-                                             attn.n, layer=layer))
+                    records.append(
+                        Record.of(
+                            "norms.attn_mlp_ratio", attn.value / mlp.value, attn.n, layer=layer
+                        )
+                    )
         return out

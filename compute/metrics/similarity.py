@@ -28,11 +28,12 @@ class SimilarityFamily(FamilyBase):
             if moved.mlp_out is not None:
                 pairs.append(("mlp", moved.mlp_out, ctx.mlp_out))  # type: ignore[arg-type]
             for component, swapped, clean in pairs:
-                values = torch.stack([
-                    cosine_per_token(ctx.at_eval(swapped), ctx.at_eval(clean[layer + 1])),
-                    cosine_per_token(ctx.at_eval(swapped), ctx.at_eval(clean[layer])),
-                    cosine_per_token(ctx.at_eval(clean[layer]), ctx.at_eval(clean[layer + 1])),
-                ])
-                acc.add_many([(m, component, layer) for m in ("self", "index", "adjacent")],
-                             values)
+                values = torch.stack(
+                    [
+                        cosine_per_token(ctx.at_eval(swapped), ctx.at_eval(clean[layer + 1])),
+                        cosine_per_token(ctx.at_eval(swapped), ctx.at_eval(clean[layer])),
+                        cosine_per_token(ctx.at_eval(clean[layer]), ctx.at_eval(clean[layer + 1])),
+                    ]
+                )
+                acc.add_many([(m, component, layer) for m in ("self", "index", "adjacent")], values)
             ctx.tick(1)

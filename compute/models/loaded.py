@@ -110,9 +110,14 @@ class LoadedModel:
         """Architecture numbers and processing, as stored with a registered model."""
         return {
             "architecture": str(self.cfg.original_architecture or "HookedTransformer"),
-            "n_layers": self.n_layers, "d_model": self.d_model, "n_heads": self.n_heads,
-            "d_mlp": self.d_mlp, "d_vocab": self.d_vocab, "d_vocab_real": self.d_vocab_real,
-            "n_ctx": self.n_ctx, "n_params": self.n_params,
+            "n_layers": self.n_layers,
+            "d_model": self.d_model,
+            "n_heads": self.n_heads,
+            "d_mlp": self.d_mlp,
+            "d_vocab": self.d_vocab,
+            "d_vocab_real": self.d_vocab_real,
+            "n_ctx": self.n_ctx,
+            "n_params": self.n_params,
             "normalization_type": self.cfg.normalization_type,
             "parallel_attn_mlp": bool(self.cfg.parallel_attn_mlp),
             "processing": self.applied.as_dict(),
@@ -146,8 +151,14 @@ class LoadedModel:
         """
         block = self.model.blocks[layer]
         if self.fast_path:
-            return self._run_fast_block(layer, resid, zero_attn=zero_attn, zero_mlp=zero_mlp,
-                                        head_mask=head_mask, capture_pattern=capture_pattern)
+            return self._run_fast_block(
+                layer,
+                resid,
+                zero_attn=zero_attn,
+                zero_mlp=zero_mlp,
+                head_mask=head_mask,
+                capture_pattern=capture_pattern,
+            )
         captured: dict[str, Tensor] = {}
 
         def attn_hook(_m: Any, _i: Any, out: Tensor) -> Tensor:
@@ -176,16 +187,29 @@ class LoadedModel:
             hooks.append((block.attn.hook_z, z_hook))
         with _forward_hooks(hooks):
             out = block(resid, shortformer_pos_embed=self._ctx.get("shortformer"))
-        return BlockRun(out, captured["attn"], captured.get("mlp"), captured.get("pattern"),
-                        captured.get("z"))
+        return BlockRun(
+            out, captured["attn"], captured.get("mlp"), captured.get("pattern"), captured.get("z")
+        )
 
-    def _run_fast_block(self, layer: int, resid: Tensor, *, zero_attn: bool, zero_mlp: bool,
-                        head_mask: Tensor | None, capture_pattern: bool) -> BlockRun:
+    def _run_fast_block(
+        self,
+        layer: int,
+        resid: Tensor,
+        *,
+        zero_attn: bool,
+        zero_mlp: bool,
+        head_mask: Tensor | None,
+        capture_pattern: bool,
+    ) -> BlockRun:
         block = self.model.blocks[layer]
         weights = self._fast_weights(layer)
         attn_out, z, pattern = blocks.attention(
-            block, weights, blocks.norm(block.ln1, resid), head_mask=head_mask,
-            capture_pattern=capture_pattern)
+            block,
+            weights,
+            blocks.norm(block.ln1, resid),
+            head_mask=head_mask,
+            capture_pattern=capture_pattern,
+        )
         if zero_attn:
             attn_out = torch.zeros_like(attn_out)
         if not self.has_mlp:
@@ -197,18 +221,21 @@ class LoadedModel:
         out = resid + attn_out + mlp_out if self.parallel else mlp_in + mlp_out
         return BlockRun(out, attn_out, mlp_out, pattern, z)
 
-    def run_mlp(self, layer: int, resid: Float[Tensor, "batch pos d_model"]
-                ) -> Float[Tensor, "batch pos d_model"]:
+    def run_mlp(
+        self, layer: int, resid: Float[Tensor, "batch pos d_model"]
+    ) -> Float[Tensor, "batch pos d_model"]:
         """Block `layer`'s MLP write given the residual it reads (resid_mid, or resid_pre for
         parallel attention/MLP): its norm, the MLP, and nothing else."""
         block = self.model.blocks[layer]
         if self.fast_path:
-            return blocks.mlp(block, self.cfg, blocks.norm(block.ln2, resid),
-                              self._fast_weights(layer))
+            return blocks.mlp(
+                block, self.cfg, blocks.norm(block.ln2, resid), self._fast_weights(layer)
+            )
         return block.apply_mlp(block.ln2(resid))
 
-    def head_writes(self, layer: int, z: Float[Tensor, "batch pos head d_head"],
-                    heads: list[int]) -> Float[Tensor, "group batch pos d_model"]:
+    def head_writes(
+        self, layer: int, z: Float[Tensor, "batch pos head d_head"], heads: list[int]
+    ) -> Float[Tensor, "group batch pos d_model"]:
         """What each of `heads` adds to the residual stream (its z through its rows of W_O).
 
         The attention write is b_O plus the sum of these over heads, so zeroing one head's z
@@ -227,8 +254,10 @@ class LoadedModel:
         """True when the attention write is b_O + sum over heads of z_h W_O[h] (no norm after
         attention, no grouped or quantised projections)."""
         return self.fast_path or (
-            not self.cfg.use_normalization_before_and_after and not self.cfg.load_in_4bit
-            and self.cfg.n_key_value_heads in (None, self.cfg.n_heads))
+            not self.cfg.use_normalization_before_and_after
+            and not self.cfg.load_in_4bit
+            and self.cfg.n_key_value_heads in (None, self.cfg.n_heads)
+        )
 
     @property
     def parallel(self) -> bool:
@@ -258,11 +287,15 @@ class LoadedModel:
         """The final norm of a residual (identity for models without one)."""
         if self.cfg.normalization_type is None:
             return resid
-        return blocks.norm(self.model.ln_final, resid) if self.fast_path else \
-            self.model.ln_final(resid)
+        return (
+            blocks.norm(self.model.ln_final, resid)
+            if self.fast_path
+            else self.model.ln_final(resid)
+        )
 
-    def logit_columns(self, x: Float[Tensor, "n d_model"], start: int, stop: int
-                      ) -> Float[Tensor, "n cols"]:
+    def logit_columns(
+        self, x: Float[Tensor, "n d_model"], start: int, stop: int
+    ) -> Float[Tensor, "n cols"]:
         """Logits of vocabulary columns start..stop-1 of a normed residual: one `addmm` on a
         column range of W_U as stored ([d_model, vocab]; BLAS reads it in place, no copy)."""
         from transformer_lens.utilities import apply_softcap
@@ -313,8 +346,9 @@ def load_model(spec: ModelSpec, device: str = "cpu") -> LoadedModel:
     except StrataError:
         raise
     except Exception as exc:  # a loader's own error (corrupt weights, ...): one type for callers
-        raise ModelLoadError(f"{spec.name} could not be loaded: {type(exc).__name__}: {exc}"
-                             ) from exc
+        raise ModelLoadError(
+            f"{spec.name} could not be loaded: {type(exc).__name__}: {exc}"
+        ) from exc
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)

@@ -40,8 +40,9 @@ class AppliedProcessing:
         }
 
 
-def effective_processing(requested: Processing,
-                         normalization_type: str | None) -> AppliedProcessing:
+def effective_processing(
+    requested: Processing, normalization_type: str | None
+) -> AppliedProcessing:
     """Processing that can honestly be applied given the model's normalisation."""
     notes: list[str] = []
     center = requested.center_writing_weights
@@ -52,12 +53,14 @@ def effective_processing(requested: Processing,
     if normalization_type is None and fold:
         fold = False
         notes.append("model has no normalisation: nothing to fold")
-    return AppliedProcessing(fold, center, requested.center_unembed, requested.fold_value_biases,
-                             tuple(notes))
+    return AppliedProcessing(
+        fold, center, requested.center_unembed, requested.fold_value_biases, tuple(notes)
+    )
 
 
-def load_state_dict_into(model: Any, state_dict: dict[str, Tensor],
-                         applied: AppliedProcessing) -> None:
+def load_state_dict_into(
+    model: Any, state_dict: dict[str, Tensor], applied: AppliedProcessing
+) -> None:
     """Load `state_dict` into `model`, processed as `applied` says (block by block)."""
     with _processing_block_by_block(model):
         model.load_and_process_state_dict(
@@ -109,20 +112,33 @@ def _processing_block_by_block(model: Any) -> Iterator[None]:
 
         one, rest = copy.copy(cfg), copy.copy(cfg)
         one.n_layers, rest.n_layers = 1, 0
-        blocks_ = [{"blocks.0." + k.split(".", 2)[2]: k for k in state_dict
-                    if k.startswith(f"blocks.{layer}.")} for layer in range(cfg.n_layers)]
+        blocks_ = [
+            {
+                "blocks.0." + k.split(".", 2)[2]: k
+                for k in state_dict
+                if k.startswith(f"blocks.{layer}.")
+            }
+            for layer in range(cfg.n_layers)
+        ]
         others = [k for k in state_dict if not k.startswith("blocks.")]
         # Centering insists on finding the embeddings and unembedding in any dict it is given:
         # a block's dict gets a one-row (two-column) stand-in of each, dropped afterwards.
         stand_ins: dict[str, Tensor] = {
-            k: state_dict[k][:1].clone() for k in ("embed.W_E", "pos_embed.W_pos")
-            if k in state_dict}
-        stand_ins |= {k: state_dict[k][..., :2].clone() for k in ("unembed.W_U", "unembed.b_U")
-                      if k in state_dict}
+            k: state_dict[k][:1].clone()
+            for k in ("embed.W_E", "pos_embed.W_pos")
+            if k in state_dict
+        }
+        stand_ins |= {
+            k: state_dict[k][..., :2].clone()
+            for k in ("unembed.W_U", "unembed.b_U")
+            if k in state_dict
+        }
 
         def block_dict(names: dict[str, str], take: Callable[[str], Tensor]) -> dict[str, Tensor]:
-            return {**{new: take(old) for new, old in names.items()},
-                    **{k: v.clone() for k, v in stand_ins.items()}}
+            return {
+                **{new: take(old) for new, old in names.items()},
+                **{k: v.clone() for k, v in stand_ins.items()},
+            }
 
         out: dict[str, Tensor] = {}
 
@@ -146,8 +162,10 @@ def _processing_block_by_block(model: Any) -> Iterator[None]:
                 firsts += group
                 del part
             if blocks_:
-                place(whole(block_dict(blocks_[0], state_dict.__getitem__), one, **kwargs),
-                      {new: "blocks.0." + new.split(".", 2)[2] for new in blocks_[0]})
+                place(
+                    whole(block_dict(blocks_[0], state_dict.__getitem__), one, **kwargs),
+                    {new: "blocks.0." + new.split(".", 2)[2] for new in blocks_[0]},
+                )
                 firsts += blocks_[0].values()
         except KeyError:
             return whole(state_dict, cfg, **kwargs)
@@ -155,8 +173,10 @@ def _processing_block_by_block(model: Any) -> Iterator[None]:
             del state_dict[key]
         for layer, names in enumerate(blocks_[1:], start=1):
             prefix = f"blocks.{layer}."
-            place(whole(block_dict(names, state_dict.pop), one, **kwargs),
-                  {new: prefix + new.split(".", 2)[2] for new in names})
+            place(
+                whole(block_dict(names, state_dict.pop), one, **kwargs),
+                {new: prefix + new.split(".", 2)[2] for new in names},
+            )
         return out
 
     ProcessWeights.process_weights = staticmethod(by_block)  # type: ignore[method-assign,assignment]

@@ -83,8 +83,9 @@ class HFDirSource:
                     "Supported: the architectures TransformerLens converts (GPT-2, GPT-NeoX, ...)."
                 ) from exc
             applied = effective_processing(spec.processing, cfg_dict.get("normalization_type"))
-            cfg = loading.get_pretrained_model_config(config_dir, fold_ln=applied.fold_ln,
-                                                      device=device, dtype=torch.float32)
+            cfg = loading.get_pretrained_model_config(
+                config_dir, fold_ln=applied.fold_ln, device=device, dtype=torch.float32
+            )
         cfg.model_name = Path(path).name
         hf_model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
         state_dict = loading.get_pretrained_state_dict(path, cfg, hf_model, dtype=torch.float32)
@@ -109,8 +110,10 @@ class HFDirSource:
 
 
 def _has_tokenizer(path: Path) -> bool:
-    return any((path / f).is_file() for f in
-               ("tokenizer.json", "vocab.json", "tokenizer.model", "tokenizer_config.json"))
+    return any(
+        (path / f).is_file()
+        for f in ("tokenizer.json", "vocab.json", "tokenizer.model", "tokenizer_config.json")
+    )
 
 
 @contextlib.contextmanager
@@ -145,8 +148,7 @@ class ZooSource(HFDirSource):
     def recognises(self, ref: str) -> bool:
         if ref.startswith("zoo:"):
             return True
-        return "/" not in ref and ((ZOO_DIR / ref / "config.json").is_file()
-                                   or _is_planted(ref))
+        return "/" not in ref and ((ZOO_DIR / ref / "config.json").is_file() or _is_planted(ref))
 
     def canonical_name(self, ref: str) -> str:
         return ref.removeprefix("zoo:")
@@ -177,13 +179,17 @@ class GGUFSource(HFDirSource):
         from compute.gguf import dequantized_checkpoint
 
         sha = spec.revision.removeprefix("sha256:") if spec.revision else None
-        checkpoint, info = dequantized_checkpoint(Path(spec.name), sha if sha and len(sha) == 64
-                                                  else None)
+        checkpoint, info = dequantized_checkpoint(
+            Path(spec.name), sha if sha and len(sha) == 64 else None
+        )
         if spec.quantization is not None and spec.quantization != info.quantization:
-            raise ModelLoadError(f"{spec.name}: the file is now {info.quantization}, the run "
-                                 f"asked for {spec.quantization}: the file changed")
+            raise ModelLoadError(
+                f"{spec.name}: the file is now {info.quantization}, the run "
+                f"asked for {spec.quantization}: the file changed"
+            )
         model, tokenizer, applied = super().load(
-            spec.model_copy(update={"name": str(checkpoint)}), device)
+            spec.model_copy(update={"name": str(checkpoint)}), device
+        )
         model.cfg.model_name = Path(spec.name).stem
         return model, tokenizer, applied
 
@@ -198,8 +204,9 @@ def _load_planted(spec: ModelSpec, device: str) -> tuple[Any, Any, AppliedProces
 
     fields, state, tokenizer = planted_weights(spec.name)
     applied = effective_processing(spec.processing, None)
-    model = _hooked_transformer()(HookedTransformerConfig(**fields, device=device), tokenizer,
-                                  move_to_device=True)
+    model = _hooked_transformer()(
+        HookedTransformerConfig(**fields, device=device), tokenizer, move_to_device=True
+    )
     load_state_dict_into(model, {**model.state_dict(), **state}, applied)
     model.to(TORCH_DTYPES[spec.dtype])
     return model, tokenizer, applied
@@ -230,10 +237,15 @@ class TransformerLensSource:
         applied = effective_processing(spec.processing, _official_normalization(spec.name, kwargs))
         try:
             model = _hooked_transformer().from_pretrained(
-                spec.name, fold_ln=applied.fold_ln,
+                spec.name,
+                fold_ln=applied.fold_ln,
                 center_writing_weights=applied.center_writing_weights,
-                center_unembed=applied.center_unembed, fold_value_biases=applied.fold_value_biases,
-                device=device, dtype=TORCH_DTYPES[spec.dtype], **kwargs)
+                center_unembed=applied.center_unembed,
+                fold_value_biases=applied.fold_value_biases,
+                device=device,
+                dtype=TORCH_DTYPES[spec.dtype],
+                **kwargs,
+            )
         except OSError as exc:
             raise ModelLoadError(
                 f"could not fetch {spec.name!r} from the Hugging Face hub ({exc}). "
@@ -270,13 +282,15 @@ class RandomSource:
             raise ModelLoadError("a random model needs `architecture` and `seed`")
         arch = dict(spec.architecture)
         applied = effective_processing(spec.processing, arch.get("normalization_type", "LN"))
-        cfg = HookedTransformerConfig(**{**arch, "seed": spec.seed, "device": device,
-                                         "init_weights": True})
+        cfg = HookedTransformerConfig(
+            **{**arch, "seed": spec.seed, "device": device, "init_weights": True}
+        )
         model = _hooked_transformer()(cfg, move_to_device=True)
         state = {k: v.clone() for k, v in model.state_dict().items()}
         if applied.fold_ln:
             model.cfg.normalization_type = {"LN": "LNPre", "RMS": "RMSPre"}.get(
-                model.cfg.normalization_type, model.cfg.normalization_type)
+                model.cfg.normalization_type, model.cfg.normalization_type
+            )
             model = _hooked_transformer()(model.cfg, move_to_device=True)
         load_state_dict_into(model, state, applied)
         model.to(TORCH_DTYPES[spec.dtype])
@@ -284,16 +298,18 @@ class RandomSource:
 
 
 SOURCES: dict[str, ModelSource] = {
-    s.name: s for s in (ZooSource(), GGUFSource(), HFDirSource(), TransformerLensSource(),
-                        RandomSource())
+    s.name: s
+    for s in (ZooSource(), GGUFSource(), HFDirSource(), TransformerLensSource(), RandomSource())
 }
-
 
 
 def zoo_names() -> list[str]:
     """Shipped checkpoints and the planted controls built by code (`compute.zoo.planted`)."""
-    shipped = [p.name for p in ZOO_DIR.iterdir()
-               if (p / "config.json").is_file()] if ZOO_DIR.is_dir() else []
+    shipped = (
+        [p.name for p in ZOO_DIR.iterdir() if (p / "config.json").is_file()]
+        if ZOO_DIR.is_dir()
+        else []
+    )
     return sorted({*shipped, *PLANTED})
 
 
@@ -309,9 +325,13 @@ def resolve_model_spec(
         if source.recognises(ref):
             if source.name == "gguf":
                 return _gguf_spec(ref, dtype=dtype, processing=processing)
-            return ModelSpec(source=source.name, name=source.canonical_name(ref),
-                             revision=revision or _checksum(source.name, ref), dtype=dtype,
-                             processing=processing or Processing())
+            return ModelSpec(
+                source=source.name,
+                name=source.canonical_name(ref),
+                revision=revision or _checksum(source.name, ref),
+                dtype=dtype,
+                processing=processing or Processing(),
+            )
     hint = ", ".join(zoo_names()[:8])
     raise UnknownModelError(
         f"unknown model {ref!r}: not a zoo model ({hint}), not a directory with config.json, "
@@ -325,9 +345,14 @@ def _gguf_spec(ref: str, *, dtype: DType, processing: Processing | None) -> Mode
     from compute.gguf import inspect_gguf
 
     info = inspect_gguf(Path(ref))
-    return ModelSpec(source="gguf", name=str(Path(ref).resolve()), revision="sha256:" +
-                     info.sha256, quantization=info.quantization, dtype=dtype,
-                     processing=processing or Processing())
+    return ModelSpec(
+        source="gguf",
+        name=str(Path(ref).resolve()),
+        revision="sha256:" + info.sha256,
+        quantization=info.quantization,
+        dtype=dtype,
+        processing=processing or Processing(),
+    )
 
 
 def _checksum(source: str, ref: str) -> str | None:

@@ -20,8 +20,7 @@ def zoo_entry(name: str) -> dict[str, Any]:
         return planted_metadata(name)
     meta_file = zoo_path(name) / ZOO_METADATA_FILE
     if not (zoo_path(name) / "config.json").is_file():
-        raise UnknownModelError(f"no zoo model named {name!r}; available: "
-                                f"{', '.join(zoo_names())}")
+        raise UnknownModelError(f"no zoo model named {name!r}; available: {', '.join(zoo_names())}")
     meta = json.loads(meta_file.read_text()) if meta_file.is_file() else {}
     return {"name": name, "kind": meta.get("kind", "trained checkpoint"), **meta}
 

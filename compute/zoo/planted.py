@@ -135,10 +135,18 @@ class Weights:
 
     def config(self, name: str) -> dict[str, Any]:
         cfg: dict[str, Any] = dict(
-            n_layers=self.n_layers, d_model=self.d_model, n_heads=self.n_heads,
-            d_head=self.d_head, d_vocab=self.d_vocab, n_ctx=N_CTX, act_fn="gelu_new",
-            normalization_type=None, positional_embedding_type="standard", model_name=name,
-            original_architecture="planted")
+            n_layers=self.n_layers,
+            d_model=self.d_model,
+            n_heads=self.n_heads,
+            d_head=self.d_head,
+            d_vocab=self.d_vocab,
+            n_ctx=N_CTX,
+            act_fn="gelu_new",
+            normalization_type=None,
+            positional_embedding_type="standard",
+            model_name=name,
+            original_architecture="planted",
+        )
         if self.d_mlp is None:
             cfg["attn_only"] = True
         else:
@@ -151,22 +159,35 @@ def _scale_qk(d_head: int) -> float:
     return float(d_head) ** 0.5
 
 
-def _diffuse_head(w: Weights, blocks: Blocks, layer: int, head: int, gen: torch.Generator,
-                  *, reads: str, writes: str, qk_std: float, ov_norm: float) -> None:
+def _diffuse_head(
+    w: Weights,
+    blocks: Blocks,
+    layer: int,
+    head: int,
+    gen: torch.Generator,
+    *,
+    reads: str,
+    writes: str,
+    qk_std: float,
+    ov_norm: float,
+) -> None:
     """A head with weak random scores (near-uniform rows) and a small random write."""
     p = f"blocks.{layer}.attn"
     dim, dh = blocks.dim, w.d_head
     for m in ("W_Q", "W_K"):
         a = torch.zeros(dim, dh, dtype=torch.float64)
-        a[blocks.slices[reads]] = torch.randn(blocks.size(reads), dh, generator=gen,
-                                              dtype=torch.float64)
+        a[blocks.slices[reads]] = torch.randn(
+            blocks.size(reads), dh, generator=gen, dtype=torch.float64
+        )
         w[f"{p}.{m}"][head] = blocks.read(a) * qk_std**0.5  # score std ~ qk_std
     v = torch.zeros(dim, dh, dtype=torch.float64)
-    v[blocks.slices[reads]] = torch.randn(blocks.size(reads), dh, generator=gen,
-                                          dtype=torch.float64) / dh**0.5
+    v[blocks.slices[reads]] = (
+        torch.randn(blocks.size(reads), dh, generator=gen, dtype=torch.float64) / dh**0.5
+    )
     w[f"{p}.W_V"][head] = blocks.read(v)
-    o = blocks.place(writes, torch.randn(dh, blocks.size(writes), generator=gen,
-                                         dtype=torch.float64))
+    o = blocks.place(
+        writes, torch.randn(dh, blocks.size(writes), generator=gen, dtype=torch.float64)
+    )
     w[f"{p}.W_O"][head] = blocks.write(o) * ov_norm / blocks.size(writes) ** 0.5
 
 
@@ -187,16 +208,24 @@ def build_induction(seed: int, d_vocab: int, bos: int) -> Weights:
     Blocks: tok (token identity, 96 dims), prev (the previous token, written by the
     previous-token head), out (what the unembedding reads), pos (one-hot positions).
     """
-    blocks = Blocks({"tok": INDUCTION_D_TOKEN, "prev": INDUCTION_D_TOKEN,
-                     "out": INDUCTION_D_TOKEN, "pos": N_CTX}, seed=1000 + seed)
+    blocks = Blocks(
+        {
+            "tok": INDUCTION_D_TOKEN,
+            "prev": INDUCTION_D_TOKEN,
+            "out": INDUCTION_D_TOKEN,
+            "pos": N_CTX,
+        },
+        seed=1000 + seed,
+    )
     gen = torch.Generator().manual_seed(seed)
     d_tok, dh = INDUCTION_D_TOKEN, N_CTX
     w = Weights(2, 4, dh, blocks.d_model, d_vocab, None)
     tokens = _unit_rows(torch.randn(d_vocab, d_tok, generator=gen, dtype=torch.float64))
     tokens[bos] = 0.0  # BOS carries no token identity: an induction head resting on it copies 0
     w["embed.W_E"][:] = blocks.write(blocks.place("tok", tokens))
-    w["pos_embed.W_pos"][:] = blocks.write(blocks.place("pos", torch.eye(N_CTX,
-                                                                         dtype=torch.float64)))
+    w["pos_embed.W_pos"][:] = blocks.write(
+        blocks.place("pos", torch.eye(N_CTX, dtype=torch.float64))
+    )
     eye = torch.eye(d_tok, dtype=torch.float64)
     scale = _scale_qk(dh)
 
@@ -215,8 +244,9 @@ def build_induction(seed: int, d_vocab: int, bos: int) -> Weights:
     v = torch.zeros(blocks.dim, dh, dtype=torch.float64)
     v[blocks.slices["tok"], :d_tok] = eye
     w[f"blocks.{layer}.attn.W_V"][head] = blocks.read(v)
-    w[f"blocks.{layer}.attn.W_O"][head] = blocks.write(blocks.place(
-        "prev", torch.cat([eye, torch.zeros(dh - d_tok, d_tok, dtype=torch.float64)])))
+    w[f"blocks.{layer}.attn.W_O"][head] = blocks.write(
+        blocks.place("prev", torch.cat([eye, torch.zeros(dh - d_tok, d_tok, dtype=torch.float64)]))
+    )
 
     # Induction head: the query's token against each key's previous token (K-composition with
     # the head above), plus a constant score on BOS as the no-match fallback; it copies the
@@ -231,14 +261,16 @@ def build_induction(seed: int, d_vocab: int, bos: int) -> Weights:
     w[f"blocks.{layer}.attn.b_Q"][head, d_tok] = BOS_FALLBACK * scale
     w[f"blocks.{layer}.attn.W_K"][head] = blocks.read(k)
     w[f"blocks.{layer}.attn.W_V"][head] = blocks.read(v)
-    w[f"blocks.{layer}.attn.W_O"][head] = blocks.write(blocks.place(
-        "out", torch.cat([eye, torch.zeros(dh - d_tok, d_tok, dtype=torch.float64)])))
+    w[f"blocks.{layer}.attn.W_O"][head] = blocks.write(
+        blocks.place("out", torch.cat([eye, torch.zeros(dh - d_tok, d_tok, dtype=torch.float64)]))
+    )
 
     for layer in range(2):
         for head in range(4):
             if (layer, head) not in (PREV_TOKEN_HEAD, INDUCTION_HEAD):
-                _diffuse_head(w, blocks, layer, head, gen, reads="tok", writes="out",
-                              qk_std=0.5, ov_norm=0.5)
+                _diffuse_head(
+                    w, blocks, layer, head, gen, reads="tok", writes="out", qk_std=0.5, ov_norm=0.5
+                )
     # logit_t = LOGIT_SCALE * <out block, token identity of t>
     w["unembed.W_U"][:] = blocks.read(blocks.place("out", tokens).T) * LOGIT_SCALE
     return w
@@ -256,10 +288,18 @@ D_MLP = 128
 PARTITION_COSINE = 0.2  # every token's unembedding has +-0.2 (cosine) along the partition axis
 # Planted neurons: (layer, neuron) -> the tokens whose unembedding directions its output row is
 # aligned with (+, prediction) or anti-aligned with (-, suppression).
-PLANTED_PREDICTION = {(3, 100): (" the",), (3, 101): (" return", " def"), (3, 102): (":",),
-                      (5, 100): (" self",)}
-PLANTED_SUPPRESSION = {(5, 101): ("\n",), (5, 102): (" a", " an"), (5, 103): ("(",),
-                       (5, 104): (" is",)}
+PLANTED_PREDICTION = {
+    (3, 100): (" the",),
+    (3, 101): (" return", " def"),
+    (3, 102): (":",),
+    (5, 100): (" self",),
+}
+PLANTED_SUPPRESSION = {
+    (5, 101): ("\n",),
+    (5, 102): (" a", " an"),
+    (5, 103): ("(",),
+    (5, 104): (" is",),
+}
 PLANTED_PARTITION = {(3, 103): "space-initial tokens (promoted) vs the rest (suppressed)"}
 OUTPUT_NORM = {2: 8.0, 3: 80.0, 5: 20.0}  # residual norm written towards the logits
 STATE_DIM = 32
@@ -275,8 +315,9 @@ def _token_ids(tokenizer: Any, strings: tuple[str, ...]) -> list[int]:
     return ids
 
 
-def _linear_pairs(w: Weights, blocks: Blocks, layer: int, first: int, src: str,
-                  target: Tensor) -> int:
+def _linear_pairs(
+    w: Weights, blocks: Blocks, layer: int, first: int, src: str, target: Tensor
+) -> int:
     """Neuron pairs computing x -> target @ x_src exactly; target: [dim, size(src)]. Returns
     the next free neuron."""
     size = blocks.size(src)
@@ -291,23 +332,32 @@ def _linear_pairs(w: Weights, blocks: Blocks, layer: int, first: int, src: str,
 
 def build_stages(seed: int, d_vocab: int, tokenizer: Any) -> Weights:
     """Six layers of 4 heads and 128 neurons; see the module docstring and `EXPECTED`."""
-    blocks = Blocks({"tok": STATE_DIM, "s1": STATE_DIM, "s2": STATE_DIM, "pos0": 1,
-                     "free": 511 - 3 * STATE_DIM - 1}, seed=2000 + seed)
+    blocks = Blocks(
+        {
+            "tok": STATE_DIM,
+            "s1": STATE_DIM,
+            "s2": STATE_DIM,
+            "pos0": 1,
+            "free": 511 - 3 * STATE_DIM - 1,
+        },
+        seed=2000 + seed,
+    )
     gen = torch.Generator().manual_seed(seed)
     dim, dh = blocks.dim, 32
     w = Weights(STAGES_LAYERS, 4, dh, blocks.d_model, d_vocab, D_MLP)
     tok = _unit_rows(torch.randn(d_vocab, STATE_DIM, generator=gen, dtype=torch.float64))
     w["embed.W_E"][:] = blocks.write(blocks.place("tok", tok))
-    w["pos_embed.W_pos"][0] = blocks.write(blocks.place("pos0", torch.ones(1,
-                                                                            dtype=torch.float64)))
+    w["pos_embed.W_pos"][0] = blocks.write(blocks.place("pos0", torch.ones(1, dtype=torch.float64)))
 
     # Unembedding: unit directions, isotropic in the whole abstract space, plus +-PARTITION_COSINE
     # along one axis splitting the vocabulary into space-initial tokens and the rest.
     axis = _unit_rows(torch.randn(dim, generator=gen, dtype=torch.float64))
     noise = torch.randn(d_vocab, dim, generator=gen, dtype=torch.float64)
     noise = _unit_rows(noise - (noise @ axis)[:, None] * axis)
-    side = torch.tensor([1.0 if tokenizer.decode([i]).startswith(" ") else -1.0
-                         for i in range(d_vocab)], dtype=torch.float64)
+    side = torch.tensor(
+        [1.0 if tokenizer.decode([i]).startswith(" ") else -1.0 for i in range(d_vocab)],
+        dtype=torch.float64,
+    )
     c = PARTITION_COSINE
     unembed = (1 - c * c) ** 0.5 * noise + c * side[:, None] * axis
     w["unembed.W_U"][:] = blocks.read(unembed.T)
@@ -327,8 +377,7 @@ def build_stages(seed: int, d_vocab: int, tokenizer: Any) -> Weights:
     # Layers 2, 3, 5 write towards the logits (2 small, 3 most, 5 a refinement); layer 2 also
     # nudges the state, so that layer 3 depends on running after it.
     state = random_map("s2", "s2", 0.2)
-    _linear_pairs(w, blocks, 2, 0, "s2",
-                  state + random_map("free", "s2", OUTPUT_NORM[2]))
+    _linear_pairs(w, blocks, 2, 0, "s2", state + random_map("free", "s2", OUTPUT_NORM[2]))
     for layer in (3, 5):
         _linear_pairs(w, blocks, layer, 0, "s2", random_map("free", "s2", OUTPUT_NORM[layer]))
 
@@ -338,8 +387,10 @@ def build_stages(seed: int, d_vocab: int, tokenizer: Any) -> Weights:
     # Planted neurons: output rows along (+) or against (-) a few tokens' unembedding
     # directions, with the partition axis projected out; one row along the partition axis.
     # They read the state weakly, so they fire a little.
-    planted = {**{k: (1.0, v) for k, v in PLANTED_PREDICTION.items()},
-               **{k: (-1.0, v) for k, v in PLANTED_SUPPRESSION.items()}}
+    planted = {
+        **{k: (1.0, v) for k, v in PLANTED_PREDICTION.items()},
+        **{k: (-1.0, v) for k, v in PLANTED_SUPPRESSION.items()},
+    }
     for (layer, neuron), (sign, strings) in planted.items():
         row = unembed[_token_ids(tokenizer, strings)].sum(0)
         row = row - (row @ axis) * axis
@@ -369,8 +420,9 @@ def build_stages(seed: int, d_vocab: int, tokenizer: Any) -> Weights:
                 w[f"blocks.{layer}.attn.W_K"][head] = blocks.read(k)
                 w[f"blocks.{layer}.attn.b_Q"][head, 0] = 20.0 * _scale_qk(dh)
                 continue
-            _diffuse_head(w, blocks, layer, head, gen, reads="tok", writes="free", qk_std=0.5,
-                          ov_norm=0.5)
+            _diffuse_head(
+                w, blocks, layer, head, gen, reads="tok", writes="free", qk_std=0.5, ov_norm=0.5
+            )
     return w
 
 
@@ -392,58 +444,116 @@ def _induction(seed: int) -> Callable[[int, Any], Weights]:
 
 
 INDUCTION_EXPECTED: tuple[dict[str, Any], ...] = (
-    {"metric": "heads.induction", "layer": 1, "head": 2,
-     "expected": "~1 for this head; every other head < 0.1"},
-    {"metric": "attention.prev_1", "layer": 0, "head": 1,
-     "expected": "~1 (the previous-token head); every other head well below"},
-    {"metric": "heads.ablation_loss_delta", "tokens": "repeated random sequences",
-     "layer": 1, "head": 2,
-     "expected": "the largest of all heads; the previous-token head (0, 1) is its only key "
-                 "source, so its ablation costs about as much; diffuse heads ~0"},
-    {"metric": "heads.stability", "family": "planted-induction, -s1, -s2",
-     "expected": "~1 for heads (0, 1) and (1, 2); the diffuse heads near the null baseline"},
+    {
+        "metric": "heads.induction",
+        "layer": 1,
+        "head": 2,
+        "expected": "~1 for this head; every other head < 0.1",
+    },
+    {
+        "metric": "attention.prev_1",
+        "layer": 0,
+        "head": 1,
+        "expected": "~1 (the previous-token head); every other head well below",
+    },
+    {
+        "metric": "heads.ablation_loss_delta",
+        "tokens": "repeated random sequences",
+        "layer": 1,
+        "head": 2,
+        "expected": "the largest of all heads; the previous-token head (0, 1) is its only key "
+        "source, so its ablation costs about as much; diffuse heads ~0",
+    },
+    {
+        "metric": "heads.stability",
+        "family": "planted-induction, -s1, -s2",
+        "expected": "~1 for heads (0, 1) and (1, 2); the diffuse heads near the null baseline",
+    },
 )
 STAGES_EXPECTED: tuple[dict[str, Any], ...] = (
-    {"metric": "intervention.kl", "component": "drop", "layer": IDENTITY_LAYER,
-     "expected": "0 (identity layer); every other layer > 0"},
-    {"metric": "intervention.kl", "component": "swap", "layer": [3, 4],
-     "expected": "0 for swaps (3,4) and (4,5), which involve the identity layer; others > 0"},
-    {"metric": "intervention.kl", "component": "drop", "layer": list(CATASTROPHIC_LAYERS),
-     "expected": "catastrophic (several nats); later layers a small fraction of it"},
-    {"metric": "stages.boundary_1", "layer": 2,
-     "expected": "layer 2: the first layer after the catastrophic ones"},
-    {"metric": "stages.boundary_2", "layer": PREDICTION_LAYER,
-     "expected": "layer 3: the logit lens stays near uniform until layer 3 writes the "
-                 "prediction"},
-    {"metric": "stages.boundary_3", "layer": SUPPRESSION_LAYER,
-     "expected": "layer 5: suppression neurons outnumber prediction neurons from there on"},
-    {"metric": "attention.bos", "layer": SINK_HEAD[0], "head": SINK_HEAD[1],
-     "expected": "~1 (attention sink); other heads < 0.2"},
-    {"metric": "neurons (class)", "layer": 3,
-     "expected": "prediction: neurons 100, 101, 102; partition: neuron 103; nothing else "
-                 "classified in the layer"},
-    {"metric": "neurons (class)", "layer": 5,
-     "expected": "suppression: neurons 101-104; prediction: neuron 100; nothing else"},
-    {"metric": "neurons top tokens",
-     "expected": "prediction 3/100 promotes ' the'; 3/101 ' return', ' def'; 3/102 ':'; "
-                 "5/100 ' self'. Suppression 5/101 suppresses '\\n'; 5/102 ' a', ' an'; "
-                 "5/103 '('; 5/104 ' is'"},
+    {
+        "metric": "intervention.kl",
+        "component": "drop",
+        "layer": IDENTITY_LAYER,
+        "expected": "0 (identity layer); every other layer > 0",
+    },
+    {
+        "metric": "intervention.kl",
+        "component": "swap",
+        "layer": [3, 4],
+        "expected": "0 for swaps (3,4) and (4,5), which involve the identity layer; others > 0",
+    },
+    {
+        "metric": "intervention.kl",
+        "component": "drop",
+        "layer": list(CATASTROPHIC_LAYERS),
+        "expected": "catastrophic (several nats); later layers a small fraction of it",
+    },
+    {
+        "metric": "stages.boundary_1",
+        "layer": 2,
+        "expected": "layer 2: the first layer after the catastrophic ones",
+    },
+    {
+        "metric": "stages.boundary_2",
+        "layer": PREDICTION_LAYER,
+        "expected": "layer 3: the logit lens stays near uniform until layer 3 writes the "
+        "prediction",
+    },
+    {
+        "metric": "stages.boundary_3",
+        "layer": SUPPRESSION_LAYER,
+        "expected": "layer 5: suppression neurons outnumber prediction neurons from there on",
+    },
+    {
+        "metric": "attention.bos",
+        "layer": SINK_HEAD[0],
+        "head": SINK_HEAD[1],
+        "expected": "~1 (attention sink); other heads < 0.2",
+    },
+    {
+        "metric": "neurons (class)",
+        "layer": 3,
+        "expected": "prediction: neurons 100, 101, 102; partition: neuron 103; nothing else "
+        "classified in the layer",
+    },
+    {
+        "metric": "neurons (class)",
+        "layer": 5,
+        "expected": "suppression: neurons 101-104; prediction: neuron 100; nothing else",
+    },
+    {
+        "metric": "neurons top tokens",
+        "expected": "prediction 3/100 promotes ' the'; 3/101 ' return', ' def'; 3/102 ':'; "
+        "5/100 ' self'. Suppression 5/101 suppresses '\\n'; 5/102 ' a', ' an'; "
+        "5/103 '('; 5/104 ' is'",
+    },
 )
 
 PLANTED: dict[str, PlantedModel] = {
     "planted-induction": PlantedModel(
         "planted-induction",
         "2-layer attention-only induction circuit: previous-token head L0H1, induction head "
-        "L1H2, other heads diffuse", _induction(0), INDUCTION_EXPECTED),
-    **{f"planted-induction-s{s}": PlantedModel(
-        f"planted-induction-s{s}",
-        f"refit of planted-induction: the same circuit, everything else from seed {s}",
-        _induction(s), INDUCTION_EXPECTED) for s in (1, 2)},
+        "L1H2, other heads diffuse",
+        _induction(0),
+        INDUCTION_EXPECTED,
+    ),
+    **{
+        f"planted-induction-s{s}": PlantedModel(
+            f"planted-induction-s{s}",
+            f"refit of planted-induction: the same circuit, everything else from seed {s}",
+            _induction(s),
+            INDUCTION_EXPECTED,
+        )
+        for s in (1, 2)
+    },
     "planted-stages": PlantedModel(
         "planted-stages",
         "6 layers: catastrophic layers 0-1, identity layer 4, sink head L2H1, prediction / "
         "partition neurons in layer 3, suppression neurons in layer 5",
-        lambda d_vocab, tokenizer: build_stages(0, d_vocab, tokenizer), STAGES_EXPECTED),
+        lambda d_vocab, tokenizer: build_stages(0, d_vocab, tokenizer),
+        STAGES_EXPECTED,
+    ),
 }
 
 
@@ -455,8 +565,9 @@ def planted_model(name: str) -> PlantedModel:
     try:
         return PLANTED[name]
     except KeyError:
-        raise UnknownModelError(f"no planted model {name!r}; available: "
-                                f"{', '.join(planted_names())}") from None
+        raise UnknownModelError(
+            f"no planted model {name!r}; available: {', '.join(planted_names())}"
+        ) from None
 
 
 def planted_tokenizer() -> Any:
@@ -465,8 +576,9 @@ def planted_tokenizer() -> Any:
 
     path = zoo_path(VOCAB_SOURCE)
     if not (path / "tokenizer.json").is_file():
-        raise ModelLoadError(f"planted models take their tokenizer from zoo model "
-                             f"{VOCAB_SOURCE!r}, which is missing")
+        raise ModelLoadError(
+            f"planted models take their tokenizer from zoo model {VOCAB_SOURCE!r}, which is missing"
+        )
     tokenizer = load_zoo_tokenizer(path)
     tokenizer.model_max_length = N_CTX
     return tokenizer
@@ -495,6 +607,11 @@ def planted_checksum(name: str) -> str:
 def planted_metadata(name: str) -> dict[str, Any]:
     """What `strata zoo show` prints for a planted model: summary and expected answers."""
     planted = planted_model(name)
-    return {"name": name, "kind": "planted control", "summary": planted.summary,
-            "built_from": "explicit weights (compute/zoo/planted.py), no training",
-            "tokenizer": f"zoo tokenizer of {VOCAB_SOURCE}", "expected": list(planted.expected)}
+    return {
+        "name": name,
+        "kind": "planted control",
+        "summary": planted.summary,
+        "built_from": "explicit weights (compute/zoo/planted.py), no training",
+        "tokenizer": f"zoo tokenizer of {VOCAB_SOURCE}",
+        "expected": list(planted.expected),
+    }

@@ -158,14 +158,26 @@ def token_stream(tokenizer: PreTrainedTokenizerFast, documents: Sequence[str]) -
 def neox_config(cfg: ZooModelConfig) -> GPTNeoXConfig:
     """The Hugging Face configuration of a rotary zoo model (GPT-NeoX, sequential residual)."""
     return GPTNeoXConfig(
-        vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers,
-        num_attention_heads=cfg.n_heads, intermediate_size=cfg.resolved_d_mlp,
-        max_position_embeddings=cfg.n_ctx, use_parallel_residual=False,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                         "partial_rotary_factor": 1.0},
-        hidden_act="gelu_new", attention_dropout=0.0, hidden_dropout=0.0,
-        bos_token_id=SPECIAL_TOKEN_ID, eos_token_id=SPECIAL_TOKEN_ID,
-        pad_token_id=SPECIAL_TOKEN_ID, tie_word_embeddings=True)
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.d_model,
+        num_hidden_layers=cfg.n_layers,
+        num_attention_heads=cfg.n_heads,
+        intermediate_size=cfg.resolved_d_mlp,
+        max_position_embeddings=cfg.n_ctx,
+        use_parallel_residual=False,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 1.0,
+        },
+        hidden_act="gelu_new",
+        attention_dropout=0.0,
+        hidden_dropout=0.0,
+        bos_token_id=SPECIAL_TOKEN_ID,
+        eos_token_id=SPECIAL_TOKEN_ID,
+        pad_token_id=SPECIAL_TOKEN_ID,
+        tie_word_embeddings=True,
+    )
 
 
 def new_model(cfg: ZooModelConfig) -> PreTrainedModel:
@@ -209,8 +221,9 @@ def _windows_with_bos(stream: torch.Tensor, starts: torch.Tensor, length: int) -
     return torch.cat([bos, body], dim=1)
 
 
-def repeated_rows(n_rows: int, seq_len: int, vocab_size: int,
-                  generator: torch.Generator) -> torch.Tensor:
+def repeated_rows(
+    n_rows: int, seq_len: int, vocab_size: int, generator: torch.Generator
+) -> torch.Tensor:
     """Synthetic rows BOS, r_1..r_m, r_1..r_m, ... (a random segment tiled to seq_len - 1).
 
     Per row the period m is uniform in [4, (seq_len - 1) // 2] and r is uniform over the
@@ -376,8 +389,7 @@ def train_family(
     paths: list[Path] = []
     for seed in seeds:
         cfg = base_cfg.model_copy(update={"name": f"{base_cfg.name}-s{seed}", "seed": seed})
-        path = train_zoo_model(cfg, root / cfg.name, tokenizer_dir=tokenizer_dir,
-                               progress=progress)
+        path = train_zoo_model(cfg, root / cfg.name, tokenizer_dir=tokenizer_dir, progress=progress)
         tokenizer_dir = tokenizer_dir or path
         paths.append(path)
     return paths

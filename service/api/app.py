@@ -40,25 +40,40 @@ from service.store import Store
 MAX_BODY_BYTES = 1 << 20
 
 
-def create_app(settings: Settings, store: Store, *, jobs: JobService | None = None,
-               upkeep: Upkeep | None = None,
-               on_shutdown: Sequence[Callable[[], None]] = ()) -> Litestar:
+def create_app(
+    settings: Settings,
+    store: Store,
+    *,
+    jobs: JobService | None = None,
+    upkeep: Upkeep | None = None,
+    on_shutdown: Sequence[Callable[[], None]] = (),
+) -> Litestar:
     use_data_dir(settings)
     ctx = ApiContext.build(store, settings, jobs)
 
     def provide_ctx() -> ApiContext:
         return ctx
 
-    data = Router(path="/", guards=[require_read_access], route_handlers=[
-        ModelsController, RunsController, AcrossModelsController, FamiliesController,
-        JobsController, WorkersController])
+    data = Router(
+        path="/",
+        guards=[require_read_access],
+        route_handlers=[
+            ModelsController,
+            RunsController,
+            AcrossModelsController,
+            FamiliesController,
+            JobsController,
+            WorkersController,
+        ],
+    )
     cors = None
     if settings.api.cors_origins:
-        cors = CORSConfig(allow_origins=settings.api.cors_origins,
-                          allow_methods=["GET", "POST", "DELETE"],
-                          allow_headers=["X-API-Key", "Authorization", "Content-Type",
-                                         "If-None-Match"],
-                          expose_headers=["ETag"])
+        cors = CORSConfig(
+            allow_origins=settings.api.cors_origins,
+            allow_methods=["GET", "POST", "DELETE"],
+            allow_headers=["X-API-Key", "Authorization", "Content-Type", "If-None-Match"],
+            expose_headers=["ETag"],
+        )
     limits = RateLimitMiddleware(settings)
     counted = ServiceMetrics(store, jobs)
     return Litestar(
@@ -67,14 +82,20 @@ def create_app(settings: Settings, store: Store, *, jobs: JobService | None = No
         # Logging is the process's business (`strata serve` sends it to its log file): the
         # default config would replace the root logger's handlers with its own console one.
         logging_config=None,
-        route_handlers=[HealthController, AdminController, data, metrics, *asset_routers(),
-                        *web_routes()],
+        route_handlers=[
+            HealthController,
+            AdminController,
+            data,
+            metrics,
+            *asset_routers(),
+            *web_routes(),
+        ],
         dependencies={"ctx": Provide(provide_ctx, sync_to_thread=False)},
         exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]
         openapi_config=openapi_config(),
-        compression_config=CompressionConfig(backend="gzip",
-                                             minimum_size=settings.api.gzip_min_bytes,
-                                             gzip_compress_level=5),
+        compression_config=CompressionConfig(
+            backend="gzip", minimum_size=settings.api.gzip_min_bytes, gzip_compress_level=5
+        ),
         cors_config=cors,
         state=State({"settings": settings, "ctx": ctx, "metrics": counted}),
         request_max_body_size=MAX_BODY_BYTES,

@@ -21,9 +21,14 @@ from service.settings import Settings
 
 API_KEY_HEADER = "X-API-Key"
 SECURITY_SCHEME = "apiKey"
-SECURITY_COMPONENTS = {SECURITY_SCHEME: SecurityScheme(
-    type="apiKey", name=API_KEY_HEADER, security_scheme_in="header",
-    description="a key from STRATA_API_KEYS (also accepted as `Authorization: Bearer <key>`)")}
+SECURITY_COMPONENTS = {
+    SECURITY_SCHEME: SecurityScheme(
+        type="apiKey",
+        name=API_KEY_HEADER,
+        security_scheme_in="header",
+        description="a key from STRATA_API_KEYS (also accepted as `Authorization: Bearer <key>`)",
+    )
+}
 SECURITY: list[dict[str, list[str]]] = [{SECURITY_SCHEME: []}]
 _CHALLENGE = {"WWW-Authenticate": f'ApiKey header="{API_KEY_HEADER}"'}
 
@@ -54,12 +59,15 @@ def presented_key(connection: ASGIConnection[Any, Any, Any, Any]) -> str | None:
 def check_key(connection: ASGIConnection[Any, Any, Any, Any], settings: Settings) -> None:
     keys = settings.write_keys()
     if not keys:
-        raise ForbiddenError("this service accepts no API keys (STRATA_API_KEYS is empty), so it "
-                             "takes no writes and, with private reads, no reads")
+        raise ForbiddenError(
+            "this service accepts no API keys (STRATA_API_KEYS is empty), so it "
+            "takes no writes and, with private reads, no reads"
+        )
     key = presented_key(connection)
     if key is None:
-        raise UnauthorizedError(f"this needs an API key in the {API_KEY_HEADER} header",
-                                headers=_CHALLENGE)
+        raise UnauthorizedError(
+            f"this needs an API key in the {API_KEY_HEADER} header", headers=_CHALLENGE
+        )
     if not key_is_valid(key, keys):
         raise UnauthorizedError("the API key is not valid", headers=_CHALLENGE)
 
@@ -69,15 +77,17 @@ def _settings(connection: ASGIConnection[Any, Any, Any, Any]) -> Settings:
     return settings
 
 
-async def require_write_key(connection: ASGIConnection[Any, Any, Any, Any],
-                            _: BaseRouteHandler) -> None:
+async def require_write_key(
+    connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler
+) -> None:
     """Guard of every write. (Guards are coroutines: Litestar runs a plain function guard in a
     worker thread, a hop that costs more than the check.)"""
     check_key(connection, _settings(connection))
 
 
-async def require_read_access(connection: ASGIConnection[Any, Any, Any, Any],
-                              _: BaseRouteHandler) -> None:
+async def require_read_access(
+    connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler
+) -> None:
     """Guard of every read: open unless reads are configured private."""
     settings = _settings(connection)
     if not settings.api.public_reads:

@@ -22,13 +22,19 @@ from litestar import Request
 API_VERSION = "v1"
 
 
-def etag(request: Request[Any, Any, Any], fmt: str,
-         runs: Iterable[tuple[int, datetime | None]]) -> str:
+def etag(
+    request: Request[Any, Any, Any], fmt: str, runs: Iterable[tuple[int, datetime | None]]
+) -> str:
     # The raw path and query string (cheaper than parsed ones; a reordered query only gets
     # another tag, which is harmless).
     scope = request.scope
-    parts = [API_VERSION, scope["path"], scope["query_string"].decode("latin-1"), fmt,
-             *(f"{run}@{finished.isoformat() if finished else '-'}" for run, finished in runs)]
+    parts = [
+        API_VERSION,
+        scope["path"],
+        scope["query_string"].decode("latin-1"),
+        fmt,
+        *(f"{run}@{finished.isoformat() if finished else '-'}" for run, finished in runs),
+    ]
     return 'W/"' + hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:32] + '"'
 
 

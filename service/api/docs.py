@@ -48,8 +48,11 @@ class TabularOperation(Operation):
         for name, media in MEDIA_TYPES.items():
             if name == "json" or media in content:
                 continue
-            schema = Schema(type=OpenAPIType.STRING) if name == "csv" else \
-                Schema(type=OpenAPIType.STRING, content_media_type=media)
+            schema = (
+                Schema(type=OpenAPIType.STRING)
+                if name == "csv"
+                else Schema(type=OpenAPIType.STRING, content_media_type=media)
+            )
             content[media] = OpenAPIMediaType(schema=schema)
 
 
@@ -62,12 +65,18 @@ def openapi_config() -> OpenAPIConfig:
         components=Components(security_schemes=SECURITY_COMPONENTS),  # type: ignore[arg-type]
         render_plugins=[
             SwaggerRenderPlugin(
-                path=["/", "/swagger"], favicon=_FAVICON,
+                path=["/", "/swagger"],
+                favicon=_FAVICON,
                 js_url=f"{ASSETS}/swagger/swagger-ui-bundle.js",
                 css_url=f"{ASSETS}/swagger/swagger-ui.css",
-                standalone_preset_js_url=f"{ASSETS}/swagger/swagger-ui-standalone-preset.js"),
-            RedocRenderPlugin(path="/redoc", favicon=_FAVICON, google_fonts=False,
-                              js_url=f"{ASSETS}/redoc/redoc.standalone.js"),
+                standalone_preset_js_url=f"{ASSETS}/swagger/swagger-ui-standalone-preset.js",
+            ),
+            RedocRenderPlugin(
+                path="/redoc",
+                favicon=_FAVICON,
+                google_fonts=False,
+                js_url=f"{ASSETS}/redoc/redoc.standalone.js",
+            ),
         ],
     )
 
@@ -75,8 +84,17 @@ def openapi_config() -> OpenAPIConfig:
 def asset_routers() -> list[Router]:
     from openapi_ui_bundles import redoc, swagger_ui
 
-    return [create_static_files_router(path=f"{ASSETS}/swagger",
-                                       directories=[swagger_ui.static_path],
-                                       include_in_schema=False, name="docs-swagger"),
-            create_static_files_router(path=f"{ASSETS}/redoc", directories=[redoc.static_path],
-                                       include_in_schema=False, name="docs-redoc")]
+    return [
+        create_static_files_router(
+            path=f"{ASSETS}/swagger",
+            directories=[swagger_ui.static_path],
+            include_in_schema=False,
+            name="docs-swagger",
+        ),
+        create_static_files_router(
+            path=f"{ASSETS}/redoc",
+            directories=[redoc.static_path],
+            include_in_schema=False,
+            name="docs-redoc",
+        ),
+    ]

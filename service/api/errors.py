@@ -98,11 +98,13 @@ def error_code(status: int) -> str:
     return phrase.lower().replace(" ", "_").replace("-", "_")
 
 
-def error_response(status: int, detail: str, headers: dict[str, str] | None = None
-                   ) -> Response[bytes]:
+def error_response(
+    status: int, detail: str, headers: dict[str, str] | None = None
+) -> Response[bytes]:
     body = msgspec.json.encode(ErrorBody(error_code(status), detail, status))
-    return Response(body, status_code=status, media_type="application/json",
-                    headers=headers or None)
+    return Response(
+        body, status_code=status, media_type="application/json", headers=headers or None
+    )
 
 
 def _validation_detail(exc: ValidationException) -> str:
@@ -111,8 +113,9 @@ def _validation_detail(exc: ValidationException) -> str:
     for item in extra[:3]:
         if not isinstance(item, dict):
             continue
-        where = " ".join(str(getattr(item[k], "value", item[k])) for k in ("source", "key")
-                         if item.get(k))
+        where = " ".join(
+            str(getattr(item[k], "value", item[k])) for k in ("source", "key") if item.get(k)
+        )
         message = str(item.get("message", "")).strip()
         parts.append(f"{where}: {message}" if where else message)
     return "; ".join(parts) or str(exc.detail)
@@ -139,8 +142,12 @@ def handle_strata_error(request: Request[Any, Any, Any], exc: StrataError) -> Re
 
     if isinstance(exc, SpecError):
         return error_response(422, str(exc))
-    for kind, status in ((ModelConflictError, 409), (JobNotFoundError, 404),
-                         (JobConflictError, 409), (BrokerUnavailableError, 503)):
+    for kind, status in (
+        (ModelConflictError, 409),
+        (JobNotFoundError, 404),
+        (JobConflictError, 409),
+        (BrokerUnavailableError, 503),
+    ):
         if isinstance(exc, kind):
             return error_response(status, str(exc))
     if isinstance(exc, DatabaseHeldError):
@@ -153,8 +160,11 @@ def handle_internal_error(request: Request[Any, Any, Any], exc: Exception) -> Re
 
     if is_disk_full(exc):  # the write was rolled back; what is stored stays intact
         log.error("disk full on %s %s: %s", request.method, request.url.path, exc)
-        return error_response(507, "the database's disk is full: nothing was stored and what "
-                                   "was stored before is intact; retry once space is freed")
+        return error_response(
+            507,
+            "the database's disk is full: nothing was stored and what "
+            "was stored before is intact; retry once space is freed",
+        )
     log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
     return error_response(500, "internal error: the service logged the cause")
 

@@ -27,9 +27,13 @@ FormatName = Literal["json", "csv", "parquet", "arrow"]
 FORMAT_NAMES: tuple[str, ...] = ("json", "csv", "parquet", "arrow")
 MEDIA_TYPES: dict[str, str] = {name: FORMATS[name].media_type for name in FORMAT_NAMES}
 _ACCEPTED: dict[str, str] = {
-    "application/json": "json", "application/*": "json", "*/*": "json",
-    "text/csv": "csv", "text/*": "csv",
-    "application/vnd.apache.parquet": "parquet", "application/x-parquet": "parquet",
+    "application/json": "json",
+    "application/*": "json",
+    "*/*": "json",
+    "text/csv": "csv",
+    "text/*": "csv",
+    "application/vnd.apache.parquet": "parquet",
+    "application/x-parquet": "parquet",
     "application/parquet": "parquet",
     "application/vnd.apache.arrow.stream": "arrow",
 }
@@ -58,23 +62,29 @@ def negotiate(format_param: str | None, accept: str | None) -> str:
             specific = 0 if "*" in media else 1
             offers.append((quality + specific * 1e-3, -position, name))
     if not offers:
-        raise NotAcceptableError(f"none of the accepted types ({accept[:200]}) is offered; this "
-                                 "endpoint answers " + ", ".join(MEDIA_TYPES.values()))
+        raise NotAcceptableError(
+            f"none of the accepted types ({accept[:200]}) is offered; this "
+            "endpoint answers " + ", ".join(MEDIA_TYPES.values())
+        )
     return max(offers)[2]
 
 
 def _jsonable_columns(table: pa.Table) -> pa.Table:
     """List and struct columns as JSON strings (CSV has no nested values)."""
     for index, field in enumerate(table.schema):
-        if pa.types.is_list(field.type) or pa.types.is_large_list(field.type) \
-                or pa.types.is_struct(field.type):
+        if (
+            pa.types.is_list(field.type)
+            or pa.types.is_large_list(field.type)
+            or pa.types.is_struct(field.type)
+        ):
             text = [None if v is None else json.dumps(v) for v in table.column(index).to_pylist()]
             table = table.set_column(index, field.name, pa.array(text, pa.string()))
     return table
 
 
-def encode(fmt: str, context: msgspec.Struct, rows: pl.DataFrame,
-           columns: tuple[str, ...]) -> bytes:
+def encode(
+    fmt: str, context: msgspec.Struct, rows: pl.DataFrame, columns: tuple[str, ...]
+) -> bytes:
     """The body of a data answer: `context` with `rows` (JSON), or the rows alone (tabular).
 
     `columns` are the row type's fields, in order; the frame must hold exactly those.

@@ -44,11 +44,38 @@ if TYPE_CHECKING:
 log = logging.getLogger("strata.api")
 
 # Seconds; requests span a cached read (~0.2 ms) to a large ingest (seconds).
-LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
-                   10.0, 30.0)
+LATENCY_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
 # Seconds a job waited between being queued and a worker starting it.
-WAIT_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0,
-                21600.0, 86400.0)
+WAIT_BUCKETS = (
+    1.0,
+    5.0,
+    15.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+    1800.0,
+    3600.0,
+    7200.0,
+    21600.0,
+    86400.0,
+)
 
 
 class ServiceMetrics:
@@ -56,19 +83,34 @@ class ServiceMetrics:
 
     def __init__(self, store: Store, jobs: JobService | None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self.requests = Counter("strata_http_requests", "HTTP requests answered",
-                                ["route", "method", "status"], registry=self.registry)
-        self.latency = Histogram("strata_http_request_duration_seconds",
-                                 "time to answer an HTTP request", ["route", "method"],
-                                 buckets=LATENCY_BUCKETS, registry=self.registry)
-        self.ingested_runs = Counter("strata_ingest_runs", "runs stored through the ingest "
-                                     "endpoint (a worker's delivery or a person's upload)",
-                                     registry=self.registry)
-        self.ingested_rows = Counter("strata_ingest_rows", "rows stored by ingests (records, "
-                                     "neurons, neuron tokens, stage boundaries, sequence "
-                                     "means)", registry=self.registry)
-        self.ingested_bytes = Counter("strata_ingest_bytes", "bytes of ingest bodies stored",
-                                      registry=self.registry)
+        self.requests = Counter(
+            "strata_http_requests",
+            "HTTP requests answered",
+            ["route", "method", "status"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "strata_http_request_duration_seconds",
+            "time to answer an HTTP request",
+            ["route", "method"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.ingested_runs = Counter(
+            "strata_ingest_runs",
+            "runs stored through the ingest endpoint (a worker's delivery or a person's upload)",
+            registry=self.registry,
+        )
+        self.ingested_rows = Counter(
+            "strata_ingest_rows",
+            "rows stored by ingests (records, "
+            "neurons, neuron tokens, stage boundaries, sequence "
+            "means)",
+            registry=self.registry,
+        )
+        self.ingested_bytes = Counter(
+            "strata_ingest_bytes", "bytes of ingest bodies stored", registry=self.registry
+        )
         self.registry.register(StoreCollector(store, jobs))
 
     def ingested(self, rows: int, body_bytes: int) -> None:
@@ -129,8 +171,11 @@ class StoreCollector(Collector):
             yield from self._board(self.jobs)
 
     def _database_size(self) -> Metric:
-        size = GaugeMetricFamily("strata_database_bytes", "size of the DuckDB file and its "
-                                 "write-ahead log", labels=["file"])
+        size = GaugeMetricFamily(
+            "strata_database_bytes",
+            "size of the DuckDB file and its write-ahead log",
+            labels=["file"],
+        )
         path = self.store.path
         for name, file in (("database", path), ("wal", path.with_name(path.name + ".wal"))):
             try:
@@ -142,39 +187,61 @@ class StoreCollector(Collector):
     def _jobs(self) -> Iterator[Metric]:
         now = time.time()
         with self.store.read() as conn:
-            by_state = conn.execute(sa.select(JobRow.state, JobRow.queue, sa.func.count())
-                                    .group_by(JobRow.state, JobRow.queue)).all()
-            oldest = conn.execute(sa.select(JobRow.queue, sa.func.min(JobRow.created_at))
-                                  .where(JobRow.state == "queued").group_by(JobRow.queue)).all()
-            waits = conn.execute(sa.select(JobRow.queue, JobRow.created_at, JobRow.started_at)
-                                 .where(JobRow.started_at.is_not(None))).all()
+            by_state = conn.execute(
+                sa.select(JobRow.state, JobRow.queue, sa.func.count()).group_by(
+                    JobRow.state, JobRow.queue
+                )
+            ).all()
+            oldest = conn.execute(
+                sa.select(JobRow.queue, sa.func.min(JobRow.created_at))
+                .where(JobRow.state == "queued")
+                .group_by(JobRow.queue)
+            ).all()
+            waits = conn.execute(
+                sa.select(JobRow.queue, JobRow.created_at, JobRow.started_at).where(
+                    JobRow.started_at.is_not(None)
+                )
+            ).all()
             lost = conn.scalar(sa.select(sa.func.coalesce(sa.func.sum(JobRow.dispatch), 0)))
-            gave_up = conn.execute(sa.select(sa.func.count()).select_from(JobRow).where(
-                JobRow.state == "failed", JobRow.error.like("the worker was lost%"))).scalar()
-        jobs = GaugeMetricFamily("strata_jobs", "jobs by state and queue",
-                                 labels=["state", "queue"])
+            gave_up = conn.execute(
+                sa.select(sa.func.count())
+                .select_from(JobRow)
+                .where(JobRow.state == "failed", JobRow.error.like("the worker was lost%"))
+            ).scalar()
+        jobs = GaugeMetricFamily(
+            "strata_jobs", "jobs by state and queue", labels=["state", "queue"]
+        )
         queues = sorted({q for _, q, _ in by_state})
         counts = {(s, q): n for s, q, n in by_state}
         for queue in queues:
             for state in JOB_STATES:
                 jobs.add_metric([state, queue], float(counts.get((state, queue), 0)))
         yield jobs
-        age = GaugeMetricFamily("strata_jobs_oldest_queued_seconds", "how long the oldest "
-                                "queued job of a queue has waited", labels=["queue"])
+        age = GaugeMetricFamily(
+            "strata_jobs_oldest_queued_seconds",
+            "how long the oldest queued job of a queue has waited",
+            labels=["queue"],
+        )
         for queue, created in oldest:
             age.add_metric([queue], max(now - _epoch(created), 0.0))
         yield age
         yield _wait_histogram(waits)
-        leases = CounterMetricFamily("strata_job_leases_lost", "running jobs whose worker "
-                                     "stopped sending heartbeats (re-queued or given up)")
+        leases = CounterMetricFamily(
+            "strata_job_leases_lost",
+            "running jobs whose worker stopped sending heartbeats (re-queued or given up)",
+        )
         leases.add_metric([], float(int(lost or 0) + int(gave_up or 0)))
         yield leases
 
     def _board(self, jobs: JobService) -> Iterator[Metric]:
-        progress = GaugeMetricFamily("strata_job_progress_ratio", "fraction of a running "
-                                     "job's work done", labels=["job_id", "worker"])
-        speed = GaugeMetricFamily("strata_job_tokens_per_second", "a running job's speed",
-                                  labels=["job_id", "worker"])
+        progress = GaugeMetricFamily(
+            "strata_job_progress_ratio",
+            "fraction of a running job's work done",
+            labels=["job_id", "worker"],
+        )
+        speed = GaugeMetricFamily(
+            "strata_job_tokens_per_second", "a running job's speed", labels=["job_id", "worker"]
+        )
         for job_id, live in jobs.board.running():
             labels = [str(job_id), live.worker]
             progress.add_metric(labels, live.done / live.total if live.total else 0.0)
@@ -182,12 +249,19 @@ class StoreCollector(Collector):
         yield progress
         yield speed
         now = time.monotonic()
-        seen = GaugeMetricFamily("strata_workers", "workers whose heartbeat arrived within the "
-                                 "last minute (STRATA_WORKER__HEARTBEAT_S x 6, at least 60 s)",
-                                 labels=["device"])
-        age = GaugeMetricFamily("strata_worker_heartbeat_age_seconds", "seconds since each "
-                                "worker's last heartbeat (every worker heard from since the "
-                                "API started)", labels=["worker", "device", "host"])
+        seen = GaugeMetricFamily(
+            "strata_workers",
+            "workers whose heartbeat arrived within the "
+            "last minute (STRATA_WORKER__HEARTBEAT_S x 6, at least 60 s)",
+            labels=["device"],
+        )
+        age = GaugeMetricFamily(
+            "strata_worker_heartbeat_age_seconds",
+            "seconds since each "
+            "worker's last heartbeat (every worker heard from since the "
+            "API started)",
+            labels=["worker", "device", "host"],
+        )
         window = jobs.worker_window()
         devices: dict[str, int] = {}
         for worker in jobs.board.workers(within_s=float("inf")):
@@ -211,8 +285,11 @@ def _epoch(value: Any) -> float:
 
 
 def _wait_histogram(rows: Sequence[Any]) -> Metric:
-    family = HistogramMetricFamily("strata_job_queue_wait_seconds", "time from queued to "
-                                   "started, of every job that started", labels=["queue"])
+    family = HistogramMetricFamily(
+        "strata_job_queue_wait_seconds",
+        "time from queued to started, of every job that started",
+        labels=["queue"],
+    )
     by_queue: dict[str, list[float]] = {}
     for queue, created, started in rows:
         by_queue.setdefault(queue, []).append(max(_epoch(started) - _epoch(created), 0.0))

@@ -87,8 +87,9 @@ class RateLimitMiddleware(ASGIMiddleware):
         if method in READS:
             item, kind = self.reads, "read"
             who = self._who(scope) if item is not None else ""
-        elif method == "OPTIONS" or (scope["path"] == DELIVERY_PATH
-                                     and b"job_id=" in scope["query_string"]):
+        elif method == "OPTIONS" or (
+            scope["path"] == DELIVERY_PATH and b"job_id=" in scope["query_string"]
+        ):
             item, kind, who = None, "", ""
         else:
             item, kind = self.writes, "write"
@@ -96,12 +97,19 @@ class RateLimitMiddleware(ASGIMiddleware):
         if item is not None and not self._hit(item, kind, who):
             reset = self.limiter.get_window_stats(item, kind, who).reset_time
             wait = max(1, math.ceil(reset - time.time()))
-            what = ("reads from this address" if kind == "read" else
-                    "writes with this API key" if who.startswith("key:") else
-                    "writes from this address without a valid API key")
+            what = (
+                "reads from this address"
+                if kind == "read"
+                else "writes with this API key"
+                if who.startswith("key:")
+                else "writes from this address without a valid API key"
+            )
             raise TooManyRequestsError(
                 f"too many {what}: at most {item.amount} per {item.GRANULARITY.name}; try "
                 f"again in {wait} s (Retry-After)",
-                headers={"Retry-After": str(wait),
-                         "RateLimit-Policy": f"{item.amount};w={item.get_expiry()}"})
+                headers={
+                    "Retry-After": str(wait),
+                    "RateLimit-Policy": f"{item.amount};w={item.get_expiry()}",
+                },
+            )
         await next_app(scope, receive, send)

@@ -35,8 +35,12 @@ _REASONS = {
 
 def errors(*codes: int) -> dict[int, ResponseSpec]:
     """OpenAPI entries for the error answers a handler gives (all with `ErrorBody`)."""
-    return {code: ResponseSpec(data_container=ErrorBody, description=_REASONS[code],
-                               generate_examples=False) for code in codes}
+    return {
+        code: ResponseSpec(
+            data_container=ErrorBody, description=_REASONS[code], generate_examples=False
+        )
+        for code in codes
+    }
 
 
 # What a data endpoint can answer besides 200: bad/unknown input, no such model, bad format.
@@ -56,19 +60,28 @@ class ApiContext:
     jobs: JobService | None = None
 
     @classmethod
-    def build(cls, store: Store, settings: Settings, jobs: JobService | None = None
-              ) -> ApiContext:
-        return cls(store, settings, StoreIndex(store),
-                   Reader(store, RunRows(settings.api.row_cache_rows)),
-                   Responses(settings.api.response_cache_mb * 2**20), jobs)
+    def build(cls, store: Store, settings: Settings, jobs: JobService | None = None) -> ApiContext:
+        return cls(
+            store,
+            settings,
+            StoreIndex(store),
+            Reader(store, RunRows(settings.api.row_cache_rows)),
+            Responses(settings.api.response_cache_mb * 2**20),
+            jobs,
+        )
 
     def snapshot(self) -> Snapshot:
         return self.index.snapshot()
 
 
-async def respond(request: Request[Any, Any, Any], ctx: ApiContext,
-                  build: Callable[[Snapshot], Answer], format_param: str | None, *,
-                  build_in_thread: bool = False) -> Response[Any]:
+async def respond(
+    request: Request[Any, Any, Any],
+    ctx: ApiContext,
+    build: Callable[[Snapshot], Answer],
+    format_param: str | None,
+    *,
+    build_in_thread: bool = False,
+) -> Response[Any]:
     """Answer a data request. The cheap part runs on the event loop: resolving the model and
     run from the in-memory index, the ETag, a 304 or an answer from the response cache. Reading
     rows and encoding them (and rebuilding the index after a write) run in a worker thread.
@@ -82,16 +95,22 @@ async def respond(request: Request[Any, Any, Any], ctx: ApiContext,
         answer = build(snap)
     fmt = negotiate(format_param, request.headers.get("accept"))
     tag = etag(request, fmt, [(r.id, r.finished_at) for r in answer.runs])
-    headers = {"ETag": tag, "Vary": "Accept",
-               "Cache-Control": cache_control(pinned=answer.pinned,
-                                              public=ctx.settings.api.public_reads,
-                                              max_age=ctx.settings.api.cache_max_age)}
+    headers = {
+        "ETag": tag,
+        "Vary": "Accept",
+        "Cache-Control": cache_control(
+            pinned=answer.pinned,
+            public=ctx.settings.api.public_reads,
+            max_age=ctx.settings.api.cache_max_age,
+        ),
+    }
     if matches(request, tag):
         return Response(b"", status_code=304, headers=headers)
     cached = ctx.responses.get(tag)
     if cached is not None:
         return Response(cached[1], media_type=cached[0], headers=headers)
     body = await anyio.to_thread.run_sync(
-        lambda: encode(fmt, answer.context, answer.load(), answer.columns))
+        lambda: encode(fmt, answer.context, answer.load(), answer.columns)
+    )
     ctx.responses.put(tag, MEDIA_TYPES[fmt], body)
     return Response(body, media_type=MEDIA_TYPES[fmt], headers=headers)

@@ -29,6 +29,17 @@ def main() -> None:
     """Strata: layer-level interpretability results for transformer language models."""
 
 
-for command in (compute.compute, stability.stability, stages.stages, zoo.zoo, serve.serve,
-                db.db, jobs.jobs, models.models, worker.worker, worker.beat, settings.settings):
+for command in (
+    compute.compute,
+    stability.stability,
+    stages.stages,
+    zoo.zoo,
+    serve.serve,
+    db.db,
+    jobs.jobs,
+    models.models,
+    worker.worker,
+    worker.beat,
+    settings.settings,
+):
     main.add_command(command)

@@ -17,42 +17,100 @@ from service.settings import get_settings
 
 
 @click.command()
-@click.option("--model", "model_ref", required=True,
-              help="zoo name, local Hugging Face checkpoint dir, or TransformerLens name")
-@click.option("--tokens", "tokens_path", type=click.Path(dir_okay=False),
-              help="pre-tokenized .npy [n_sequences, seq_len], used exactly as given")
-@click.option("--corpus", "corpus_path", type=click.Path(),
-              help="text file or folder (default: built-in offline corpus)")
+@click.option(
+    "--model",
+    "model_ref",
+    required=True,
+    help="zoo name, local Hugging Face checkpoint dir, or TransformerLens name",
+)
+@click.option(
+    "--tokens",
+    "tokens_path",
+    type=click.Path(dir_okay=False),
+    help="pre-tokenized .npy [n_sequences, seq_len], used exactly as given",
+)
+@click.option(
+    "--corpus",
+    "corpus_path",
+    type=click.Path(),
+    help="text file or folder (default: built-in offline corpus)",
+)
 @click.option("--pile", is_flag=True, help="tokens from the Pile via `datasets` (needs network)")
 @click.option("--n-sequences", type=int, default=32, show_default=True)
-@click.option("--seq-len", type=int, default=128, show_default=True,
-              help="tokens per sequence including the BOS at position 0")
+@click.option(
+    "--seq-len",
+    type=int,
+    default=128,
+    show_default=True,
+    help="tokens per sequence including the BOS at position 0",
+)
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--metrics", "metrics", default=",".join(
-    ["intervention", "logit_lens", "neurons", "similarity", "attention", "norms", "heads"]),
-    show_default=True, help="comma-separated metric families")
+@click.option(
+    "--metrics",
+    "metrics",
+    default=",".join(
+        ["intervention", "logit_lens", "neurons", "similarity", "attention", "norms", "heads"]
+    ),
+    show_default=True,
+    help="comma-separated metric families",
+)
 @click.option("--device", default="cpu", show_default=True)
-@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]),
-              default="float32", show_default=True)
+@click.option(
+    "--dtype",
+    type=click.Choice(["float32", "bfloat16", "float16"]),
+    default="float32",
+    show_default=True,
+)
 @click.option("--batch-size", type=int, default=None, help="sequences per batch (default: auto)")
-@click.option("--tokens-per-batch", type=int, default=None,
-              help="automatic batch on a CPU: about this many tokens per batch (default: the "
-              "measured best, 1024)")
-@click.option("--memory-budget-mb", type=int, default=None,
-              help="automatic batch: memory the sweep may use beyond the weights, MiB "
-              "(default: on a GPU 85%% of what is free after loading, on a CPU half the "
-              "weights' size, at least 64)")
-@click.option("--no-processing", is_flag=True,
-              help="skip LayerNorm folding and weight centering (results of drop/swap/lens agree)")
-@click.option("--out", "out_path", type=click.Path(dir_okay=False),
-              help="output file: .parquet, .json, .csv or .arrow")
-@click.option("--store", is_flag=True,
-              help="also write the run into the results store (STRATA_DATABASE)")
+@click.option(
+    "--tokens-per-batch",
+    type=int,
+    default=None,
+    help="automatic batch on a CPU: about this many tokens per batch (default: the "
+    "measured best, 1024)",
+)
+@click.option(
+    "--memory-budget-mb",
+    type=int,
+    default=None,
+    help="automatic batch: memory the sweep may use beyond the weights, MiB "
+    "(default: on a GPU 85%% of what is free after loading, on a CPU half the "
+    "weights' size, at least 64)",
+)
+@click.option(
+    "--no-processing",
+    is_flag=True,
+    help="skip LayerNorm folding and weight centering (results of drop/swap/lens agree)",
+)
+@click.option(
+    "--out",
+    "out_path",
+    type=click.Path(dir_okay=False),
+    help="output file: .parquet, .json, .csv or .arrow",
+)
+@click.option(
+    "--store", is_flag=True, help="also write the run into the results store (STRATA_DATABASE)"
+)
 @click.option("--quiet", is_flag=True, help="no progress bar")
-def compute(model_ref: str, tokens_path: str | None, corpus_path: str | None, pile: bool,
-            n_sequences: int, seq_len: int, seed: int, metrics: str, device: str, dtype: str,
-            batch_size: int | None, tokens_per_batch: int | None, memory_budget_mb: int | None,
-            no_processing: bool, out_path: str | None, store: bool, quiet: bool) -> None:
+def compute(
+    model_ref: str,
+    tokens_path: str | None,
+    corpus_path: str | None,
+    pile: bool,
+    n_sequences: int,
+    seq_len: int,
+    seed: int,
+    metrics: str,
+    device: str,
+    dtype: str,
+    batch_size: int | None,
+    tokens_per_batch: int | None,
+    memory_budget_mb: int | None,
+    no_processing: bool,
+    out_path: str | None,
+    store: bool,
+    quiet: bool,
+) -> None:
     """Compute per-layer metrics of a model and write them in the record format of
     docs/metrics.md."""
     if out_path is None and not store:
@@ -63,10 +121,23 @@ def compute(model_ref: str, tokens_path: str | None, corpus_path: str | None, pi
     if sum(bool(x) for x in (tokens_path, corpus_path, pile)) > 1:
         fail("give at most one of --tokens, --corpus, --pile", EXIT_BAD_INPUT)
     try:
-        config = _run_config(model_ref, tokens_path, corpus_path, pile, n_sequences, seq_len,
-                             seed, metrics, dtype, no_processing,
-                             {"batch_size": batch_size, "tokens_per_batch": tokens_per_batch,
-                              "memory_budget_mb": memory_budget_mb})
+        config = _run_config(
+            model_ref,
+            tokens_path,
+            corpus_path,
+            pile,
+            n_sequences,
+            seq_len,
+            seed,
+            metrics,
+            dtype,
+            no_processing,
+            {
+                "batch_size": batch_size,
+                "tokens_per_batch": tokens_per_batch,
+                "memory_budget_mb": memory_budget_mb,
+            },
+        )
         if store:  # fail before hours of compute if the results could not be stored
             check_store_writable(get_settings())
         result = _compute_with_progress(config, device, quiet)
@@ -83,9 +154,19 @@ def compute(model_ref: str, tokens_path: str | None, corpus_path: str | None, pi
         click.echo(f"stored run {run_id} in {get_settings().database}", err=True)
 
 
-def _run_config(model_ref: str, tokens_path: str | None, corpus_path: str | None, pile: bool,
-                n_sequences: int, seq_len: int, seed: int, metrics: str, dtype: str,
-                no_processing: bool, performance: dict[str, int | None]) -> Any:
+def _run_config(
+    model_ref: str,
+    tokens_path: str | None,
+    corpus_path: str | None,
+    pile: bool,
+    n_sequences: int,
+    seq_len: int,
+    seed: int,
+    metrics: str,
+    dtype: str,
+    no_processing: bool,
+    performance: dict[str, int | None],
+) -> Any:
     from compute.metrics import families_named
     from compute.metrics.base import EngineOptions
     from compute.models import Processing, resolve_model_spec
@@ -94,16 +175,29 @@ def _run_config(model_ref: str, tokens_path: str | None, corpus_path: str | None
 
     families = [m.strip() for m in metrics.split(",") if m.strip()]
     families_named(families)
-    processing = Processing(fold_ln=False, center_writing_weights=False, center_unembed=False,
-                            fold_value_biases=False) if no_processing else Processing()
+    processing = (
+        Processing(
+            fold_ln=False,
+            center_writing_weights=False,
+            center_unembed=False,
+            fold_value_biases=False,
+        )
+        if no_processing
+        else Processing()
+    )
     if tokens_path is not None:
         token_spec = TokenSpec(source="npy", path=tokens_path, n_sequences=0, seq_len=0, seed=seed)
     elif corpus_path is not None:
-        token_spec = TokenSpec(source="corpus", path=corpus_path, n_sequences=n_sequences,
-                               seq_len=seq_len, seed=seed)
+        token_spec = TokenSpec(
+            source="corpus", path=corpus_path, n_sequences=n_sequences, seq_len=seq_len, seed=seed
+        )
     else:
-        token_spec = TokenSpec(source="pile" if pile else "builtin", n_sequences=n_sequences,
-                               seq_len=seq_len, seed=seed)
+        token_spec = TokenSpec(
+            source="pile" if pile else "builtin",
+            n_sequences=n_sequences,
+            seq_len=seq_len,
+            seed=seed,
+        )
     if n_sequences < 1 or seq_len < 3:
         raise SpecError("--n-sequences must be >= 1 and --seq-len >= 3")
     from pydantic import ValidationError
@@ -114,8 +208,12 @@ def _run_config(model_ref: str, tokens_path: str | None, corpus_path: str | None
         error = exc.errors()[0]
         flag = "--" + str(error["loc"][0]).replace("_", "-")
         raise SpecError(f"bad {flag}: {error['msg']}") from exc
-    return RunConfig(model=resolve_model_spec(model_ref, dtype=dtype, processing=processing),  # type: ignore[arg-type]
-                     tokens=token_spec, families=tuple(families), options=options)
+    return RunConfig(
+        model=resolve_model_spec(model_ref, dtype=dtype, processing=processing),  # type: ignore[arg-type]
+        tokens=token_spec,
+        families=tuple(families),
+        options=options,
+    )
 
 
 def _compute_with_progress(config: Any, device: str, quiet: bool) -> Any:
@@ -124,8 +222,11 @@ def _compute_with_progress(config: Any, device: str, quiet: bool) -> Any:
     from compute.engine import Progress
     from compute.run import compute_run
 
-    bar = None if quiet else tqdm(total=0, unit="step", desc="sweep", dynamic_ncols=True,
-                                  file=sys.stderr)
+    bar = (
+        None
+        if quiet
+        else tqdm(total=0, unit="step", desc="sweep", dynamic_ncols=True, file=sys.stderr)
+    )
 
     def report(p: Progress) -> None:
         if bar is None:

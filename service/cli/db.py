@@ -106,16 +106,26 @@ def current() -> None:
     revision = _run(migrate.current_revision)
     head = migrate.head_revision()
     state = "up to date" if revision == head else "run `strata db upgrade`"
-    click.echo(f"{get_settings().database}: revision {revision or 'none (empty)'}; code head "
-               f"{head} ({state})")
+    click.echo(
+        f"{get_settings().database}: revision {revision or 'none (empty)'}; code head "
+        f"{head} ({state})"
+    )
 
 
 @db.command()
 @click.argument("path", type=click.Path(path_type=Path))
-@click.option("--keep", type=click.IntRange(min=1), default=None,
-              help="PATH is a folder of backups: keep only the newest KEEP of them")
-@click.option("--url", default=None, help="make the backup through this service (default: "
-              "through STRATA_API_URL when a service holds the database, else directly)")
+@click.option(
+    "--keep",
+    type=click.IntRange(min=1),
+    default=None,
+    help="PATH is a folder of backups: keep only the newest KEEP of them",
+)
+@click.option(
+    "--url",
+    default=None,
+    help="make the backup through this service (default: "
+    "through STRATA_API_URL when a service holds the database, else directly)",
+)
 def backup(path: Path, keep: int | None, url: str | None) -> None:
     """Copy a consistent snapshot of the database to PATH (a new file, or a folder: then
     strata-<UTC time>.duckdb inside it), while the service keeps running.
@@ -130,8 +140,10 @@ def backup(path: Path, keep: int | None, url: str | None) -> None:
 
     settings = get_settings()
     if url is None and not settings.database.exists():
-        fail(f"no database at {settings.database} (STRATA_DATABASE): nothing to back up",
-             EXIT_BAD_INPUT)
+        fail(
+            f"no database at {settings.database} (STRATA_DATABASE): nothing to back up",
+            EXIT_BAD_INPUT,
+        )
     if url is None:
         try:
             store = Store.open(settings.database)
@@ -148,19 +160,27 @@ def backup(path: Path, keep: int | None, url: str | None) -> None:
                 fail(str(exc), EXIT_BAD_INPUT)
             finally:
                 store.close()
-            done = {"path": summary.path, "bytes": summary.bytes, "seconds": summary.seconds,
-                    "runs": summary.runs, "revision": summary.revision,
-                    "removed": list(summary.removed)}
+            done = {
+                "path": summary.path,
+                "bytes": summary.bytes,
+                "seconds": summary.seconds,
+                "runs": summary.runs,
+                "revision": summary.revision,
+                "removed": list(summary.removed),
+            }
     else:
         done = _backup_through_service(url, path, keep, None)
-    click.echo(f"backup {done['path']}: {done['runs']} runs, {done['bytes'] / 2**20:.1f} MiB, "
-               f"schema {done['revision']}, {done['seconds']:.2f} s")
+    click.echo(
+        f"backup {done['path']}: {done['runs']} runs, {done['bytes'] / 2**20:.1f} MiB, "
+        f"schema {done['revision']}, {done['seconds']:.2f} s"
+    )
     for old in done["removed"]:
         click.echo(f"removed old backup {old}")
 
 
-def _backup_through_service(url: str, path: Path, keep: int | None,
-                            held: StoreError | None) -> dict[str, Any]:
+def _backup_through_service(
+    url: str, path: Path, keep: int | None, held: StoreError | None
+) -> dict[str, Any]:
     from service.cli.http import send
     from service.client.errors import ApiError, UnreachableError
 
@@ -171,12 +191,17 @@ def _backup_through_service(url: str, path: Path, keep: int | None,
         answer = send(url, "POST", "/api/v1/admin/backup", json=body, timeout=3600)
     except UnreachableError as exc:
         if held is not None:
-            fail(f"{held} No service answers at {url} to make the backup ({exc.reason}): give "
-                 "--url, or stop the process and run this again.", EXIT_HELD)
+            fail(
+                f"{held} No service answers at {url} to make the backup ({exc.reason}): give "
+                "--url, or stop the process and run this again.",
+                EXIT_HELD,
+            )
         fail(f"the service at {url} cannot be reached ({exc.reason})", EXIT_UNREACHABLE)
     except ApiError as exc:
-        fail(f"the service refused the backup: {exc.detail} (HTTP {exc.status})",
-             EXIT_BAD_INPUT if exc.status < 500 else 1)
+        fail(
+            f"the service refused the backup: {exc.detail} (HTTP {exc.status})",
+            EXIT_BAD_INPUT if exc.status < 500 else 1,
+        )
     result: dict[str, Any] = answer.json()
     return result
 
@@ -194,18 +219,24 @@ def restore(path: Path) -> None:
     try:
         done = put_back(path, settings.database)
     except DatabaseHeldError as exc:
-        fail(f"{exc} Stop the Strata service before restoring (a restore replaces the file it "
-             "serves); nothing was changed.", EXIT_BAD_INPUT)
+        fail(
+            f"{exc} Stop the Strata service before restoring (a restore replaces the file it "
+            "serves); nothing was changed.",
+            EXIT_BAD_INPUT,
+        )
     except DiskFullError as exc:
         fail(str(exc), 1)
     except BackupError as exc:
         fail(str(exc), EXIT_BAD_INPUT)
-    click.echo(f"restored {done.source} into {done.database}: {done.runs} runs, schema "
-               f"{done.revision}")
+    click.echo(
+        f"restored {done.source} into {done.database}: {done.runs} runs, schema {done.revision}"
+    )
     if done.kept:
         click.echo(f"the database it replaced is kept as {done.kept}")
     from service.store.migrate import head_revision
 
     if done.revision != head_revision():
-        click.echo(f"the backup's schema is {done.revision}, this code's is {head_revision()}: "
-                   "run `strata db upgrade` before `strata serve`")
+        click.echo(
+            f"the backup's schema is {done.revision}, this code's is {head_revision()}: "
+            "run `strata db upgrade` before `strata serve`"
+        )

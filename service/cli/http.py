@@ -14,8 +14,9 @@ from service.client.errors import ApiError, ClientError, UnreachableError
 from service.client.transport import NO_RETRY, RetryPolicy, Transport
 from service.settings import get_settings
 
-url_option = click.option("--url", default=None,
-                          help="the service (default: STRATA_API_URL, http://127.0.0.1:8000)")
+url_option = click.option(
+    "--url", default=None, help="the service (default: STRATA_API_URL, http://127.0.0.1:8000)"
+)
 
 # How long one command waits out the service's rate limit (429 + Retry-After) before giving up.
 RATE_LIMIT_WAIT_S = 60.0
@@ -26,12 +27,20 @@ def _rate_limited(pause: float) -> None:
 
 
 # Sent once (a command is run again by hand); only a 429 is waited out.
-POLICY = RetryPolicy(methods=frozenset(), rate_limit_wait_s=RATE_LIMIT_WAIT_S,
-                     on_rate_limit=_rate_limited)
+POLICY = RetryPolicy(
+    methods=frozenset(), rate_limit_wait_s=RATE_LIMIT_WAIT_S, on_rate_limit=_rate_limited
+)
 
 
-def send(url: str, method: str, path: str, *, timeout: float = 60.0,
-         policy: RetryPolicy = NO_RETRY, **kwargs: Any) -> httpx.Response:
+def send(
+    url: str,
+    method: str,
+    path: str,
+    *,
+    timeout: float = 60.0,
+    policy: RetryPolicy = NO_RETRY,
+    **kwargs: Any,
+) -> httpx.Response:
     """One request to the service at `url` with the CLI's key; the transport's errors raised."""
     transport = Transport(url, get_settings().client_key(), timeout=timeout)
     try:
@@ -48,11 +57,16 @@ def call(url: str | None, method: str, path: str, **kwargs: Any) -> Any:
     try:
         answer = send(base, method, path, policy=POLICY, **kwargs)
     except UnreachableError as exc:
-        fail(f"the service at {base} cannot be reached ({exc.reason}); start it with "
-             "`strata serve` or give --url", EXIT_UNREACHABLE)
+        fail(
+            f"the service at {base} cannot be reached ({exc.reason}); start it with "
+            "`strata serve` or give --url",
+            EXIT_UNREACHABLE,
+        )
     except ApiError as exc:
-        fail(f"{exc.detail} (HTTP {exc.status})",
-             EXIT_UNREACHABLE if exc.status == 429 or exc.status >= 500 else EXIT_BAD_INPUT)
+        fail(
+            f"{exc.detail} (HTTP {exc.status})",
+            EXIT_UNREACHABLE if exc.status == 429 or exc.status >= 500 else EXIT_BAD_INPUT,
+        )
     return answer.json() if answer.content else None
 
 

@@ -20,8 +20,10 @@ def _describe(job: dict[str, Any]) -> str:
     p = job.get("progress")
     if job["state"] == "running" and p:
         eta = f", ETA {p['eta_s']:.0f} s" if p.get("eta_s") is not None else ""
-        line += f" {100 * p['fraction']:.0f}% ({p['done']}/{p['total']}, " \
-                f"{p['tokens_per_s']:,.0f} tok/s{eta})"
+        line += (
+            f" {100 * p['fraction']:.0f}% ({p['done']}/{p['total']}, "
+            f"{p['tokens_per_s']:,.0f} tok/s{eta})"
+        )
     if job.get("run_id") is not None:
         line += f" -> run {job['run_id']}"
     if job.get("error"):
@@ -37,26 +39,44 @@ def jobs() -> None:
 @jobs.command("submit")
 @click.option("--model", required=True, help="registered model name or id")
 @click.option("--metrics", default=None, help="comma-separated families (default: all)")
-@click.option("--tokens", default=None,
-              help="builtin, corpus:<path>, source:<stored token source id> or pile")
+@click.option(
+    "--tokens", default=None, help="builtin, corpus:<path>, source:<stored token source id> or pile"
+)
 @click.option("--n-sequences", type=int, default=None)
 @click.option("--seq-len", type=int, default=None)
 @click.option("--device", default=None)
 @click.option("--dtype", default=None)
 @click.option("--force", is_flag=True, help="compute again even if results exist")
-@click.option("--queue", default=None, help="broker queue (default gpu; e.g. a queue of big-GPU "
-              "workers)")
+@click.option(
+    "--queue", default=None, help="broker queue (default gpu; e.g. a queue of big-GPU workers)"
+)
 @click.option("--watch", "watch_it", is_flag=True, help="then follow it with a progress bar")
 @url_option
-def submit(model: str, metrics: str | None, tokens: str | None, n_sequences: int | None,
-           seq_len: int | None, device: str | None, dtype: str | None, force: bool,
-           queue: str | None, watch_it: bool, url: str | None) -> None:
+def submit(
+    model: str,
+    metrics: str | None,
+    tokens: str | None,
+    n_sequences: int | None,
+    seq_len: int | None,
+    device: str | None,
+    dtype: str | None,
+    force: bool,
+    queue: str | None,
+    watch_it: bool,
+    url: str | None,
+) -> None:
     """Queue a computation; prints the job as JSON."""
     body: dict[str, Any] = {"model": model, "force": force}
     if metrics is not None:
         body["metrics"] = [m.strip() for m in metrics.split(",") if m.strip()]
-    for key, value in (("tokens", tokens), ("n_sequences", n_sequences), ("seq_len", seq_len),
-                       ("device", device), ("dtype", dtype), ("queue", queue)):
+    for key, value in (
+        ("tokens", tokens),
+        ("n_sequences", n_sequences),
+        ("seq_len", seq_len),
+        ("device", device),
+        ("dtype", dtype),
+        ("queue", queue),
+    ):
         if value is not None:
             body[key] = value
     job = call(url, "POST", "/api/v1/jobs", json=body)

@@ -22,8 +22,11 @@ def models() -> None:
 
 @models.command("add")
 @click.argument("source")
-@click.option("--name", default=None, help="the model's name in URLs (default: the checkpoint "
-              "folder's name, or the source's)")
+@click.option(
+    "--name",
+    default=None,
+    help="the model's name in URLs (default: the checkpoint folder's name, or the source's)",
+)
 @click.option("--revision", default=None)
 @url_option
 def add(source: str, name: str | None, revision: str | None, url: str | None) -> None:
@@ -31,8 +34,11 @@ def add(source: str, name: str | None, revision: str | None, url: str | None) ->
     running, through it (its default run is then queued); otherwise into the database file."""
     path = Path(source)
     ref = str(path.resolve()) if (path / "config.json").is_file() else source
-    body = {"source": ref, **({"name": name} if name else {}),
-            **({"revision": revision} if revision else {})}
+    body = {
+        "source": ref,
+        **({"name": name} if name else {}),
+        **({"revision": revision} if revision else {}),
+    }
     settings = get_settings()
     if url is not None or service_up(settings.api_url):
         model = call(url, "POST", "/api/v1/models", json=body)
@@ -61,10 +67,12 @@ def _register_locally(body: dict[str, Any], path: Path) -> dict[str, str | int]:
     try:
         with Store.open(settings.database) as store:
             ensure_current(store)
-            model, _ = register(store, Registration(request.source, name=request.name,
-                                                    revision=request.revision),
-                                checkpoint_roots=roots,
-                                load_max_mb=settings.api.register_load_max_mb)
+            model, _ = register(
+                store,
+                Registration(request.source, name=request.name, revision=request.revision),
+                checkpoint_roots=roots,
+                load_max_mb=settings.api.register_load_max_mb,
+            )
             return {"name": model.name, "id": model.id, "source": model.source}
     except StrataError as exc:  # refused, for whatever reason: bad input (a held file: 5)
         code = exit_code_of(exc)

@@ -13,8 +13,12 @@ from service.settings_doc import current_value, iter_settings, markdown, render_
 
 
 @click.command("settings")
-@click.option("--markdown", "as_markdown", is_flag=True,
-              help="print docs/settings.md (defaults only, no values from this environment)")
+@click.option(
+    "--markdown",
+    "as_markdown",
+    is_flag=True,
+    help="print docs/settings.md (defaults only, no values from this environment)",
+)
 @click.option("--json", "as_json", is_flag=True, help="one JSON object per setting, one a line")
 def settings(as_markdown: bool, as_json: bool) -> None:
     """Every setting: environment variable, default, value in force and meaning."""
@@ -31,9 +35,18 @@ def settings(as_markdown: bool, as_json: bool) -> None:
     for s in iter_settings(Settings):
         value = current_value(s, loaded) if loaded is not None else PydanticUndefined
         if as_json:
-            click.echo(json.dumps({"env": s.env[0], "aliases": list(s.env[1:]), "type": s.type,
-                                   "default": render_value(s.default),
-                                   "value": shown(s, value), "meaning": s.description}))
+            click.echo(
+                json.dumps(
+                    {
+                        "env": s.env[0],
+                        "aliases": list(s.env[1:]),
+                        "type": s.type,
+                        "default": render_value(s.default),
+                        "value": shown(s, value),
+                        "meaning": s.description,
+                    }
+                )
+            )
             continue
         default = render_value(s.default)
         now = shown(s, value)

@@ -19,26 +19,55 @@ if TYPE_CHECKING:
 
 
 @click.command()
-@click.option("--family", "members", multiple=True, required=True,
-              help="refit models (zoo names, checkpoint dirs, TransformerLens names), or one "
-                   "folder holding refit checkpoint folders; repeat the option")
+@click.option(
+    "--family",
+    "members",
+    multiple=True,
+    required=True,
+    help="refit models (zoo names, checkpoint dirs, TransformerLens names), or one "
+    "folder holding refit checkpoint folders; repeat the option",
+)
 @click.option("--anchor", default=None, help="the refit compared against (default: the first)")
 @click.option("--n-prompts", type=int, default=32, show_default=True)
 @click.option("--prompt-len", type=int, default=64, show_default=True)
-@click.option("--n-null", type=int, default=3, show_default=True,
-              help="randomly initialised models for the null baseline")
+@click.option(
+    "--n-null",
+    type=int,
+    default=3,
+    show_default=True,
+    help="randomly initialised models for the null baseline",
+)
 @click.option("--device", default="cpu", show_default=True)
-@click.option("--out", "out_path", type=click.Path(dir_okay=False),
-              help="output file: .parquet, .json, .csv or .arrow")
-@click.option("--store", is_flag=True,
-              help="also store the comparison in the results store (STRATA_DATABASE), as the "
-                   "refit family --name")
-@click.option("--name", "family_name", default=None,
-              help="the refit family's name in the store (default: the members' common name "
-                   "prefix, e.g. tiny-4l for tiny-4l-s0, tiny-4l-s1)")
-def stability(members: tuple[str, ...], anchor: str | None, n_prompts: int, prompt_len: int,
-              n_null: int, device: str, out_path: str | None, store: bool,
-              family_name: str | None) -> None:
+@click.option(
+    "--out",
+    "out_path",
+    type=click.Path(dir_okay=False),
+    help="output file: .parquet, .json, .csv or .arrow",
+)
+@click.option(
+    "--store",
+    is_flag=True,
+    help="also store the comparison in the results store (STRATA_DATABASE), as the "
+    "refit family --name",
+)
+@click.option(
+    "--name",
+    "family_name",
+    default=None,
+    help="the refit family's name in the store (default: the members' common name "
+    "prefix, e.g. tiny-4l for tiny-4l-s0, tiny-4l-s1)",
+)
+def stability(
+    members: tuple[str, ...],
+    anchor: str | None,
+    n_prompts: int,
+    prompt_len: int,
+    n_null: int,
+    device: str,
+    out_path: str | None,
+    store: bool,
+    family_name: str | None,
+) -> None:
     """Attention-head stability and residual CKA across refits of one architecture."""
     import time
 
@@ -54,8 +83,14 @@ def stability(members: tuple[str, ...], anchor: str | None, n_prompts: int, prom
         if store:  # fail before computing if the results could not be stored
             check_store_writable(get_settings())
         start = time.perf_counter()
-        result = family_stability(list(members), anchor=anchor, n_prompts=n_prompts,
-                                  prompt_len=prompt_len, n_null=n_null, device=device)
+        result = family_stability(
+            list(members),
+            anchor=anchor,
+            n_prompts=n_prompts,
+            prompt_len=prompt_len,
+            n_null=n_null,
+            device=device,
+        )
         wall_s = time.perf_counter() - start
     except StrataError as exc:
         fail(str(exc), exit_code_of(exc))
@@ -68,8 +103,11 @@ def stability(members: tuple[str, ...], anchor: str | None, n_prompts: int, prom
             summary = _store(name, result, device, wall_s)
         except StrataError as exc:
             fail(str(exc), exit_code_of(exc))
-        click.echo(f"stored refit family {name!r} (stability run {summary.run_id}) in "
-                   f"{get_settings().database}", err=True)
+        click.echo(
+            f"stored refit family {name!r} (stability run {summary.run_id}) in "
+            f"{get_settings().database}",
+            err=True,
+        )
 
 
 def _store(name: str, result: FamilyStability, device: str, wall_s: float) -> Any:
@@ -83,10 +121,20 @@ def _store(name: str, result: FamilyStability, device: str, wall_s: float) -> An
     from service.store.stability import StabilityResult, ingest_stability
 
     stored = StabilityResult(
-        family=name, anchor=result.anchor, members=result.members, records=result.records,
-        options=result.options.model_dump(mode="json"), prompts=result.prompts, device=device,
-        wall_s=wall_s, environment={"torch": torch.__version__,
-                                    "python": platform.python_version(), "strata": CODE_VERSION})
+        family=name,
+        anchor=result.anchor,
+        members=result.members,
+        records=result.records,
+        options=result.options.model_dump(mode="json"),
+        prompts=result.prompts,
+        device=device,
+        wall_s=wall_s,
+        environment={
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+            "strata": CODE_VERSION,
+        },
+    )
     with Store.open(get_settings().database) as opened:
         ensure_current(opened)
         return ingest_stability(opened, stored)

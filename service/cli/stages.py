@@ -13,10 +13,19 @@ from service.cli.outputs import out_format
 
 
 @click.command()
-@click.option("--results", "results_path", required=True, type=click.Path(dir_okay=False),
-              help="output of `strata compute` (.parquet, .json, .csv or .arrow)")
-@click.option("--out", "out_path", type=click.Path(dir_okay=False),
-              help="write boundary records here (default: print boundaries as JSON)")
+@click.option(
+    "--results",
+    "results_path",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="output of `strata compute` (.parquet, .json, .csv or .arrow)",
+)
+@click.option(
+    "--out",
+    "out_path",
+    type=click.Path(dir_okay=False),
+    help="write boundary records here (default: print boundaries as JSON)",
+)
 def stages(results_path: str, out_path: str | None) -> None:
     """Place the three stage boundaries of a model from its computed metrics, with evidence."""
     from compute.records import records_to_table, validate_records
@@ -32,9 +41,18 @@ def stages(results_path: str, out_path: str | None) -> None:
         boundaries = infer_stages(frame, n_layers, read_records(side) if side.exists() else None)
     except StrataError as exc:
         fail(str(exc), exit_code_of(exc))
-    evidence = [{"boundary": b.index, "ends_stage": b.index, "layer": b.layer,
-                 "relative_depth": b.relative_depth, "clear": b.clear, "rule": b.rule,
-                 "evidence": b.evidence} for b in boundaries]
+    evidence = [
+        {
+            "boundary": b.index,
+            "ends_stage": b.index,
+            "layer": b.layer,
+            "relative_depth": b.relative_depth,
+            "clear": b.clear,
+            "rule": b.rule,
+            "evidence": b.evidence,
+        }
+        for b in boundaries
+    ]
     if out_path is None:
         click.echo(json.dumps({"n_layers": n_layers, "boundaries": evidence}, indent=2))
         return

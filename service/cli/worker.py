@@ -18,26 +18,58 @@ def _apply(api_url: str | None) -> None:
 
 
 @click.command()
-@click.option("--gpus", default=None, help="comma-separated GPU indices: one worker process "
-              "per GPU, each seeing only its own (sets --device cuda)")
-@click.option("--device", default=None, help="device of a single worker process (default: "
-              "STRATA_WORKER__DEVICE, cpu)")
-@click.option("--queues", default=COMPUTE_QUEUE, show_default=True,
-              help="comma-separated queues to consume (route big models to big GPUs by giving "
-                   "them their own queue)")
+@click.option(
+    "--gpus",
+    default=None,
+    help="comma-separated GPU indices: one worker process "
+    "per GPU, each seeing only its own (sets --device cuda)",
+)
+@click.option(
+    "--device",
+    default=None,
+    help="device of a single worker process (default: STRATA_WORKER__DEVICE, cpu)",
+)
+@click.option(
+    "--queues",
+    default=COMPUTE_QUEUE,
+    show_default=True,
+    help="comma-separated queues to consume (route big models to big GPUs by giving "
+    "them their own queue)",
+)
 @click.option("--api-url", default=None, help="where the API runs (default: STRATA_API_URL)")
 @click.option("--name", default=None, help="worker name prefix (default: the device)")
-@click.option("--max-tasks-per-child", type=click.IntRange(1), default=None,
-              help="replace the worker process after this many jobs")
-@click.option("--max-memory-mb", type=click.IntRange(0), default=None,
-              help="replace the worker process after a job that left it above this size")
-@click.option("--warm-shutdown-s", type=click.FloatRange(min=0), default=WARM_SHUTDOWN_S,
-              show_default=True, help="on SIGTERM the running job may finish for this long; "
-              "then it is abandoned (the API sends it again) and the worker exits")
+@click.option(
+    "--max-tasks-per-child",
+    type=click.IntRange(1),
+    default=None,
+    help="replace the worker process after this many jobs",
+)
+@click.option(
+    "--max-memory-mb",
+    type=click.IntRange(0),
+    default=None,
+    help="replace the worker process after a job that left it above this size",
+)
+@click.option(
+    "--warm-shutdown-s",
+    type=click.FloatRange(min=0),
+    default=WARM_SHUTDOWN_S,
+    show_default=True,
+    help="on SIGTERM the running job may finish for this long; "
+    "then it is abandoned (the API sends it again) and the worker exits",
+)
 @click.option("--loglevel", default="INFO", show_default=True)
-def worker(gpus: str | None, device: str | None, queues: str, api_url: str | None,
-           name: str | None, max_tasks_per_child: int | None, max_memory_mb: int | None,
-           warm_shutdown_s: float, loglevel: str) -> None:
+def worker(
+    gpus: str | None,
+    device: str | None,
+    queues: str,
+    api_url: str | None,
+    name: str | None,
+    max_tasks_per_child: int | None,
+    max_memory_mb: int | None,
+    warm_shutdown_s: float,
+    loglevel: str,
+) -> None:
     """Run computations: a Celery worker per GPU (or one on the CPU), one job at a time each.
     Results go to the API over HTTP; the worker never opens the database."""
     import socket
@@ -72,11 +104,14 @@ def worker(gpus: str | None, device: str | None, queues: str, api_url: str | Non
 
     get_settings.cache_clear()
     kind = get_settings().worker.device
-    label = os.environ.get("STRATA_WORKER_NAME") or f"{name or kind.split(':')[0]}@" \
-                                                   f"{socket.gethostname()}"
+    label = (
+        os.environ.get("STRATA_WORKER_NAME")
+        or f"{name or kind.split(':')[0]}@{socket.gethostname()}"
+    )
     os.environ["STRATA_WORKER_NAME"] = label
-    run_celery(worker_argv(queue_list, f"{label}-{os.getpid()}", loglevel),
-               warm_shutdown_s=warm_shutdown_s)
+    run_celery(
+        worker_argv(queue_list, f"{label}-{os.getpid()}", loglevel), warm_shutdown_s=warm_shutdown_s
+    )
 
 
 @click.command()

@@ -50,19 +50,44 @@ def zoo_show(name: str) -> None:
 @click.option("--n-heads", type=click.IntRange(1), default=4, show_default=True)
 @click.option("--n-ctx", type=click.IntRange(4), default=128, show_default=True)
 @click.option("--seeds", default="0", show_default=True, help="comma-separated seeds (refits)")
-@click.option("--optimizer", type=click.Choice(["adamw", "adam"]), default="adamw",
-              show_default=True, help="adamw uses weight decay 0.1, adam none")
+@click.option(
+    "--optimizer",
+    type=click.Choice(["adamw", "adam"]),
+    default="adamw",
+    show_default=True,
+    help="adamw uses weight decay 0.1, adam none",
+)
 @click.option("--lr", type=float, default=2e-3, show_default=True)
 @click.option("--steps", type=click.IntRange(1), default=500, show_default=True)
 @click.option("--batch-size", type=click.IntRange(1), default=32, show_default=True)
-@click.option("--repeat-fraction", type=click.FloatRange(0.0, 1.0, max_open=True), default=0.0,
-              show_default=True, help="fraction of each batch replaced by synthetic repeated "
-              "random sequences (lets induction heads form)")
-@click.option("--out-dir", type=click.Path(file_okay=False), default=None,
-              help="where checkpoints go (default: the zoo's checkpoints folder)")
-def zoo_train(name: str | None, n_layers: int, d_model: int, n_heads: int, n_ctx: int,
-              seeds: str, optimizer: str, lr: float, steps: int, batch_size: int,
-              repeat_fraction: float, out_dir: str | None) -> None:
+@click.option(
+    "--repeat-fraction",
+    type=click.FloatRange(0.0, 1.0, max_open=True),
+    default=0.0,
+    show_default=True,
+    help="fraction of each batch replaced by synthetic repeated "
+    "random sequences (lets induction heads form)",
+)
+@click.option(
+    "--out-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="where checkpoints go (default: the zoo's checkpoints folder)",
+)
+def zoo_train(
+    name: str | None,
+    n_layers: int,
+    d_model: int,
+    n_heads: int,
+    n_ctx: int,
+    seeds: str,
+    optimizer: str,
+    lr: float,
+    steps: int,
+    batch_size: int,
+    repeat_fraction: float,
+    out_dir: str | None,
+) -> None:
     """Train tiny GPT-2-style models on the built-in corpus, one per seed (a refit family)."""
     from pydantic import ValidationError
 
@@ -74,10 +99,18 @@ def zoo_train(name: str | None, n_layers: int, d_model: int, n_heads: int, n_ctx
     except ValueError:
         fail(f"--seeds {seeds!r}: give comma-separated integers", EXIT_BAD_INPUT)
     try:
-        base = ZooModelConfig(name=name or f"tiny-{n_layers}l-{optimizer}", n_layers=n_layers,
-                              d_model=d_model, n_heads=n_heads, n_ctx=n_ctx,
-                              optimizer=optimizer, lr=lr, steps=steps,
-                              batch_size=batch_size, repeat_fraction=repeat_fraction)
+        base = ZooModelConfig(
+            name=name or f"tiny-{n_layers}l-{optimizer}",
+            n_layers=n_layers,
+            d_model=d_model,
+            n_heads=n_heads,
+            n_ctx=n_ctx,
+            optimizer=optimizer,
+            lr=lr,
+            steps=steps,
+            batch_size=batch_size,
+            repeat_fraction=repeat_fraction,
+        )
     except ValidationError as exc:
         fail(f"bad zoo configuration: {exc.errors()[0]['msg']}", EXIT_BAD_INPUT)
     for path in train_family(base, seed_list, Path(out_dir) if out_dir else ZOO_DIR):

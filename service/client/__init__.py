@@ -55,8 +55,28 @@ from service.client.errors import (
 )
 
 __all__ = [
-    "ApiError", "BadRequestError", "BaseClient", "Client", "ClientError", "ConflictError",
-    "Family", "ForbiddenError", "Job", "JobFailedError", "JobProgress", "Model", "ModelDetail",
-    "NotFoundError", "PandasClient", "RateLimitedError", "Run", "StagesResult",
-    "UnauthorizedError", "UnavailableError", "UnprocessableError", "UnreachableError",
-    "WaitTimeoutError", "api_error"]
+    "ApiError",
+    "BadRequestError",
+    "BaseClient",
+    "Client",
+    "ClientError",
+    "ConflictError",
+    "Family",
+    "ForbiddenError",
+    "Job",
+    "JobFailedError",
+    "JobProgress",
+    "Model",
+    "ModelDetail",
+    "NotFoundError",
+    "PandasClient",
+    "RateLimitedError",
+    "Run",
+    "StagesResult",
+    "UnauthorizedError",
+    "UnavailableError",
+    "UnprocessableError",
+    "UnreachableError",
+    "WaitTimeoutError",
+    "api_error",
+]

@@ -49,13 +49,22 @@ class StagesResult(Generic[FrameT]):
 class BaseClient(ABC, Generic[FrameT]):
     """The API's reads and writes; subclasses choose the DataFrame type."""
 
-    def __init__(self, url: str, api_key: str | None = None, *, timeout: float = 60.0,
-                 retries: int = 3, backoff_s: float = 0.25, rate_limit_wait_s: float = 60.0,
-                 transport: httpx.BaseTransport | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        api_key: str | None = None,
+        *,
+        timeout: float = 60.0,
+        retries: int = 3,
+        backoff_s: float = 0.25,
+        rate_limit_wait_s: float = 60.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
         self.url = url.rstrip("/")
         self.api_key = api_key
-        self.reads = RetryPolicy(attempts=1 + retries, backoff_s=backoff_s,
-                                 rate_limit_wait_s=rate_limit_wait_s)
+        self.reads = RetryPolicy(
+            attempts=1 + retries, backoff_s=backoff_s, rate_limit_wait_s=rate_limit_wait_s
+        )
         self.writes = replace(NO_RETRY, rate_limit_wait_s=rate_limit_wait_s)
         self._transport = Transport(self.url, api_key, timeout=timeout, transport=transport)
         self.last_context: dict[str, Any] = {}
@@ -73,14 +82,26 @@ class BaseClient(ABC, Generic[FrameT]):
     @abstractmethod
     def _frame(self, table: pa.Table) -> FrameT: ...
 
-    def _send(self, method: str, path: str, *, params: dict[str, Any] | None = None,
-              body: Any = None, accept: str = "application/json") -> httpx.Response:
+    def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: dict[str, Any] | None = None,
+        body: Any = None,
+        accept: str = "application/json",
+    ) -> httpx.Response:
         """One request: reads retried on connection errors, any request refused with 429
         retried after its `Retry-After` (`service.client.transport`)."""
         clean = {k: _param(v) for k, v in (params or {}).items() if v is not None}
         return self._transport.request(
-            method, path, policy=self.reads if method in READS else self.writes, params=clean,
-            json=body, headers={"Accept": accept})
+            method,
+            path,
+            policy=self.reads if method in READS else self.writes,
+            params=clean,
+            json=body,
+            headers={"Accept": accept},
+        )
 
     def _get(self, path: str, schema: type[T], params: dict[str, Any] | None = None) -> T:
         return decode(self._send("GET", path, params=params), schema)
@@ -98,19 +119,33 @@ class BaseClient(ABC, Generic[FrameT]):
         """True when the service answers."""
         return self._get(f"{V1}/health", Health).status == "ok"
 
-    def models(self, *, name: str | None = None, source: str | None = None,
-               family: str | None = None, architecture: str | None = None,
-               min_layers: int | None = None, max_layers: int | None = None) -> FrameT:
+    def models(
+        self,
+        *,
+        name: str | None = None,
+        source: str | None = None,
+        family: str | None = None,
+        architecture: str | None = None,
+        min_layers: int | None = None,
+        max_layers: int | None = None,
+    ) -> FrameT:
         """Registered models (every page), one row each, with the columns of the API's `Model`
         that a column can hold: id, name, source, architecture numbers, refit families,
         registration time (`model()` has the rest, `current_runs` among it)."""
-        filters = dict(name=name, source=source, family=family, architecture=architecture,
-                       min_layers=min_layers, max_layers=max_layers)
+        filters = dict(
+            name=name,
+            source=source,
+            family=family,
+            architecture=architecture,
+            min_layers=min_layers,
+            max_layers=max_layers,
+        )
         items: list[Model] = []
         offset: int | None = 0
         while offset is not None:
-            page = self._get(f"{V1}/models", ModelPage,
-                             {**filters, "limit": PAGE, "offset": offset})
+            page = self._get(
+                f"{V1}/models", ModelPage, {**filters, "limit": PAGE, "offset": offset}
+            )
             items += page.items
             offset = page.next_offset
         return self._frame(frame_of(items, Model).to_arrow())
@@ -124,8 +159,14 @@ class BaseClient(ABC, Generic[FrameT]):
         its latest succeeded run under the current metric version computing the family)."""
         return dict(self.model(model).current_runs)
 
-    def register(self, name: str, source: str, *, revision: str | None = None,
-                 processing: dict[str, bool] | None = None) -> Model:
+    def register(
+        self,
+        name: str,
+        source: str,
+        *,
+        revision: str | None = None,
+        processing: dict[str, bool] | None = None,
+    ) -> Model:
         """Register a model without computing (API key). The same registration again answers
         the existing model; its source under another name is a `ConflictError`."""
         body: dict[str, Any] = {"name": name, "source": source}
@@ -135,8 +176,13 @@ class BaseClient(ABC, Generic[FrameT]):
             body["processing"] = processing
         return decode(self._send("POST", f"{V1}/models", body=body), Model)
 
-    def runs(self, *, model: str | int | None = None, status: str | None = None,
-             family: str | None = None) -> FrameT:
+    def runs(
+        self,
+        *,
+        model: str | int | None = None,
+        status: str | None = None,
+        family: str | None = None,
+    ) -> FrameT:
         """Runs, newest first (every page), with the columns of the API's `Run` that a column
         can hold (its timings spread out: created_at, started_at, finished_at, wall_s)."""
         filters = dict(model=model, status=status, family=family)
@@ -149,64 +195,151 @@ class BaseClient(ABC, Generic[FrameT]):
         return self._frame(frame_of(items, Run, flatten=["timings"]).to_arrow())
 
     # -- results
-    def metrics(self, model: str | int, metric: str, component: str | None = None, *,
-                layer_min: int | None = None, layer_max: int | None = None,
-                run_id: int | None = None, metric_version: str | None = None) -> FrameT:
+    def metrics(
+        self,
+        model: str | int,
+        metric: str,
+        component: str | None = None,
+        *,
+        layer_min: int | None = None,
+        layer_max: int | None = None,
+        run_id: int | None = None,
+        metric_version: str | None = None,
+    ) -> FrameT:
         """Per-layer rows of one metric of a model's current run: metric, component, layer,
         relative_depth, value, stderr, n, unit."""
-        return self._table(f"{V1}/models/{_seg(model)}/metrics", dict(
-            metric=metric, component=component, layer_min=layer_min, layer_max=layer_max,
-            run_id=run_id, metric_version=metric_version))
+        return self._table(
+            f"{V1}/models/{_seg(model)}/metrics",
+            dict(
+                metric=metric,
+                component=component,
+                layer_min=layer_min,
+                layer_max=layer_max,
+                run_id=run_id,
+                metric_version=metric_version,
+            ),
+        )
 
-    def heads(self, model: str | int, metric: str = "heads.induction", *,
-              run_id: int | None = None, metric_version: str | None = None) -> FrameT:
+    def heads(
+        self,
+        model: str | int,
+        metric: str = "heads.induction",
+        *,
+        run_id: int | None = None,
+        metric_version: str | None = None,
+    ) -> FrameT:
         """Per-head rows of a heads.* or attention.* metric."""
-        return self._table(f"{V1}/models/{_seg(model)}/heads", dict(
-            metric=metric, run_id=run_id, metric_version=metric_version))
+        return self._table(
+            f"{V1}/models/{_seg(model)}/heads",
+            dict(metric=metric, run_id=run_id, metric_version=metric_version),
+        )
 
-    def compare(self, models: Sequence[str | int], metric: str, component: str | None = None,
-                *, bins: int = 20, method: str = "interpolate",
-                metric_version: str | None = None) -> FrameT:
+    def compare(
+        self,
+        models: Sequence[str | int],
+        metric: str,
+        component: str | None = None,
+        *,
+        bins: int = 20,
+        method: str = "interpolate",
+        metric_version: str | None = None,
+    ) -> FrameT:
         """One metric across models on relative depth, one row per model and bin."""
-        return self._table(f"{V1}/compare", dict(
-            models=_join(models), metric=metric, component=component, bins=bins,
-            method=method, metric_version=metric_version))
+        return self._table(
+            f"{V1}/compare",
+            dict(
+                models=_join(models),
+                metric=metric,
+                component=component,
+                bins=bins,
+                method=method,
+                metric_version=metric_version,
+            ),
+        )
 
-    def stages(self, models: Sequence[str | int] | str | int, metric: str | None = None,
-               component: str | None = None, *,
-               metric_version: str | None = None) -> StagesResult[FrameT]:
+    def stages(
+        self,
+        models: Sequence[str | int] | str | int,
+        metric: str | None = None,
+        component: str | None = None,
+        *,
+        metric_version: str | None = None,
+    ) -> StagesResult[FrameT]:
         """Stage boundaries with their evidence, and the four stages of each model (with the
         mean of `metric` over each stage when given)."""
         names = [models] if isinstance(models, str | int) else list(models)
-        stages = self._table(f"{V1}/stages", dict(models=_join(names), metric=metric,
-                                                 component=component,
-                                                 metric_version=metric_version))
-        rows = [{"model": m["name"], "model_id": m["id"], "run_id": m["run_id"],
-                 "boundary": b["boundary"], "ends_stage": b["ends_stage"], "found": b["found"],
-                 "layer": b["layer"], "relative_depth": b["relative_depth"],
-                 "clear": b.get("clear"), "sharpness": b.get("sharpness"),
-                 "interval_low": (b.get("interval") or [None, None])[0],
-                 "interval_high": (b.get("interval") or [None, None])[1],
-                 "interval_level": b.get("interval_level"), "rule": b["rule"],
-                 "evidence": json.dumps(b["evidence"], sort_keys=True)}
-                for m in self.last_context.get("models", []) for b in m["boundaries"]]
+        stages = self._table(
+            f"{V1}/stages",
+            dict(
+                models=_join(names),
+                metric=metric,
+                component=component,
+                metric_version=metric_version,
+            ),
+        )
+        rows = [
+            {
+                "model": m["name"],
+                "model_id": m["id"],
+                "run_id": m["run_id"],
+                "boundary": b["boundary"],
+                "ends_stage": b["ends_stage"],
+                "found": b["found"],
+                "layer": b["layer"],
+                "relative_depth": b["relative_depth"],
+                "clear": b.get("clear"),
+                "sharpness": b.get("sharpness"),
+                "interval_low": (b.get("interval") or [None, None])[0],
+                "interval_high": (b.get("interval") or [None, None])[1],
+                "interval_level": b.get("interval_level"),
+                "rule": b["rule"],
+                "evidence": json.dumps(b["evidence"], sort_keys=True),
+            }
+            for m in self.last_context.get("models", [])
+            for b in m["boundaries"]
+        ]
         schema: Schema = {
-            "model": pl.String, "model_id": pl.Int64, "run_id": pl.Int64, "boundary": pl.Int64,
-            "ends_stage": pl.String, "found": pl.Boolean, "layer": pl.Int64,
-            "relative_depth": pl.Float64, "clear": pl.Boolean, "sharpness": pl.Float64,
-            "interval_low": pl.Int64, "interval_high": pl.Int64, "interval_level": pl.Float64,
-            "rule": pl.String, "evidence": pl.String}
+            "model": pl.String,
+            "model_id": pl.Int64,
+            "run_id": pl.Int64,
+            "boundary": pl.Int64,
+            "ends_stage": pl.String,
+            "found": pl.Boolean,
+            "layer": pl.Int64,
+            "relative_depth": pl.Float64,
+            "clear": pl.Boolean,
+            "sharpness": pl.Float64,
+            "interval_low": pl.Int64,
+            "interval_high": pl.Int64,
+            "interval_level": pl.Float64,
+            "rule": pl.String,
+            "evidence": pl.String,
+        }
         boundaries = pl.DataFrame(rows, schema=schema)
         return StagesResult(stages, self._frame(boundaries.to_arrow()))
 
-    def neurons(self, model: str | int, neuron_class: str = "prediction", *, top: int = 20,
-                layer: int | None = None, run_id: int | None = None,
-                metric_version: str | None = None) -> FrameT:
+    def neurons(
+        self,
+        model: str | int,
+        neuron_class: str = "prediction",
+        *,
+        top: int = 20,
+        layer: int | None = None,
+        run_id: int | None = None,
+        metric_version: str | None = None,
+    ) -> FrameT:
         """The top neurons of a class in each layer (or one): moments, flags, and their most
         promoted / suppressed tokens (list columns)."""
-        return self._table(f"{V1}/models/{_seg(model)}/neurons", {
-            "class": neuron_class, "top": top, "layer": layer, "run_id": run_id,
-            "metric_version": metric_version})
+        return self._table(
+            f"{V1}/models/{_seg(model)}/neurons",
+            {
+                "class": neuron_class,
+                "top": top,
+                "layer": layer,
+                "run_id": run_id,
+                "metric_version": metric_version,
+            },
+        )
 
     def neuron_counts(self, model: str | int, *, run_id: int | None = None) -> FrameT:
         """Per layer: neurons of each class, counts and fractions of d_mlp."""
@@ -216,23 +349,38 @@ class BaseClient(ABC, Generic[FrameT]):
         """Refit families: name, anchor and members."""
         return self._get(f"{V1}/families", list[Family])
 
-    def stability(self, family: str, metric: str | None = None, *,
-                  per_head: bool = False) -> FrameT:
+    def stability(
+        self, family: str, metric: str | None = None, *, per_head: bool = False
+    ) -> FrameT:
         """Head stability (and its null baseline, residual CKA) of a refit family, per layer."""
-        return self._table(f"{V1}/families/{_seg(family)}/stability",
-                           dict(metric=metric, per_head=per_head))
+        return self._table(
+            f"{V1}/families/{_seg(family)}/stability", dict(metric=metric, per_head=per_head)
+        )
 
     # -- jobs
-    def submit(self, model: str | int, metrics: Sequence[str] | None = None, *,
-               tokens: str | None = None, n_sequences: int | None = None,
-               seq_len: int | None = None, device: str | None = None, dtype: str | None = None,
-               force: bool = False) -> Job:
+    def submit(
+        self,
+        model: str | int,
+        metrics: Sequence[str] | None = None,
+        *,
+        tokens: str | None = None,
+        n_sequences: int | None = None,
+        seq_len: int | None = None,
+        device: str | None = None,
+        dtype: str | None = None,
+        force: bool = False,
+    ) -> Job:
         """Queue a computation of a registered model (API key); the deployment's defaults
         fill what is not given. Not retried: a lost answer may still have queued the job."""
         body: dict[str, Any] = {"model": str(model), "force": force}
-        for key, value in (("metrics", None if metrics is None else list(metrics)),
-                           ("tokens", tokens), ("n_sequences", n_sequences),
-                           ("seq_len", seq_len), ("device", device), ("dtype", dtype)):
+        for key, value in (
+            ("metrics", None if metrics is None else list(metrics)),
+            ("tokens", tokens),
+            ("n_sequences", n_sequences),
+            ("seq_len", seq_len),
+            ("device", device),
+            ("dtype", dtype),
+        ):
             if value is not None:
                 body[key] = value
         return decode(self._send("POST", f"{V1}/jobs", body=body), Job)
@@ -240,17 +388,30 @@ class BaseClient(ABC, Generic[FrameT]):
     def job(self, job: Job | int) -> Job:
         return self._get(f"{V1}/jobs/{_job_id(job)}", Job)
 
-    def jobs(self, *, state: str | None = None, model: str | int | None = None,
-             limit: int = 100, offset: int = 0) -> list[Job]:
-        return self._get(f"{V1}/jobs", JobPage, dict(state=state, model=model, limit=limit,
-                                                     offset=offset)).items
+    def jobs(
+        self,
+        *,
+        state: str | None = None,
+        model: str | int | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[Job]:
+        return self._get(
+            f"{V1}/jobs", JobPage, dict(state=state, model=model, limit=limit, offset=offset)
+        ).items
 
     def cancel(self, job: Job | int) -> Job:
         """Cancel a queued or running job (API key)."""
         return decode(self._send("DELETE", f"{V1}/jobs/{_job_id(job)}"), Job)
 
-    def wait(self, job: Job | int, *, timeout: float | None = None, poll_s: float = 1.0,
-             on_progress: Callable[[Job], None] | None = None) -> Job:
+    def wait(
+        self,
+        job: Job | int,
+        *,
+        timeout: float | None = None,
+        poll_s: float = 1.0,
+        on_progress: Callable[[Job], None] | None = None,
+    ) -> Job:
         """Poll a job until it finishes; the succeeded job (its `run_id` holds the results).
         Raises `JobFailedError` when it fails or is cancelled, `WaitTimeoutError` after
         `timeout` seconds."""
@@ -261,8 +422,9 @@ class BaseClient(ABC, Generic[FrameT]):
                 on_progress(current)
             if deadline is not None and time.monotonic() >= deadline:
                 raise WaitTimeoutError(current, timeout or 0.0)
-            time.sleep(poll_s if deadline is None
-                       else max(0.0, min(poll_s, deadline - time.monotonic())))
+            time.sleep(
+                poll_s if deadline is None else max(0.0, min(poll_s, deadline - time.monotonic()))
+            )
             current = self.job(current)
         if current.state != "succeeded":
             raise JobFailedError(current)

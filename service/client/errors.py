@@ -73,8 +73,15 @@ class RateLimitedError(ApiError):
 
 
 _BY_STATUS: dict[int, type[ApiError]] = {
-    400: BadRequestError, 401: UnauthorizedError, 403: ForbiddenError, 404: NotFoundError,
-    409: ConflictError, 422: UnprocessableError, 429: RateLimitedError, 503: UnavailableError}
+    400: BadRequestError,
+    401: UnauthorizedError,
+    403: ForbiddenError,
+    404: NotFoundError,
+    409: ConflictError,
+    422: UnprocessableError,
+    429: RateLimitedError,
+    503: UnavailableError,
+}
 
 
 class UnreachableError(ClientError):

@@ -21,13 +21,18 @@ def _dtype(info: mi.Type) -> pl.DataType | None:
         inner = _dtype(info.item_type)
         return None if inner is None else pl.List(inner)
     simple: dict[type[mi.Type], pl.DataType] = {
-        mi.IntType: pl.Int64(), mi.FloatType: pl.Float64(), mi.StrType: pl.String(),
-        mi.BoolType: pl.Boolean(), mi.DateTimeType: pl.Datetime("us", "UTC")}
+        mi.IntType: pl.Int64(),
+        mi.FloatType: pl.Float64(),
+        mi.StrType: pl.String(),
+        mi.BoolType: pl.Boolean(),
+        mi.DateTimeType: pl.Datetime("us", "UTC"),
+    }
     return simple.get(type(info))
 
 
-def _columns(schema: type[msgspec.Struct], flatten: Sequence[str]
-             ) -> list[tuple[tuple[str, ...], str, pl.DataType]]:
+def _columns(
+    schema: type[msgspec.Struct], flatten: Sequence[str]
+) -> list[tuple[tuple[str, ...], str, pl.DataType]]:
     """(attribute path, column name, type) of each column, in the schema's field order."""
     info = mi.type_info(schema)
     if not isinstance(info, mi.StructType):
@@ -36,15 +41,19 @@ def _columns(schema: type[msgspec.Struct], flatten: Sequence[str]
     for field in info.fields:
         kind = field.type
         if field.name in flatten and isinstance(kind, mi.StructType):
-            out += [((field.name, inner.name), inner.name, dtype) for inner in kind.fields
-                    if (dtype := _dtype(inner.type)) is not None]
+            out += [
+                ((field.name, inner.name), inner.name, dtype)
+                for inner in kind.fields
+                if (dtype := _dtype(inner.type)) is not None
+            ]
         elif (dtype := _dtype(kind)) is not None:
             out.append(((field.name,), field.name, dtype))
     return out
 
 
-def frame_of(items: Sequence[msgspec.Struct], schema: type[msgspec.Struct], *,
-             flatten: Sequence[str] = ()) -> pl.DataFrame:
+def frame_of(
+    items: Sequence[msgspec.Struct], schema: type[msgspec.Struct], *, flatten: Sequence[str] = ()
+) -> pl.DataFrame:
     """`items` (each a `schema`) as one row each."""
     columns = _columns(schema, flatten)
     data: dict[str, list[Any]] = {name: [] for _, name, _ in columns}

@@ -37,13 +37,13 @@ class RetryPolicy:
     """When a request that got no usable answer is sent again."""
 
     methods: frozenset[str] = READS
-    attempts: int | None = 4            # at most this many sends (None: until the deadline)
-    deadline_s: float | None = None     # and no pause that would end past this many seconds
-    backoff_s: float = 0.25             # the first pause; then doubled, up to max_backoff_s
+    attempts: int | None = 4  # at most this many sends (None: until the deadline)
+    deadline_s: float | None = None  # and no pause that would end past this many seconds
+    backoff_s: float = 0.25  # the first pause; then doubled, up to max_backoff_s
     max_backoff_s: float = 10.0
-    server_errors: bool = False         # a 5xx answer is retried like a connection failure
+    server_errors: bool = False  # a 5xx answer is retried like a connection failure
     rate_limit_wait_s: float = 60.0
-    on_rate_limit: Callable[[float], None] | None = None   # told each 429 pause before it
+    on_rate_limit: Callable[[float], None] | None = None  # told each 429 pause before it
 
     def pause(self, failures: int) -> float:
         return min(self.backoff_s * 2 ** (failures - 1), self.max_backoff_s)
@@ -65,28 +65,50 @@ class Transport:
 
     `transport` replaces httpx's own (tests pass an `httpx.MockTransport`)."""
 
-    def __init__(self, url: str, api_key: str | None = None, *, timeout: float = 60.0,
-                 transport: httpx.BaseTransport | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        api_key: str | None = None,
+        *,
+        timeout: float = 60.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
         self.url = url.rstrip("/")
         headers = {"X-API-Key": api_key} if api_key else {}
-        self._http = httpx.Client(base_url=self.url, timeout=timeout, headers=headers,
-                                  transport=transport)
+        self._http = httpx.Client(
+            base_url=self.url, timeout=timeout, headers=headers, transport=transport
+        )
 
     def close(self) -> None:
         self._http.close()
 
-    def request(self, method: str, path: str, *, policy: RetryPolicy = NO_RETRY,
-                params: dict[str, Any] | None = None, json: Any = None,
-                content: bytes | None = None, headers: dict[str, str] | None = None,
-                timeout: float | None = None) -> httpx.Response:
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        policy: RetryPolicy = NO_RETRY,
+        params: dict[str, Any] | None = None,
+        json: Any = None,
+        content: bytes | None = None,
+        headers: dict[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> httpx.Response:
         """The answer of `method path` below 400, after the retries `policy` allows; raises
         `UnreachableError` or the `ApiError` of the answer's status."""
         start, failures, rate_waited = time.monotonic(), 0, 0.0
         extra: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
         while True:
             try:
-                response = self._http.request(method, path, params=params, json=json,
-                                              content=content, headers=headers, **extra)
+                response = self._http.request(
+                    method,
+                    path,
+                    params=params,
+                    json=json,
+                    content=content,
+                    headers=headers,
+                    **extra,
+                )
             except httpx.RequestError as exc:
                 problem, reason = f"{type(exc).__name__}: {exc}", str(exc)
             else:
@@ -107,8 +129,9 @@ class Transport:
             pause = policy.pause(failures)
             if not policy.again(method, failures, time.monotonic() - start, pause):
                 raise UnreachableError(f"{method} {self.url}{path}: {problem}", reason)
-            log.info("API %s %s not answered (%s); retrying in %.2f s", method, path, problem,
-                     pause)
+            log.info(
+                "API %s %s not answered (%s); retrying in %.2f s", method, path, problem, pause
+            )
             time.sleep(pause)
 
 

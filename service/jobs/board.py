@@ -59,8 +59,17 @@ class Board:
         with self._lock:
             self._live[job_id] = Live(dispatch, worker, time.monotonic() + self.lease_s)
 
-    def beat(self, job_id: int, dispatch: int, worker: str, *, done: int, total: int,
-             tokens_per_s: float, elapsed_s: float) -> None:
+    def beat(
+        self,
+        job_id: int,
+        dispatch: int,
+        worker: str,
+        *,
+        done: int,
+        total: int,
+        tokens_per_s: float,
+        elapsed_s: float,
+    ) -> None:
         with self._lock:
             live = self._live.get(job_id)
             if live is None or live.dispatch != dispatch:
@@ -76,8 +85,7 @@ class Board:
         with self._lock:
             for job_id, dispatch, worker in job_ids:
                 if job_id not in self._live:
-                    self._live[job_id] = Live(dispatch, worker,
-                                              time.monotonic() + self.lease_s)
+                    self._live[job_id] = Live(dispatch, worker, time.monotonic() + self.lease_s)
 
     def live(self, job_id: int) -> Live | None:
         with self._lock:
@@ -108,5 +116,6 @@ class Board:
         """Workers heard from in the last `within_s` seconds."""
         cutoff = time.monotonic() - within_s
         with self._lock:
-            return sorted((w for w in self._workers.values() if w.last_seen >= cutoff),
-                          key=lambda w: w.name)
+            return sorted(
+                (w for w in self._workers.values() if w.last_seen >= cutoff), key=lambda w: w.name
+            )

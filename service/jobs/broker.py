@@ -33,13 +33,21 @@ class CeleryBroker:
         time."""
         try:
             self.app.send_task(
-                COMPUTE_TASK, args=[job_id, dispatch], queue=queue,
-                retry=True, retry_policy={"max_retries": 2, "interval_start": 0.0,
-                                          "interval_step": self.timeout_s / 4,
-                                          "interval_max": self.timeout_s / 2})
+                COMPUTE_TASK,
+                args=[job_id, dispatch],
+                queue=queue,
+                retry=True,
+                retry_policy={
+                    "max_retries": 2,
+                    "interval_start": 0.0,
+                    "interval_step": self.timeout_s / 4,
+                    "interval_max": self.timeout_s / 2,
+                },
+            )
         except Exception as exc:  # kombu raises many types (OperationalError, OSError, ...)
             log.warning("broker refused job %s: %s", job_id, exc)
             raise BrokerUnavailableError(
                 f"the job broker cannot be reached ({type(exc).__name__}: {exc}); nothing was "
                 "queued. Results can still be read; submit again when the broker is back "
-                "(STRATA_BROKER_URL)") from None
+                "(STRATA_BROKER_URL)"
+            ) from None

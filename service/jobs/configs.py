@@ -43,8 +43,13 @@ def _resolved(spec: TokenSpec) -> TokenSpec:
     return resolve_token_spec(spec)
 
 
-def token_spec(ref: str, n_sequences: int, seq_len: int, settings: Settings,
-               stored: dict[str, Any] | None = None) -> TokenSpec:
+def token_spec(
+    ref: str,
+    n_sequences: int,
+    seq_len: int,
+    settings: Settings,
+    stored: dict[str, Any] | None = None,
+) -> TokenSpec:
     """The token spec a job's `tokens` names:
 
     - `builtin`: the built-in offline corpus;
@@ -55,8 +60,10 @@ def token_spec(ref: str, n_sequences: int, seq_len: int, settings: Settings,
     kind, _, rest = ref.partition(":")
     if kind == "source":
         if stored is None:
-            raise SpecError(f"tokens {ref!r}: no stored token source has id {rest!r}; list them "
-                            "with GET /api/v1/runs (token_source_id)")
+            raise SpecError(
+                f"tokens {ref!r}: no stored token source has id {rest!r}; list them "
+                "with GET /api/v1/runs (token_source_id)"
+            )
         return _resolved(TokenSpec.model_validate(stored))
     if kind == "builtin" and not rest:
         return _resolved(TokenSpec(source="builtin", n_sequences=n_sequences, seq_len=seq_len))
@@ -64,20 +71,33 @@ def token_spec(ref: str, n_sequences: int, seq_len: int, settings: Settings,
         return TokenSpec(source="pile", n_sequences=n_sequences, seq_len=seq_len)
     if kind == "corpus" and rest:
         path = Path(rest)
-        if not any(path.resolve().is_relative_to(root.resolve())
-                   for root in settings.jobs.corpus_roots):
-            raise SpecError(f"tokens {ref!r}: corpus paths must lie under a configured root "
-                            "(STRATA_JOBS__CORPUS_ROOTS); this one does not")
+        if not any(
+            path.resolve().is_relative_to(root.resolve()) for root in settings.jobs.corpus_roots
+        ):
+            raise SpecError(
+                f"tokens {ref!r}: corpus paths must lie under a configured root "
+                "(STRATA_JOBS__CORPUS_ROOTS); this one does not"
+            )
         if not path.exists():
             raise SpecError(f"tokens {ref!r}: {path} does not exist")
-        return _resolved(TokenSpec(source="corpus", path=str(path.resolve()),
-                                   n_sequences=n_sequences, seq_len=seq_len))
-    raise SpecError(f"tokens {ref!r} is not a token source: give builtin, corpus:<path>, "
-                    "source:<stored token source id> or pile")
+        return _resolved(
+            TokenSpec(
+                source="corpus", path=str(path.resolve()), n_sequences=n_sequences, seq_len=seq_len
+            )
+        )
+    raise SpecError(
+        f"tokens {ref!r} is not a token source: give builtin, corpus:<path>, "
+        "source:<stored token source id> or pile"
+    )
 
 
-def run_config(request: JobRequest, model_spec: dict[str, Any], n_ctx: int | None,
-               settings: Settings, stored_tokens: dict[str, Any] | None = None) -> RunConfig:
+def run_config(
+    request: JobRequest,
+    model_spec: dict[str, Any],
+    n_ctx: int | None,
+    settings: Settings,
+    stored_tokens: dict[str, Any] | None = None,
+) -> RunConfig:
     """The run configuration of a request for a registered model (its stored spec and context
     length). Raises `SpecError` naming the problem: unknown family or dtype, a seq_len beyond
     the model's context, bad counts, a token source that is not allowed."""
@@ -91,16 +111,20 @@ def run_config(request: JobRequest, model_spec: dict[str, Any], n_ctx: int | Non
     if request.seq_len is not None:
         seq_len = request.seq_len
         if n_ctx is not None and seq_len > n_ctx:
-            raise SpecError(f"seq_len {seq_len} is beyond the model's context of {n_ctx} "
-                            "tokens; give seq_len <= n_ctx")
+            raise SpecError(
+                f"seq_len {seq_len} is beyond the model's context of {n_ctx} "
+                "tokens; give seq_len <= n_ctx"
+            )
     else:
         seq_len = min(defaults.seq_len, n_ctx) if n_ctx is not None else defaults.seq_len
     if n_sequences < 1:
         raise SpecError(f"n_sequences must be at least 1, got {n_sequences}")
     if seq_len < 3:
-        raise SpecError(f"seq_len must be at least 3 (BOS, one evaluated position, its "
-                        f"target), got {seq_len}")
-    tokens = token_spec(request.tokens or defaults.tokens, n_sequences, seq_len, settings,
-                        stored_tokens)
+        raise SpecError(
+            f"seq_len must be at least 3 (BOS, one evaluated position, its target), got {seq_len}"
+        )
+    tokens = token_spec(
+        request.tokens or defaults.tokens, n_sequences, seq_len, settings, stored_tokens
+    )
     spec = ModelSpec.model_validate({**model_spec, "dtype": dtype})
     return RunConfig(model=spec, tokens=tokens, families=tuple(dict.fromkeys(families)))

@@ -109,8 +109,9 @@ class JobService:
             session.expunge(job)
         return self.view(job)
 
-    def page(self, *, state: str | None, model: str | None, limit: int, offset: int
-             ) -> tuple[list[JobView], int]:
+    def page(
+        self, *, state: str | None, model: str | None, limit: int, offset: int
+    ) -> tuple[list[JobView], int]:
         if state is not None and state not in JOB_STATES:
             raise SpecError(f"state {state!r} is not one of {', '.join(JOB_STATES)}")
         with self.store.read() as conn, Session(bind=conn, expire_on_commit=False) as session:
@@ -120,8 +121,9 @@ class JobService:
                 if found is None:
                     raise JobNotFoundError(f"no registered model is named {model!r}")
                 model_id = found.id
-            jobs, total = job_rows.page(session, state=state, model_id=model_id, limit=limit,
-                                        offset=offset)
+            jobs, total = job_rows.page(
+                session, state=state, model_id=model_id, limit=limit, offset=offset
+            )
             names = job_rows.model_names(session)
             session.expunge_all()
         return [self.view(j, names) for j in jobs], total
@@ -134,8 +136,9 @@ class JobService:
             jobs = job_rows.recent(session, 1000)
             names = job_rows.model_names(session)
             states = Counter(j.state for j in jobs)
-            running = [(j.id, names.get(j.model_id, str(j.model_id))) for j in jobs
-                       if j.state == "running"]
+            running = [
+                (j.id, names.get(j.model_id, str(j.model_id))) for j in jobs if j.state == "running"
+            ]
         if not jobs:
             return ""
         parts = [f"{states[s]} {s}" for s in JOB_STATES if states[s]]
@@ -155,21 +158,27 @@ class JobService:
         known = set(self.settings.jobs.devices)
         known |= {w.device for w in self.compute_workers()}
         if known and not any(device_matches(device, d) for d in known):
-            raise SpecError(f"no worker has device {device!r}: the workers have "
-                            f"{', '.join(sorted(known))}")
+            raise SpecError(
+                f"no worker has device {device!r}: the workers have {', '.join(sorted(known))}"
+            )
 
     def _check_queue(self, queue: str) -> None:
         """A queue that no live worker consumes is refused (while any worker is known)."""
         consumed = {q for w in self.compute_workers() for q in w.queues} - {OPS_QUEUE}
         if consumed and queue not in consumed:
-            raise SpecError(f"no worker consumes queue {queue!r}: the workers consume "
-                            f"{', '.join(sorted(consumed))}")
+            raise SpecError(
+                f"no worker consumes queue {queue!r}: the workers consume "
+                f"{', '.join(sorted(consumed))}"
+            )
 
     def compute_workers(self) -> list[WorkerSeen]:
         """Workers heard from recently that consume a computing queue (not beat, whose `ops`
         queue only does bookkeeping)."""
-        return [w for w in self.board.workers(within_s=self.worker_window())
-                if set(w.queues) - {OPS_QUEUE}]
+        return [
+            w
+            for w in self.board.workers(within_s=self.worker_window())
+            if set(w.queues) - {OPS_QUEUE}
+        ]
 
     def worker_window(self) -> float:
         return max(6 * self.settings.worker.heartbeat_s, 60.0)
@@ -179,8 +188,10 @@ class JobService:
         with self.store.read() as conn, Session(bind=conn, expire_on_commit=False) as session:
             model = job_rows.model(session, request.model)
             if model is None:
-                raise SpecError(f"unknown model {request.model!r}: register it first "
-                                "(POST /api/v1/models or `strata models add`)")
+                raise SpecError(
+                    f"unknown model {request.model!r}: register it first "
+                    "(POST /api/v1/models or `strata models add`)"
+                )
             stored_tokens = None
             if request.tokens and request.tokens.startswith("source:"):
                 source = job_rows.token_source(session, request.tokens.removeprefix("source:"))
@@ -198,16 +209,18 @@ class JobService:
         job, new = self._create(model, config, request, reason)
         if new and job.state == "queued":
             self._dispatch_new(job)
-        elif job.state == "queued" and job.dispatched_at is None and \
-                job.reason in BACKGROUND_REASONS:  # a person asks for a held job: not held now
+        elif (
+            job.state == "queued" and job.dispatched_at is None and job.reason in BACKGROUND_REASONS
+        ):  # a person asks for a held job: not held now
             promoted = self._set(job.id, only_if=_still_queued(job.dispatch), reason=reason)
             if promoted is not None:
                 self._send(promoted.id, promoted.dispatch, promoted.queue)
                 job = self.get(job.id).job
         return self.view(job), new
 
-    def _create(self, model: RegisteredModel, config: RunConfig, request: JobRequest,
-                reason: str) -> tuple[JobRow, bool]:
+    def _create(
+        self, model: RegisteredModel, config: RunConfig, request: JobRequest, reason: str
+    ) -> tuple[JobRow, bool]:
         config_hash, version = config.config_hash(), config.metric_version
         with self.store.write() as conn, Session(bind=conn, expire_on_commit=False) as session:
             live = job_rows.live_for(session, config_hash, version)
@@ -221,11 +234,23 @@ class JobService:
                 run = job_rows.succeeded_run(session, config_hash, version)
                 if run is not None:  # computed elsewhere (`strata compute --store`): one run
                     state, run_id, reason = "succeeded", run.id, "stored"
-            job = JobRow(model_id=model.id, config_hash=config_hash, metric_version=version,
-                         config=json.loads(config.canonical_json()), families=sorted(
-                             config.families), device=request.device, dtype=config.model.dtype,
-                         state=state, reason=reason, forced=request.force, dispatch=0,
-                         attempts=0, queue=request.queue, run_id=run_id, created_at=utcnow())
+            job = JobRow(
+                model_id=model.id,
+                config_hash=config_hash,
+                metric_version=version,
+                config=json.loads(config.canonical_json()),
+                families=sorted(config.families),
+                device=request.device,
+                dtype=config.model.dtype,
+                state=state,
+                reason=reason,
+                forced=request.force,
+                dispatch=0,
+                attempts=0,
+                queue=request.queue,
+                run_id=run_id,
+                created_at=utcnow(),
+            )
             if state == "succeeded":
                 job.finished_at = job.created_at
             session.add(job)
@@ -245,8 +270,9 @@ class JobService:
         self._set(job.id, dispatched_at=utcnow())
         job.dispatched_at = utcnow()
 
-    def _set(self, job_id: int, *, only_if: Callable[[JobRow], bool] | None = None,
-             **values: Any) -> JobRow | None:
+    def _set(
+        self, job_id: int, *, only_if: Callable[[JobRow], bool] | None = None, **values: Any
+    ) -> JobRow | None:
         """Update a job's row (if `only_if` holds for it); the updated job, detached."""
         with self.store.write() as conn, Session(bind=conn, expire_on_commit=False) as session:
             job = job_rows.get(session, job_id)
@@ -260,12 +286,19 @@ class JobService:
 
     # ------------------------------------------------------------------ cancel
     def cancel(self, job_id: int) -> JobView:
-        job = self._set(job_id, only_if=lambda j: j.state not in FINAL_STATES,
-                        state="cancelled", finished_at=utcnow(), error="cancelled by request")
+        job = self._set(
+            job_id,
+            only_if=lambda j: j.state not in FINAL_STATES,
+            state="cancelled",
+            finished_at=utcnow(),
+            error="cancelled by request",
+        )
         if job is None:
             current = self.get(job_id).job  # 404 if it does not exist
-            raise JobConflictError(f"job {job_id} has already {current.state}; only queued or "
-                                   "running jobs can be cancelled")
+            raise JobConflictError(
+                f"job {job_id} has already {current.state}; only queued or "
+                "running jobs can be cancelled"
+            )
         self.board.forget(job_id)
         self.release_background()
         return self.view(job)
@@ -280,8 +313,10 @@ class JobService:
             if job is None:
                 raise JobNotFoundError(f"job {job_id} does not exist")
             if job.state != "queued" or job.dispatch != dispatch:
-                raise JobConflictError(f"job {job_id} is {job.state} (dispatch {job.dispatch}); "
-                                       f"message {dispatch} is stale: not started")
+                raise JobConflictError(
+                    f"job {job_id} is {job.state} (dispatch {job.dispatch}); "
+                    f"message {dispatch} is stale: not started"
+                )
             if device_matches(job.device, device):
                 job.state, job.worker, job.started_at = "running", worker, utcnow()
                 job.attempts += 1
@@ -289,7 +324,8 @@ class JobService:
                 job.state, job.finished_at, job.worker = "failed", utcnow(), worker
                 job.error = refused = (
                     f"job asks for device {job.device!r} but worker {worker} runs on "
-                    f"{device!r}; submit it with a device the workers have")
+                    f"{device!r}; submit it with a device the workers have"
+                )
             session.flush()
             claimed = Claimed(dict(job.config), job.device, job.attempts)
         if refused is not None:
@@ -298,8 +334,17 @@ class JobService:
         self.board.start(job_id, dispatch, worker)
         return claimed
 
-    def heartbeat(self, job_id: int, dispatch: int, worker: str, *, done: int = 0,
-                  total: int = 0, tokens_per_s: float = 0.0, elapsed_s: float = 0.0) -> bool:
+    def heartbeat(
+        self,
+        job_id: int,
+        dispatch: int,
+        worker: str,
+        *,
+        done: int = 0,
+        total: int = 0,
+        tokens_per_s: float = 0.0,
+        elapsed_s: float = 0.0,
+    ) -> bool:
         """Record a running job's progress and renew its lease. True: the worker must stop (the
         job was cancelled, finished, or handed to another dispatch)."""
         with self.store.read() as conn, Session(bind=conn) as session:
@@ -309,17 +354,32 @@ class JobService:
             current = job.state == "running" and job.dispatch == dispatch
         if not current:
             return True
-        self.board.beat(job_id, dispatch, worker, done=done, total=total,
-                        tokens_per_s=tokens_per_s, elapsed_s=elapsed_s)
+        self.board.beat(
+            job_id,
+            dispatch,
+            worker,
+            done=done,
+            total=total,
+            tokens_per_s=tokens_per_s,
+            elapsed_s=elapsed_s,
+        )
         return False
 
     def fail(self, job_id: int, dispatch: int, worker: str, error: str) -> JobView:
-        job = self._set(job_id, only_if=lambda j: j.state == "running" and j.dispatch == dispatch,
-                        state="failed", error=error[:4000], finished_at=utcnow(), worker=worker)
+        job = self._set(
+            job_id,
+            only_if=lambda j: j.state == "running" and j.dispatch == dispatch,
+            state="failed",
+            error=error[:4000],
+            finished_at=utcnow(),
+            worker=worker,
+        )
         if job is None:
             current = self.get(job_id).job
-            raise JobConflictError(f"job {job_id} is {current.state} (dispatch "
-                                   f"{current.dispatch}): this failure report is stale")
+            raise JobConflictError(
+                f"job {job_id} is {current.state} (dispatch "
+                f"{current.dispatch}): this failure report is stale"
+            )
         self.board.forget(job_id)
         log.info("job %s failed on %s: %s", job_id, worker, error)
         self.release_background()
@@ -335,11 +395,15 @@ class JobService:
                 raise JobNotFoundError(f"job {job_id} does not exist")
             if job.state == "cancelled":
                 raise JobConflictError(f"job {job_id} was cancelled; its results are not stored")
-            if (job.config_hash, job.metric_version) != (result.config_hash,
-                                                         result.config.metric_version):
-                raise IngestError(f"these results are for configuration "
-                                  f"{result.config_hash[:12]}…, not job {job_id}'s "
-                                  f"{job.config_hash[:12]}…")
+            if (job.config_hash, job.metric_version) != (
+                result.config_hash,
+                result.config.metric_version,
+            ):
+                raise IngestError(
+                    f"these results are for configuration "
+                    f"{result.config_hash[:12]}…, not job {job_id}'s "
+                    f"{job.config_hash[:12]}…"
+                )
             job.state, job.run_id, job.error = "succeeded", summary.run_id, None
             job.finished_at = utcnow()
             session.flush()
@@ -367,15 +431,21 @@ class JobService:
                     continue
                 if job.attempts >= max_attempts:
                     job.state, job.finished_at = "failed", utcnow()
-                    job.error = (f"the worker was lost {job.attempts} times (last: "
-                                 f"{job.worker}); giving up (STRATA_JOBS__MAX_ATTEMPTS)")
+                    job.error = (
+                        f"the worker was lost {job.attempts} times (last: "
+                        f"{job.worker}); giving up (STRATA_JOBS__MAX_ATTEMPTS)"
+                    )
                     s.flush()
                     log.warning("job %s: %s", job_id, job.error)
                     continue
                 job.state, job.dispatch, job.dispatched_at = "queued", job.dispatch + 1, None
                 s.flush()
-                log.warning("job %s: worker %s lost, re-queued (dispatch %s)", job_id,
-                            job.worker, job.dispatch)
+                log.warning(
+                    "job %s: worker %s lost, re-queued (dispatch %s)",
+                    job_id,
+                    job.worker,
+                    job.dispatch,
+                )
             resent.append(job_id)
         self.dispatch_pending()
         return resent
@@ -417,8 +487,9 @@ class JobService:
             with self._release_lock:
                 with self.store.read() as conn, Session(bind=conn) as session:
                     busy = job_rows.busy_by_queue(session)
-                    held = job_rows.unsent(session, background=BACKGROUND_REASONS, held=True,
-                                           limit=1000)
+                    held = job_rows.unsent(
+                        session, background=BACKGROUND_REASONS, held=True, limit=1000
+                    )
                 slots: dict[str, int] = {}
                 for job_id, dispatch, queue in held:
                     if queue not in slots:
@@ -437,12 +508,14 @@ class JobService:
         """After a restart: every running job gets a fresh lease (its worker may still be at
         it, and could not send heartbeats while the API was down)."""
         with self.store.read() as conn, Session(bind=conn) as session:
-            running = [(j.id, j.dispatch, j.worker or "?")
-                       for j in job_rows.in_state(session, "running")]
+            running = [
+                (j.id, j.dispatch, j.worker or "?") for j in job_rows.in_state(session, "running")
+            ]
         self.board.grace(running)
 
     def reconcile_soon(self) -> None:
         """Reconcile in the background (after a registration: the answer need not wait)."""
+
         def run() -> None:
             try:
                 self.reconcile()
@@ -486,10 +559,10 @@ class JobService:
                     continue
                 config_hash = config.config_hash()
                 with self.store.read() as conn, Session(bind=conn) as session:
-                    known = (job_rows.latest_for(session, config_hash, METRIC_VERSION)
-                             is not None
-                             or job_rows.succeeded_run(session, config_hash, METRIC_VERSION)
-                             is not None)
+                    known = (
+                        job_rows.latest_for(session, config_hash, METRIC_VERSION) is not None
+                        or job_rows.succeeded_run(session, config_hash, METRIC_VERSION) is not None
+                    )
                 if known:
                     continue
                 job, new = self._create(model, config, JobRequest(model=str(model.id)), reason)

@@ -16,8 +16,9 @@ log = logging.getLogger("strata.jobs")
 
 
 class Upkeep:
-    def __init__(self, jobs: JobService, watch: WatchFolder | None,
-                 say: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self, jobs: JobService, watch: WatchFolder | None, say: Callable[[str], None] | None = None
+    ) -> None:
         self.jobs = jobs
         self.watch = watch
         self.say = say

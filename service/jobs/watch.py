@@ -21,8 +21,7 @@ def _newest_mtime(folder: Path) -> float:
 
 
 class WatchFolder:
-    def __init__(self, root: Path, register: Callable[[Path], bool], settle_s: float = 2.0
-                 ) -> None:
+    def __init__(self, root: Path, register: Callable[[Path], bool], settle_s: float = 2.0) -> None:
         self.root = root
         self.register = register
         self.settle_s = settle_s

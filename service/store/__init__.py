@@ -29,5 +29,14 @@ from service.store.errors import (
     StoreError,
 )
 
-__all__ = ["DatabaseHeldError", "IngestError", "ModelConflictError", "RegistrationError",
-           "RevisionError", "RunNotFoundError", "SchemaOutOfDateError", "Store", "StoreError"]
+__all__ = [
+    "DatabaseHeldError",
+    "IngestError",
+    "ModelConflictError",
+    "RegistrationError",
+    "RevisionError",
+    "RunNotFoundError",
+    "SchemaOutOfDateError",
+    "Store",
+    "StoreError",
+]

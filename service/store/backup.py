@@ -36,8 +36,11 @@ from service.store.errors import StoreError
 
 BACKUP_GLOB = "strata-*.duckdb"
 _BACKUP_NAME = re.compile(r"^strata-\d{8}T\d{6}(\d{6})?Z\.duckdb$")
-_DISK_FULL = re.compile(r"no space left on device|disk is full|not enough space|"
-                        r"could not write all bytes|ENOSPC|errno 28|quota exceeded", re.I)
+_DISK_FULL = re.compile(
+    r"no space left on device|disk is full|not enough space|"
+    r"could not write all bytes|ENOSPC|errno 28|quota exceeded",
+    re.I,
+)
 
 
 class BackupError(StoreError):
@@ -86,8 +89,9 @@ def destination(path: Path) -> Path:
     if not path.parent.is_dir():
         raise BackupError(f"cannot write the backup {path}: folder {path.parent} does not exist")
     if path.exists():
-        raise BackupExistsError(f"{path} exists already: a backup never overwrites a file; "
-                                "give a new name or a folder")
+        raise BackupExistsError(
+            f"{path} exists already: a backup never overwrites a file; give a new name or a folder"
+        )
     return path
 
 
@@ -139,8 +143,10 @@ def backup(store: Store, path: Path | str, *, keep: int | None = None) -> Backup
         if isinstance(exc, StoreError):
             raise
         if isinstance(exc, Exception) and is_disk_full(exc):
-            raise DiskFullError(f"no space left on the disk of {target.parent} for the backup; "
-                                "nothing was written: free space or choose another place") from exc
+            raise DiskFullError(
+                f"no space left on the disk of {target.parent} for the backup; "
+                "nothing was written: free space or choose another place"
+            ) from exc
         if isinstance(exc, Exception):
             raise BackupError(f"the backup to {target} failed: {exc}") from exc
         raise
@@ -151,8 +157,14 @@ def backup(store: Store, path: Path | str, *, keep: int | None = None) -> Backup
             with contextlib.suppress(FileNotFoundError):
                 file.unlink()
         removed = tuple(str(p) for p in old)
-    return BackupSummary(str(target), target.stat().st_size, time.perf_counter() - started,
-                         int(runs), revision, removed)
+    return BackupSummary(
+        str(target),
+        target.stat().st_size,
+        time.perf_counter() - started,
+        int(runs),
+        revision,
+        removed,
+    )
 
 
 def _quote(path: Path) -> str:
@@ -192,11 +204,14 @@ def check_backup(path: Path) -> tuple[str | None, int]:
     except duckdb.Error as exc:
         raise BackupError(f"{path} is not a DuckDB database: {exc}") from None
     try:
-        tables = {r[0] for r in con.execute(
-            "SELECT table_name FROM information_schema.tables").fetchall()}
+        tables = {
+            r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()
+        }
         if not {"runs", "alembic_version"} <= tables:
-            raise BackupError(f"{path} is a DuckDB database but not a Strata results database "
-                              "(no runs / alembic_version tables)")
+            raise BackupError(
+                f"{path} is a DuckDB database but not a Strata results database "
+                "(no runs / alembic_version tables)"
+            )
         row = con.execute("SELECT version_num FROM alembic_version").fetchone()
         (runs,) = con.execute("SELECT count(*) FROM runs").fetchone() or (0,)
     finally:
@@ -233,8 +248,9 @@ def restore(source: Path | str, database: Path | str) -> RestoreSummary:
         with contextlib.suppress(OSError):
             partial.unlink()
         if is_disk_full(exc):
-            raise DiskFullError(f"no space left beside {database} for the restored copy; "
-                                "nothing was changed") from exc
+            raise DiskFullError(
+                f"no space left beside {database} for the restored copy; nothing was changed"
+            ) from exc
         raise BackupError(f"cannot copy {source} beside {database}: {exc}") from exc
     kept: Path | None = None
     try:
@@ -254,5 +270,4 @@ def restore(source: Path | str, database: Path | str) -> RestoreSummary:
         with contextlib.suppress(OSError):
             partial.unlink()
         raise
-    return RestoreSummary(str(database), str(source), revision, runs,
-                          str(kept) if kept else None)
+    return RestoreSummary(str(database), str(source), revision, runs, str(kept) if kept else None)

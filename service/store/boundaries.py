@@ -35,9 +35,12 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def infer_boundaries(records: pa.Table, families: tuple[str, ...] | list[str],
-                     n_layers: int, sequence_means: pa.Table | None = None
-                     ) -> list[dict[str, Any]]:
+def infer_boundaries(
+    records: pa.Table,
+    families: tuple[str, ...] | list[str],
+    n_layers: int,
+    sequence_means: pa.Table | None = None,
+) -> list[dict[str, Any]]:
     """The boundaries of a run as `stage_boundaries` rows (no ids yet); none when the run lacks
     a family the rule reads or the model is too shallow for stages. With the run's per-sequence
     means, each boundary's evidence carries its bootstrap interval over sequences."""
@@ -47,16 +50,28 @@ def infer_boundaries(records: pa.Table, families: tuple[str, ...] | list[str],
     if sequence_means is not None and sequence_means.num_rows:
         means = pl.from_arrow(sequence_means)
     try:
-        boundaries = infer_stages(pl.from_arrow(records), n_layers,  # type: ignore[arg-type]
-                                  means)  # type: ignore[arg-type]
+        boundaries = infer_stages(
+            pl.from_arrow(records),
+            n_layers,  # type: ignore[arg-type]
+            means,
+        )  # type: ignore[arg-type]
     except SpecError:
         return []
-    return [{"boundary": b.index, "found": b.layer is not None, "layer": b.layer,
-             "relative_depth": b.relative_depth if b.layer is not None else None,
-             "rule": b.rule, "evidence": _plain(b.evidence)} for b in boundaries]
+    return [
+        {
+            "boundary": b.index,
+            "found": b.layer is not None,
+            "layer": b.layer,
+            "relative_depth": b.relative_depth if b.layer is not None else None,
+            "rule": b.rule,
+            "evidence": _plain(b.evidence),
+        }
+        for b in boundaries
+    ]
 
 
-def store_boundaries(session: Session, run_id: int, model_id: int,
-                     rows: list[dict[str, Any]]) -> None:
+def store_boundaries(
+    session: Session, run_id: int, model_id: int, rows: list[dict[str, Any]]
+) -> None:
     """Add a run's boundaries (inside the ingest transaction; old ones were deleted)."""
     session.add_all([StageBoundary(run_id=run_id, model_id=model_id, **row) for row in rows])

@@ -83,13 +83,15 @@ class Store:
         """
         path = Path(path)
         if not path.parent.is_dir():
-            raise StoreError(f"cannot create the database {path}: folder {path.parent} does not "
-                             "exist")
+            raise StoreError(
+                f"cannot create the database {path}: folder {path.parent} does not exist"
+            )
         config: dict[str, Any] = {}
         if threads is not None:
             config["threads"] = threads
-        engine = sa.create_engine(f"duckdb:///{path}", connect_args={"config": config},
-                                  pool_size=4, max_overflow=4)
+        engine = sa.create_engine(
+            f"duckdb:///{path}", connect_args={"config": config}, pool_size=4, max_overflow=4
+        )
         try:
             with engine.connect() as conn:
                 conn.exec_driver_sql("SELECT 1")
@@ -150,8 +152,12 @@ class Store:
     def __enter__(self) -> Store:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.close()
 
 

@@ -46,12 +46,21 @@ from service.store.tables import (
 before_commit: Callable[[], None] | None = None
 
 # Tables owned by a run, children first (DuckDB has no ON DELETE CASCADE).
-_RUN_ROWS = (("neuron_tokens", NEURON_TOKEN_COLUMNS), ("neurons", NEURON_COLUMNS),
-             ("results", RESULT_COLUMNS), ("sequence_means", SEQUENCE_MEAN_COLUMNS))
+_RUN_ROWS = (
+    ("neuron_tokens", NEURON_TOKEN_COLUMNS),
+    ("neurons", NEURON_COLUMNS),
+    ("results", RESULT_COLUMNS),
+    ("sequence_means", SEQUENCE_MEAN_COLUMNS),
+)
 
 
-def ingest_result(store: Store, result: RunResult, *, run_id: int | None = None,
-                  also: Callable[[Session, IngestSummary], None] | None = None) -> IngestSummary:
+def ingest_result(
+    store: Store,
+    result: RunResult,
+    *,
+    run_id: int | None = None,
+    also: Callable[[Session, IngestSummary], None] | None = None,
+) -> IngestSummary:
     """Store a computed run. Same configuration hash and metric version -> the run is replaced.
 
     With `run_id`, the results are for that (queued or running) run, which must exist and have
@@ -62,13 +71,15 @@ def ingest_result(store: Store, result: RunResult, *, run_id: int | None = None,
     if result.config.config_hash() != result.config_hash:
         raise IngestError(
             f"config_hash {result.config_hash[:12]}… does not match the run's configuration "
-            f"({result.config.config_hash()[:12]}…): results and configuration were mixed up")
+            f"({result.config.config_hash()[:12]}…): results and configuration were mixed up"
+        )
     info = parse_model_info(result.model_info)
     rows = prepare_rows(result.records, result.neuron_tokens, info, result.sequence_means)
     if result.tokens_evaluated < 0:
         raise IngestError(f"tokens_evaluated is negative ({result.tokens_evaluated})")
-    boundaries = infer_boundaries(result.records, result.config.families, info.n_layers,
-                                  rows.sequence_means)
+    boundaries = infer_boundaries(
+        result.records, result.config.families, info.n_layers, rows.sequence_means
+    )
     with store.write() as conn, Session(bind=conn, expire_on_commit=False) as session:
         run = _target_run(session, result, run_id)
         replaced = run is not None and run.n_records is not None
@@ -83,14 +94,23 @@ def ingest_result(store: Store, result: RunResult, *, run_id: int | None = None,
         if replaced:
             delete_run_rows(session, run.id)
         for (table, columns), data in zip(
-                _RUN_ROWS, (rows.neuron_tokens, rows.neurons, rows.results,
-                            rows.sequence_means), strict=True):
+            _RUN_ROWS,
+            (rows.neuron_tokens, rows.neurons, rows.results, rows.sequence_means),
+            strict=True,
+        ):
             bulk_insert(raw, table, columns, run.id, data)
         store_boundaries(session, run.id, model.id, boundaries)
         session.flush()
-        summary = IngestSummary(run.id, model.id, replaced, rows.results.num_rows,
-                                rows.neurons.num_rows, rows.neuron_tokens.num_rows,
-                                len(boundaries), rows.sequence_means.num_rows)
+        summary = IngestSummary(
+            run.id,
+            model.id,
+            replaced,
+            rows.results.num_rows,
+            rows.neurons.num_rows,
+            rows.neuron_tokens.num_rows,
+            len(boundaries),
+            rows.sequence_means.num_rows,
+        )
         if also is not None:
             also(session, summary)
         if before_commit is not None:
@@ -109,13 +129,15 @@ def _target_run(session: Session, result: RunResult, run_id: int | None) -> Run 
             raise IngestError(
                 f"these results are for configuration {result.config_hash[:12]}… (metric "
                 f"version {version}) but run {run_id} was created for "
-                f"{run.config_hash[:12]}… (metric version {run.metric_version})")
+                f"{run.config_hash[:12]}… (metric version {run.metric_version})"
+            )
         return run
     return find_run(session, result.config_hash, version)
 
 
-def _describe(run: Run, result: RunResult, model_id: int, token_source_id: int,
-              rows: PreparedRows) -> None:
+def _describe(
+    run: Run, result: RunResult, model_id: int, token_source_id: int, rows: PreparedRows
+) -> None:
     now = utcnow()
     run.model_id, run.token_source_id = model_id, token_source_id
     run.code_version = result.environment.get("strata", CODE_VERSION)
@@ -138,8 +160,9 @@ def delete_run_rows(session: Session, run_id: int) -> None:
     session.execute(sa.delete(StageBoundary).where(StageBoundary.run_id == run_id))
 
 
-def bulk_insert(raw: object, table: str, columns: tuple[str, ...], run_id: int,
-                 data: pa.Table) -> None:
+def bulk_insert(
+    raw: object, table: str, columns: tuple[str, ...], run_id: int, data: pa.Table
+) -> None:
     if data.num_rows == 0:
         return
     view = f"strata_ingest_{table}"
@@ -148,6 +171,7 @@ def bulk_insert(raw: object, table: str, columns: tuple[str, ...], run_id: int,
     raw.register(view, data)  # type: ignore[attr-defined]
     try:
         raw.execute(  # type: ignore[attr-defined]
-            f'INSERT INTO {table} ("run_id", {quoted}) SELECT {int(run_id)}, {quoted} FROM {view}')
+            f'INSERT INTO {table} ("run_id", {quoted}) SELECT {int(run_id)}, {quoted} FROM {view}'
+        )
     finally:
         raw.unregister(view)  # type: ignore[attr-defined]

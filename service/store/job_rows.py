@@ -15,24 +15,37 @@ def get(session: Session, job_id: int) -> JobRow | None:
 
 def live_for(session: Session, config_hash: str, metric_version: str) -> JobRow | None:
     """The queued or running job of a configuration, if any."""
-    return session.scalars(sa.select(JobRow).where(
-        JobRow.config_hash == config_hash, JobRow.metric_version == metric_version,
-        JobRow.state.in_(LIVE_STATES)).order_by(JobRow.id.desc()).limit(1)).first()
+    return session.scalars(
+        sa.select(JobRow)
+        .where(
+            JobRow.config_hash == config_hash,
+            JobRow.metric_version == metric_version,
+            JobRow.state.in_(LIVE_STATES),
+        )
+        .order_by(JobRow.id.desc())
+        .limit(1)
+    ).first()
 
 
-def latest_for(session: Session, config_hash: str, metric_version: str,
-               states: tuple[str, ...] | None = None) -> JobRow | None:
-    query = sa.select(JobRow).where(JobRow.config_hash == config_hash,
-                                 JobRow.metric_version == metric_version)
+def latest_for(
+    session: Session, config_hash: str, metric_version: str, states: tuple[str, ...] | None = None
+) -> JobRow | None:
+    query = sa.select(JobRow).where(
+        JobRow.config_hash == config_hash, JobRow.metric_version == metric_version
+    )
     if states is not None:
         query = query.where(JobRow.state.in_(states))
     return session.scalars(query.order_by(JobRow.id.desc()).limit(1)).first()
 
 
 def succeeded_run(session: Session, config_hash: str, metric_version: str) -> Run | None:
-    return session.scalars(sa.select(Run).where(
-        Run.config_hash == config_hash, Run.metric_version == metric_version,
-        Run.status == "succeeded")).first()
+    return session.scalars(
+        sa.select(Run).where(
+            Run.config_hash == config_hash,
+            Run.metric_version == metric_version,
+            Run.status == "succeeded",
+        )
+    ).first()
 
 
 def model(session: Session, ref: str) -> RegisteredModel | None:
@@ -41,8 +54,12 @@ def model(session: Session, ref: str) -> RegisteredModel | None:
         found = session.get(RegisteredModel, int(ref))
         if found is not None:
             return found
-    return session.scalars(sa.select(RegisteredModel).where(RegisteredModel.name == ref)
-                           .order_by(RegisteredModel.id.desc()).limit(1)).first()
+    return session.scalars(
+        sa.select(RegisteredModel)
+        .where(RegisteredModel.name == ref)
+        .order_by(RegisteredModel.id.desc())
+        .limit(1)
+    ).first()
 
 
 def model_names(session: Session) -> dict[int, str]:
@@ -57,8 +74,9 @@ def token_source(session: Session, ref: str) -> TokenSource | None:
     return session.get(TokenSource, int(ref)) if ref.isdigit() else None
 
 
-def page(session: Session, *, state: str | None, model_id: int | None, limit: int,
-         offset: int) -> tuple[list[JobRow], int]:
+def page(
+    session: Session, *, state: str | None, model_id: int | None, limit: int, offset: int
+) -> tuple[list[JobRow], int]:
     """Jobs, newest first, filtered; and how many match."""
     where = []
     if state is not None:
@@ -66,8 +84,9 @@ def page(session: Session, *, state: str | None, model_id: int | None, limit: in
     if model_id is not None:
         where.append(JobRow.model_id == model_id)
     total = session.scalar(sa.select(sa.func.count()).select_from(JobRow).where(*where)) or 0
-    rows = session.scalars(sa.select(JobRow).where(*where).order_by(JobRow.id.desc())
-                           .limit(limit).offset(offset))
+    rows = session.scalars(
+        sa.select(JobRow).where(*where).order_by(JobRow.id.desc()).limit(limit).offset(offset)
+    )
     return list(rows), int(total)
 
 
@@ -81,20 +100,30 @@ def recent(session: Session, limit: int) -> list[JobRow]:
 
 def busy_by_queue(session: Session) -> dict[str, int]:
     """Per queue: jobs a worker runs or whose message waits in the broker."""
-    busy = sa.or_(JobRow.state == "running",
-                  sa.and_(JobRow.state == "queued", JobRow.dispatched_at.is_not(None)))
-    rows = session.execute(sa.select(JobRow.queue, sa.func.count()).where(busy)
-                           .group_by(JobRow.queue))
+    busy = sa.or_(
+        JobRow.state == "running",
+        sa.and_(JobRow.state == "queued", JobRow.dispatched_at.is_not(None)),
+    )
+    rows = session.execute(
+        sa.select(JobRow.queue, sa.func.count()).where(busy).group_by(JobRow.queue)
+    )
     return {str(queue): int(n) for queue, n in rows.all()}
 
 
-def unsent(session: Session, *, background: tuple[str, ...], held: bool,
-           limit: int | None = None) -> list[tuple[int, int, str]]:
+def unsent(
+    session: Session, *, background: tuple[str, ...], held: bool, limit: int | None = None
+) -> list[tuple[int, int, str]]:
     """(id, dispatch, queue) of queued jobs no message was sent for, oldest first: the
     background ones (reason in `background`) when `held`, the others (people's) otherwise."""
     reason = JobRow.reason.in_(background)
-    query = (sa.select(JobRow.id, JobRow.dispatch, JobRow.queue)
-             .where(JobRow.state == "queued", JobRow.dispatched_at.is_(None),
-                    reason if held else sa.not_(reason))
-             .order_by(JobRow.id).limit(limit))
+    query = (
+        sa.select(JobRow.id, JobRow.dispatch, JobRow.queue)
+        .where(
+            JobRow.state == "queued",
+            JobRow.dispatched_at.is_(None),
+            reason if held else sa.not_(reason),
+        )
+        .order_by(JobRow.id)
+        .limit(limit)
+    )
     return [(int(i), int(d), str(q)) for i, d, q in session.execute(query).all()]

@@ -75,7 +75,8 @@ def _run(store: Store, direction: str, revision: str) -> None:
 def is_empty(store: Store) -> bool:
     with store.read() as conn:
         return not conn.exec_driver_sql(
-            "SELECT count(*) FROM duckdb_tables() WHERE NOT temporary").scalar()
+            "SELECT count(*) FROM duckdb_tables() WHERE NOT temporary"
+        ).scalar()
 
 
 def ensure_current(store: Store, *, initialise_empty: bool = True) -> None:
@@ -93,7 +94,9 @@ def ensure_current(store: Store, *, initialise_empty: bool = True) -> None:
         return
     if current is None:
         raise SchemaOutOfDateError(
-            f"{store.path} holds tables but no schema revision: it was not made by Strata")
+            f"{store.path} holds tables but no schema revision: it was not made by Strata"
+        )
     raise SchemaOutOfDateError(
         f"{store.path} is at schema revision {current}; this code needs {head}: run "
-        "`strata db upgrade` (or deploy the code that matches the database)")
+        "`strata db upgrade` (or deploy the code that matches the database)"
+    )

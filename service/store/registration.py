@@ -72,7 +72,8 @@ def _check_root(path: Path, checkpoint_roots: Sequence[Path]) -> None:
             return
     raise RegistrationError(
         "checkpoint directories and GGUF files can be registered over HTTP only under a "
-        "configured root (STRATA_API__CHECKPOINT_ROOTS); this one is not under any")
+        "configured root (STRATA_API__CHECKPOINT_ROOTS); this one is not under any"
+    )
 
 
 def _weights_mb(path: Path) -> float:
@@ -86,8 +87,9 @@ def resolve(registration: Registration, checkpoint_roots: Sequence[Path]) -> Mod
     if directory is not None:
         _check_root(directory, checkpoint_roots)
     try:
-        return resolve_model_spec(registration.source, processing=registration.processing,
-                                  revision=registration.revision)
+        return resolve_model_spec(
+            registration.source, processing=registration.processing, revision=registration.revision
+        )
     except (SpecError, ModelLoadError) as exc:  # unknown, or a GGUF file that fails its checks
         raise RegistrationError(str(exc)) from None
 
@@ -117,16 +119,26 @@ def offline_numbers(spec: ModelSpec) -> dict[str, Any]:
         cfg = loading.get_pretrained_model_config(spec.name, **kwargs)
     except Exception:  # not built in and not cached: the numbers stay unknown
         return {}
-    return {"architecture": str(cfg.original_architecture or "HookedTransformer"),
-            "n_layers": int(cfg.n_layers), "d_model": int(cfg.d_model),
-            "n_heads": int(cfg.n_heads), "d_mlp": 0 if cfg.attn_only else int(cfg.d_mlp or 0),
-            "d_vocab": int(cfg.d_vocab_out), "n_ctx": int(cfg.n_ctx),
-            "normalization_type": cfg.normalization_type,
-            "parallel_attn_mlp": bool(cfg.parallel_attn_mlp)}
+    return {
+        "architecture": str(cfg.original_architecture or "HookedTransformer"),
+        "n_layers": int(cfg.n_layers),
+        "d_model": int(cfg.d_model),
+        "n_heads": int(cfg.n_heads),
+        "d_mlp": 0 if cfg.attn_only else int(cfg.d_mlp or 0),
+        "d_vocab": int(cfg.d_vocab_out),
+        "n_ctx": int(cfg.n_ctx),
+        "normalization_type": cfg.normalization_type,
+        "parallel_attn_mlp": bool(cfg.parallel_attn_mlp),
+    }
 
 
-def register(store: Store, registration: Registration, *, checkpoint_roots: Sequence[Path],
-             load_max_mb: float) -> tuple[RegisteredModel, bool]:
+def register(
+    store: Store,
+    registration: Registration,
+    *,
+    checkpoint_roots: Sequence[Path],
+    load_max_mb: float,
+) -> tuple[RegisteredModel, bool]:
     """The registered model and whether it is new. An identical registration (same source,
     processing, revision and name) is answered with the existing model; the same model under
     another name is a `ModelConflictError`. Checkpoint directories and GGUF files must lie under
@@ -140,7 +152,8 @@ def register(store: Store, registration: Registration, *, checkpoint_roots: Sequ
             if existing.name != name:
                 raise ModelConflictError(
                     f"{registration.source!r} with this processing and revision is registered "
-                    f"already, as {existing.name!r} (id {existing.id})")
+                    f"already, as {existing.name!r} (id {existing.id})"
+                )
             return existing, False
     info = loaded_numbers(spec, load_max_mb) if spec.source in ("zoo", "hf_dir", "gguf") else None
     numbers = offline_numbers(spec) if spec.source == "transformer_lens" else {}
@@ -148,8 +161,10 @@ def register(store: Store, registration: Registration, *, checkpoint_roots: Sequ
         existing = find_model(session, spec)  # registered meanwhile by another request
         if existing is not None:
             if existing.name != name:
-                raise ModelConflictError(f"{registration.source!r} was registered meanwhile as "
-                                         f"{existing.name!r} (id {existing.id})")
+                raise ModelConflictError(
+                    f"{registration.source!r} was registered meanwhile as "
+                    f"{existing.name!r} (id {existing.id})"
+                )
             return existing, False
         model = register_model(session, spec, info, name=name)
         if numbers:

@@ -17,8 +17,7 @@ from service.store.rows import ModelInfo
 from service.store.tables import RegisteredModel, TokenSource
 
 # Architecture numbers that must agree between a registered model and new results for it.
-_SHAPE = ("n_layers", "d_model", "n_heads", "d_mlp", "d_vocab", "d_vocab_real", "n_ctx",
-          "n_params")
+_SHAPE = ("n_layers", "d_model", "n_heads", "d_mlp", "d_vocab", "d_vocab_real", "n_ctx", "n_params")
 
 
 def _sha256(data: dict[str, Any]) -> str:
@@ -54,13 +53,14 @@ def default_model_name(spec: ModelSpec) -> str:
 
 def find_model(session: Session, spec: ModelSpec) -> RegisteredModel | None:
     """The model registered for `spec` (same identity: spec without dtype), if any."""
-    return session.scalars(sa.select(RegisteredModel)
-                           .where(RegisteredModel.spec_hash == model_spec_hash(spec))
-                           ).one_or_none()
+    return session.scalars(
+        sa.select(RegisteredModel).where(RegisteredModel.spec_hash == model_spec_hash(spec))
+    ).one_or_none()
 
 
-def register_model(session: Session, spec: ModelSpec, info: ModelInfo | None, *,
-                   name: str | None = None) -> RegisteredModel:
+def register_model(
+    session: Session, spec: ModelSpec, info: ModelInfo | None, *, name: str | None = None
+) -> RegisteredModel:
     """The registered model for `spec`, created if new (under `name`, default the spec's name);
     its numbers filled from `info`.
 
@@ -69,10 +69,13 @@ def register_model(session: Session, spec: ModelSpec, info: ModelInfo | None, *,
     """
     model = find_model(session, spec)
     if model is None:
-        model = RegisteredModel(spec_hash=model_spec_hash(spec),
-                                name=name or default_model_name(spec),
-                                source=spec.source, revision=spec.revision,
-                                spec=model_identity(spec))
+        model = RegisteredModel(
+            spec_hash=model_spec_hash(spec),
+            name=name or default_model_name(spec),
+            source=spec.source,
+            revision=spec.revision,
+            spec=model_identity(spec),
+        )
         session.add(model)
     if info is not None:
         _fill_numbers(model, info)
@@ -94,13 +97,17 @@ def _fill_numbers(model: RegisteredModel, info: ModelInfo) -> None:
     # compare those that are known.
     known = [k for k in _SHAPE if getattr(model, k) is not None]
     if known:
-        differ = [f"{k} {getattr(model, k)} -> {getattr(info, k)}" for k in known
-                  if getattr(model, k) != getattr(info, k)]
+        differ = [
+            f"{k} {getattr(model, k)} -> {getattr(info, k)}"
+            for k in known
+            if getattr(model, k) != getattr(info, k)
+        ]
         if differ:
             raise IngestError(
                 f"model {model.name!r} (id {model.id}) is registered with other numbers than "
                 f"these results' model ({'; '.join(differ)}): the reference now names different "
-                "weights; give it a revision to register it as a new model")
+                "weights; give it a revision to register it as a new model"
+            )
     for key in _SHAPE:
         setattr(model, key, getattr(info, key))
     model.architecture = info.architecture
@@ -116,12 +123,20 @@ def _fill_numbers(model: RegisteredModel, info: ModelInfo) -> None:
 
 def register_token_source(session: Session, spec: TokenSpec) -> TokenSource:
     spec_hash = token_spec_hash(spec)
-    source = session.scalars(sa.select(TokenSource)
-                             .where(TokenSource.spec_hash == spec_hash)).one_or_none()
+    source = session.scalars(
+        sa.select(TokenSource).where(TokenSource.spec_hash == spec_hash)
+    ).one_or_none()
     if source is None:
-        source = TokenSource(spec_hash=spec_hash, source=spec.source, path=spec.path,
-                             n_sequences=spec.n_sequences, seq_len=spec.seq_len, seed=spec.seed,
-                             fingerprint=spec.fingerprint, spec=spec.model_dump(mode="json"))
+        source = TokenSource(
+            spec_hash=spec_hash,
+            source=spec.source,
+            path=spec.path,
+            n_sequences=spec.n_sequences,
+            seq_len=spec.seq_len,
+            seed=spec.seed,
+            fingerprint=spec.fingerprint,
+            spec=spec.model_dump(mode="json"),
+        )
         session.add(source)
         session.flush()
     return source

@@ -50,11 +50,18 @@ def family_of(metric: str) -> str | None:
 # --------------------------------------------------------------------------- models and runs
 
 
-def filter_models(conn: sa.Connection, *, source: str | None = None,
-                  refit_family: str | None = None, architecture: str | None = None,
-                  name: str | None = None, min_layers: int | None = None,
-                  max_layers: int | None = None, limit: int = 100, offset: int = 0
-                  ) -> tuple[list[RegisteredModel], int]:
+def filter_models(
+    conn: sa.Connection,
+    *,
+    source: str | None = None,
+    refit_family: str | None = None,
+    architecture: str | None = None,
+    name: str | None = None,
+    min_layers: int | None = None,
+    max_layers: int | None = None,
+    limit: int = 100,
+    offset: int = 0,
+) -> tuple[list[RegisteredModel], int]:
     """A page of models (by name, then id) matching every filter given, and how many match.
 
     `refit_family`: members of that refit family; `architecture`: case-insensitive equality;
@@ -73,14 +80,17 @@ def filter_models(conn: sa.Connection, *, source: str | None = None,
     if max_layers is not None:
         query = query.where(RegisteredModel.n_layers <= max_layers)
     if refit_family is not None:
-        members = (sa.select(RefitFamilyMember.model_id)
-                   .join(RefitFamily, RefitFamily.id == RefitFamilyMember.family_id)
-                   .where(RefitFamily.name == refit_family))
+        members = (
+            sa.select(RefitFamilyMember.model_id)
+            .join(RefitFamily, RefitFamily.id == RefitFamilyMember.family_id)
+            .where(RefitFamily.name == refit_family)
+        )
         query = query.where(RegisteredModel.id.in_(members))
     with Session(bind=conn) as session:
         total = session.scalar(sa.select(sa.func.count()).select_from(query.subquery())) or 0
-        page = session.scalars(query.order_by(RegisteredModel.name, RegisteredModel.id)
-                               .limit(limit).offset(offset))
+        page = session.scalars(
+            query.order_by(RegisteredModel.name, RegisteredModel.id).limit(limit).offset(offset)
+        )
         return list(page), int(total)
 
 
@@ -88,10 +98,12 @@ def model_families(conn: sa.Connection, model_ids: Sequence[int]) -> dict[int, l
     """model id -> names of the refit families it belongs to."""
     if not model_ids:
         return {}
-    rows = conn.execute(sa.select(RefitFamilyMember.model_id, RefitFamily.name)
-                        .join(RefitFamily, RefitFamily.id == RefitFamilyMember.family_id)
-                        .where(RefitFamilyMember.model_id.in_(list(model_ids)))
-                        .order_by(RefitFamily.name)).all()
+    rows = conn.execute(
+        sa.select(RefitFamilyMember.model_id, RefitFamily.name)
+        .join(RefitFamily, RefitFamily.id == RefitFamilyMember.family_id)
+        .where(RefitFamilyMember.model_id.in_(list(model_ids)))
+        .order_by(RefitFamily.name)
+    ).all()
     out: dict[int, list[str]] = {}
     for model_id, name in rows:
         out.setdefault(int(model_id), []).append(name)
@@ -108,8 +120,13 @@ def get_run(conn: sa.Connection, run_id: int) -> Run | None:
         return session.get(Run, run_id)
 
 
-def _run_filters(query: sa.Select[Any], model_id: int | None, status: str | None,
-                 metric_version: str | None, family: str | None) -> sa.Select[Any]:
+def _run_filters(
+    query: sa.Select[Any],
+    model_id: int | None,
+    status: str | None,
+    metric_version: str | None,
+    family: str | None,
+) -> sa.Select[Any]:
     if model_id is not None:
         query = query.where(Run.model_id == model_id)
     if status is not None:
@@ -117,32 +134,46 @@ def _run_filters(query: sa.Select[Any], model_id: int | None, status: str | None
     if metric_version is not None:
         query = query.where(Run.metric_version == metric_version)
     if family is not None:
-        query = query.where(sa.func.list_contains(sa.cast(Run.families, sa.ARRAY(sa.String)),
-                                                  family))
+        query = query.where(
+            sa.func.list_contains(sa.cast(Run.families, sa.ARRAY(sa.String)), family)
+        )
     return query
 
 
-def list_runs(conn: sa.Connection, *, model_id: int | None = None, status: str | None = None,
-              metric_version: str | None = None, family: str | None = None, limit: int = 100,
-              offset: int = 0) -> list[Run]:
+def list_runs(
+    conn: sa.Connection,
+    *,
+    model_id: int | None = None,
+    status: str | None = None,
+    metric_version: str | None = None,
+    family: str | None = None,
+    limit: int = 100,
+    offset: int = 0,
+) -> list[Run]:
     """Runs, newest first, matching every filter given (`family`: computed that family)."""
     query = _run_filters(sa.select(Run), model_id, status, metric_version, family)
     with Session(bind=conn) as session:
         return list(session.scalars(query.order_by(Run.id.desc()).limit(limit).offset(offset)))
 
 
-def count_runs(conn: sa.Connection, *, model_id: int | None = None, status: str | None = None,
-               metric_version: str | None = None, family: str | None = None) -> int:
-    query = _run_filters(sa.select(sa.func.count()).select_from(Run), model_id, status,
-                         metric_version, family)
+def count_runs(
+    conn: sa.Connection,
+    *,
+    model_id: int | None = None,
+    status: str | None = None,
+    metric_version: str | None = None,
+    family: str | None = None,
+) -> int:
+    query = _run_filters(
+        sa.select(sa.func.count()).select_from(Run), model_id, status, metric_version, family
+    )
     return int(conn.execute(query).scalar() or 0)
 
 
 # --------------------------------------------------------------------------- record rows
 
 
-def sequence_means(conn: Any, run_id: int, metrics: Sequence[str] | None = None
-                   ) -> pl.DataFrame:
+def sequence_means(conn: Any, run_id: int, metrics: Sequence[str] | None = None) -> pl.DataFrame:
     """A run's per-sequence means (docs/metrics.md: uncertainty): columns metric, layer,
     component, head, sequence, value, ordered by metric, component, layer, head, sequence;
     only `metrics` if given. `conn` may be a SQLAlchemy connection or session, or a DuckDB
@@ -157,16 +188,27 @@ def sequence_means(conn: Any, run_id: int, metrics: Sequence[str] | None = None
         else:
             where.append(f"metric IN ({', '.join('?' for _ in metrics)})")
             params.extend(metrics)
-    return _frame(conn, f"""
+    return _frame(
+        conn,
+        f"""
         SELECT metric, layer, component, head, sequence, value FROM sequence_means
-        WHERE {' AND '.join(where)}
+        WHERE {" AND ".join(where)}
         ORDER BY metric, component NULLS FIRST, layer NULLS FIRST, head NULLS FIRST, sequence
-        """, params)
+        """,
+        params,
+    )
 
 
-def rows_of_runs(conn: Any, run_ids: Sequence[int], metrics: Sequence[str], *,
-                 component: str | None = None, layer_min: int | None = None,
-                 layer_max: int | None = None, heads: bool = False) -> pl.DataFrame:
+def rows_of_runs(
+    conn: Any,
+    run_ids: Sequence[int],
+    metrics: Sequence[str],
+    *,
+    component: str | None = None,
+    layer_min: int | None = None,
+    layer_max: int | None = None,
+    heads: bool = False,
+) -> pl.DataFrame:
     """Record rows of `metrics` in the given runs, per layer (`heads=False`: head and neuron
     null) or per head, with `run_id` and relative depth; ordered by run, metric, component,
     layer, head. `conn` may be a SQLAlchemy connection or a DuckDB cursor (`Store.cursor()`).
@@ -175,32 +217,48 @@ def rows_of_runs(conn: Any, run_ids: Sequence[int], metrics: Sequence[str], *,
     zone maps prune other runs' row groups.
     """
     if not run_ids or not metrics:
-        return _frame(conn, f"SELECT NULL::BIGINT AS run_id, {RECORD_SELECT} FROM results "
-                            "WHERE FALSE")
-    where = [f"metric IN ({', '.join('?' for _ in metrics)})",
-             "head IS NOT NULL" if heads else "head IS NULL", "neuron IS NULL"]
+        return _frame(
+            conn, f"SELECT NULL::BIGINT AS run_id, {RECORD_SELECT} FROM results WHERE FALSE"
+        )
+    where = [
+        f"metric IN ({', '.join('?' for _ in metrics)})",
+        "head IS NOT NULL" if heads else "head IS NULL",
+        "neuron IS NULL",
+    ]
     params: list[Any] = list(metrics)
-    for clause, value in (("component = ?", component), ("layer >= ?", layer_min),
-                          ("layer <= ?", layer_max)):
+    for clause, value in (
+        ("component = ?", component),
+        ("layer >= ?", layer_min),
+        ("layer <= ?", layer_max),
+    ):
         if value is not None:
             where.append(clause)
             params.append(value)
-    per_run = [f"SELECT {int(run)}::BIGINT AS run_id, {RECORD_SELECT} FROM results "
-               f"WHERE run_id = {int(run)} AND {' AND '.join(where)}" for run in run_ids]
-    return _frame(conn, f"""
-        {' UNION ALL '.join(per_run)}
+    per_run = [
+        f"SELECT {int(run)}::BIGINT AS run_id, {RECORD_SELECT} FROM results "
+        f"WHERE run_id = {int(run)} AND {' AND '.join(where)}"
+        for run in run_ids
+    ]
+    return _frame(
+        conn,
+        f"""
+        {" UNION ALL ".join(per_run)}
         ORDER BY run_id, metric, component NULLS FIRST, layer NULLS FIRST, head""",
-                  params * len(run_ids))
+        params * len(run_ids),
+    )
 
 
 def all_rows_of_run(conn: Any, run_id: int) -> pl.DataFrame:
     """Every per-layer and per-head record row of a run (not per-neuron), in the column order
     of `rows_of_runs`, sorted by metric, component, layer, head: what a serving process keeps
     in memory for a run it serves often."""
-    return _frame(conn, f"""
+    return _frame(
+        conn,
+        f"""
         SELECT {int(run_id)}::BIGINT AS run_id, {RECORD_SELECT} FROM results
         WHERE run_id = {int(run_id)} AND neuron IS NULL
-        ORDER BY metric, component NULLS FIRST, layer NULLS FIRST, head""")
+        ORDER BY metric, component NULLS FIRST, layer NULLS FIRST, head""",
+    )
 
 
 # --------------------------------------------------------------------------- serving indexes
@@ -215,21 +273,27 @@ def run_index(conn: Any) -> pl.DataFrame:
     """Every run's id, model, status, metric version, families, finish time and refit family
     (stability runs), and whether stage boundaries were stored for it: what a serving process
     picks "current" runs with."""
-    return _frame(conn, """
+    return _frame(
+        conn,
+        """
         SELECT r.id, r.model_id, r.status, r.metric_version,
                CAST(r.families AS VARCHAR[]) AS families, r.finished_at,
                json_extract_string(r.config, '$.refit_family') AS refit_family,
                EXISTS (SELECT 1 FROM stage_boundaries s WHERE s.run_id = r.id) AS has_stages
-        FROM runs r ORDER BY r.id""")
+        FROM runs r ORDER BY r.id""",
+    )
 
 
 def boundaries_of_runs(conn: Any, run_ids: Sequence[int]) -> list[dict[str, Any]]:
     """Stage boundaries of the given runs (evidence decoded), by run and boundary."""
     if not run_ids:
         return []
-    frame = _frame(conn, f"""
+    frame = _frame(
+        conn,
+        f"""
         SELECT run_id, boundary, found, layer, relative_depth, rule, evidence::VARCHAR AS evidence
-        FROM stage_boundaries WHERE run_id IN ({_ids(run_ids)}) ORDER BY run_id, boundary""")
+        FROM stage_boundaries WHERE run_id IN ({_ids(run_ids)}) ORDER BY run_id, boundary""",
+    )
     rows = frame.to_dicts()
     for row in rows:
         row["evidence"] = json.loads(row["evidence"]) if row["evidence"] else {}
@@ -238,16 +302,21 @@ def boundaries_of_runs(conn: Any, run_ids: Sequence[int]) -> list[dict[str, Any]
 
 def family_by_name(conn: sa.Connection, name: str) -> RefitFamily | None:
     with Session(bind=conn) as session:
-        return session.scalars(sa.select(RefitFamily).where(RefitFamily.name == name)
-                               ).one_or_none()
+        return session.scalars(sa.select(RefitFamily).where(RefitFamily.name == name)).one_or_none()
 
 
 # --------------------------------------------------------------------------- neurons
 
 
-def neurons(conn: Any, run_id: int, *, layer: int | None = None,
-            neuron_class: NeuronClass | None = None, top_k: int | None = 20,
-            with_tokens: bool = True) -> pl.DataFrame:
+def neurons(
+    conn: Any,
+    run_id: int,
+    *,
+    layer: int | None = None,
+    neuron_class: NeuronClass | None = None,
+    top_k: int | None = 20,
+    with_tokens: bool = True,
+) -> pl.DataFrame:
     """A run's neurons with moments and class flags, optionally of one layer and class.
 
     With a class, the top `top_k` per layer: by kurtosis for prediction/suppression, by variance
@@ -266,18 +335,24 @@ def neurons(conn: Any, run_id: int, *, layer: int | None = None,
         where.append(f'n."{neuron_class}"')
         score = "n.vocab_var" if neuron_class == "partition" else "n.vocab_kurt"
         order = f"n.layer, {score} DESC, n.neuron"
-    select = ("n.layer, n.neuron, n.vocab_mean, n.vocab_var, n.vocab_skew, n.vocab_kurt, n.n, "
-              'n.prediction, n.suppression, n."partition", n.relative_depth')
+    select = (
+        "n.layer, n.neuron, n.vocab_mean, n.vocab_var, n.vocab_skew, n.vocab_kurt, n.n, "
+        'n.prediction, n.suppression, n."partition", n.relative_depth'
+    )
     ranked = f"SELECT {select} FROM neurons n WHERE {' AND '.join(where)}"
     if neuron_class is not None and top_k is not None:
-        ranked = (f"SELECT * FROM ({ranked}) n QUALIFY row_number() OVER (PARTITION BY n.layer "
-                  f"ORDER BY {order.split(', ', 1)[1]}) <= {int(top_k)}")
+        ranked = (
+            f"SELECT * FROM ({ranked}) n QUALIFY row_number() OVER (PARTITION BY n.layer "
+            f"ORDER BY {order.split(', ', 1)[1]}) <= {int(top_k)}"
+        )
     if not with_tokens:
         return _frame(conn, f"SELECT * FROM ({ranked}) n ORDER BY {order}", params)
     token_where = f"run_id = {int(run_id)}"
     if layer is not None:
         token_where += f" AND layer = {int(layer)}"
-    return _frame(conn, f"""
+    return _frame(
+        conn,
+        f"""
         WITH picked AS ({ranked}),
         tokens AS (
             SELECT layer, neuron,
@@ -291,7 +366,9 @@ def neurons(conn: Any, run_id: int, *, layer: int | None = None,
             GROUP BY layer, neuron)
         SELECT n.*, t.promoted, t.promoted_ids, t.suppressed, t.suppressed_ids
         FROM picked n LEFT JOIN tokens t USING (layer, neuron)
-        ORDER BY {order}""", params)
+        ORDER BY {order}""",
+        params,
+    )
 
 
 # --------------------------------------------------------------------------- families
@@ -304,7 +381,11 @@ def list_families(conn: sa.Connection) -> list[RefitFamily]:
 
 def family_members(conn: sa.Connection, family_id: int) -> list[RegisteredModel]:
     with Session(bind=conn) as session:
-        return list(session.scalars(
-            sa.select(RegisteredModel).join(RefitFamilyMember,
-                                            RefitFamilyMember.model_id == RegisteredModel.id)
-            .where(RefitFamilyMember.family_id == family_id).order_by(RegisteredModel.id)))
+        return list(
+            session.scalars(
+                sa.select(RegisteredModel)
+                .join(RefitFamilyMember, RefitFamilyMember.model_id == RegisteredModel.id)
+                .where(RefitFamilyMember.family_id == family_id)
+                .order_by(RegisteredModel.id)
+            )
+        )

@@ -80,8 +80,9 @@ class PreparedRows:
     sequence_means: pa.Table = field(default_factory=SEQUENCE_MEANS_SCHEMA.empty_table)
 
 
-def relative_depth(layer: pa.ChunkedArray | pa.Array, lens: pa.ChunkedArray | pa.Array | bool,
-                   n_layers: int) -> pa.Array:
+def relative_depth(
+    layer: pa.ChunkedArray | pa.Array, lens: pa.ChunkedArray | pa.Array | bool, n_layers: int
+) -> pa.Array:
     """l/(L-1) for block metrics, i/L for logit-lens points (docs/metrics.md: depth); null layer ->
     null."""
     layers = pc.cast(layer, pa.float64())
@@ -91,8 +92,12 @@ def relative_depth(layer: pa.ChunkedArray | pa.Array, lens: pa.ChunkedArray | pa
     return pc.if_else(lens, pc.divide(layers, float(n_layers)), block)
 
 
-def prepare_rows(records: pa.Table, neuron_tokens: pa.Table | None,
-                 info: ModelInfo, sequence_means: pa.Table | None = None) -> PreparedRows:
+def prepare_rows(
+    records: pa.Table,
+    neuron_tokens: pa.Table | None,
+    info: ModelInfo,
+    sequence_means: pa.Table | None = None,
+) -> PreparedRows:
     """Check a run's records, top tokens and per-sequence means against the format and the
     model; split and shape them for the store. Raises `IngestError` naming the first problem."""
     try:
@@ -121,14 +126,17 @@ def _check_shape(table: pa.Table, info: ModelInfo) -> None:
         raise IngestError(
             f"layer out of range: {row['metric']} has layer {row['layer']} but the model has "
             f"{info.n_layers} layers (blocks 0..{info.n_layers - 1}; logit_lens points "
-            f"0..{info.n_layers})")
+            f"0..{info.n_layers})"
+        )
     for column, size, what in (("head", info.n_heads, "heads"), ("neuron", info.d_mlp, "neurons")):
         values = table.column(column)
         outside = pc.or_(pc.less(values, 0), pc.greater_equal(values, size))
         if pc.any(outside).as_py():
             row = _first(table, outside)
-            raise IngestError(f"{column} out of range: {row['metric']} layer {row['layer']} has "
-                              f"{column} {row[column]} but the model has {size} {what} per layer")
+            raise IngestError(
+                f"{column} out of range: {row['metric']} layer {row['layer']} has "
+                f"{column} {row[column]} but the model has {size} {what} per layer"
+            )
 
 
 def _result_rows(table: pa.Table, info: ModelInfo) -> pa.Table:
@@ -139,11 +147,18 @@ def _result_rows(table: pa.Table, info: ModelInfo) -> pa.Table:
         key = ", ".join(f"{k}={row[k]}" for k in RESULT_KEY if row[k] is not None)
         raise IngestError(f"duplicate records: {key} appears more than once")
     lens = pc.starts_with(table.column("metric"), "logit_lens.")
-    table = table.append_column("relative_depth", relative_depth(table.column("layer"), lens,
-                                                                 info.n_layers))
+    table = table.append_column(
+        "relative_depth", relative_depth(table.column("layer"), lens, info.n_layers)
+    )
     # Sorted so that a run's rows of one metric sit together: zone maps skip the rest.
-    return table.sort_by([("metric", "ascending"), ("component", "ascending"),
-                          ("layer", "ascending"), ("head", "ascending")])
+    return table.sort_by(
+        [
+            ("metric", "ascending"),
+            ("component", "ascending"),
+            ("layer", "ascending"),
+            ("head", "ascending"),
+        ]
+    )
 
 
 def _neuron_rows(table: pa.Table, info: ModelInfo) -> tuple[pa.Table, np.ndarray]:
@@ -154,24 +169,32 @@ def _neuron_rows(table: pa.Table, info: ModelInfo) -> tuple[pa.Table, np.ndarray
     for column in ("layer", "neuron"):
         if table.column(column).null_count:
             row = _first(table, pc.is_null(table.column(column)))
-            raise IngestError(f"{row['metric']} records need a layer and a neuron; one has "
-                              f"layer={row['layer']} neuron={row['neuron']}")
+            raise IngestError(
+                f"{row['metric']} records need a layer and a neuron; one has "
+                f"layer={row['layer']} neuron={row['neuron']}"
+            )
     code = pc.index_in(table.column("metric"), pa.array(MOMENT_METRICS)).to_numpy()
-    neuron_index = (table.column("layer").to_numpy().astype(np.int64) * info.d_mlp
-                    + table.column("neuron").to_numpy())
+    neuron_index = (
+        table.column("layer").to_numpy().astype(np.int64) * info.d_mlp
+        + table.column("neuron").to_numpy()
+    )
     slot = neuron_index * len(MOMENTS) + code
     counts = np.bincount(slot, minlength=slots * len(MOMENTS)).reshape(slots, len(MOMENTS))
     if (counts > 1).any():
         i, m = np.argwhere(counts > 1)[0]
-        raise IngestError(f"duplicate records: {MOMENT_METRICS[m]} of layer {i // info.d_mlp} "
-                          f"neuron {i % info.d_mlp} appears {counts[i, m]} times")
+        raise IngestError(
+            f"duplicate records: {MOMENT_METRICS[m]} of layer {i // info.d_mlp} "
+            f"neuron {i % info.d_mlp} appears {counts[i, m]} times"
+        )
     per_neuron = counts.sum(axis=1)
     partial = (per_neuron > 0) & (per_neuron < len(MOMENTS))
     if partial.any():
         i = int(np.argmax(partial))
         missing = [MOMENT_METRICS[m] for m in range(len(MOMENTS)) if counts[i, m] == 0]
-        raise IngestError(f"incomplete neuron: layer {i // info.d_mlp} neuron {i % info.d_mlp} "
-                          f"lacks {', '.join(missing)}")
+        raise IngestError(
+            f"incomplete neuron: layer {i // info.d_mlp} neuron {i % info.d_mlp} "
+            f"lacks {', '.join(missing)}"
+        )
     present = per_neuron == len(MOMENTS)
     values = np.empty(slots * len(MOMENTS))
     values[slot] = table.column("value").to_numpy()
@@ -180,28 +203,40 @@ def _neuron_rows(table: pa.Table, info: ModelInfo) -> tuple[pa.Table, np.ndarray
     values, n = values.reshape(slots, -1)[present], n.reshape(slots, -1)[present]
     if (n != n[:, :1]).any():
         i = int(np.flatnonzero(present)[np.argmax((n != n[:, :1]).any(axis=1))])
-        raise IngestError(f"the moments of layer {i // info.d_mlp} neuron {i % info.d_mlp} have "
-                          "different n")
+        raise IngestError(
+            f"the moments of layer {i // info.d_mlp} neuron {i % info.d_mlp} have different n"
+        )
     index = np.flatnonzero(present)
-    columns = {"layer": index // info.d_mlp, "neuron": index % info.d_mlp,
-               **{m: values[:, k] for k, m in enumerate(MOMENTS)}, "n": n[:, 0]}
+    columns = {
+        "layer": index // info.d_mlp,
+        "neuron": index % info.d_mlp,
+        **{m: values[:, k] for k, m in enumerate(MOMENTS)},
+        "n": n[:, 0],
+    }
     return _neurons_table(columns, info), present
 
 
 def _neurons_table(columns: dict[str, np.ndarray], info: ModelInfo) -> pa.Table:
     if not columns:
-        columns = {"layer": np.zeros(0, np.int64), "neuron": np.zeros(0, np.int64),
-                   **{m: np.zeros(0) for m in MOMENTS}, "n": np.zeros(0, np.int64)}
+        columns = {
+            "layer": np.zeros(0, np.int64),
+            "neuron": np.zeros(0, np.int64),
+            **{m: np.zeros(0) for m in MOMENTS},
+            "n": np.zeros(0, np.int64),
+        }
     moments = torch.from_numpy(np.stack([columns[m] for m in MOMENTS]))
     classes = {name: mask.numpy() for name, mask in classify(moments).items()}
     layer = pa.array(columns["layer"].astype(np.int32))
-    return pa.table({
-        "layer": layer, "neuron": pa.array(columns["neuron"].astype(np.int32)),
-        **{m: pa.array(columns[m], pa.float64()) for m in MOMENTS},
-        "n": pa.array(columns["n"], pa.int64()),
-        **{name: pa.array(classes[name], pa.bool_()) for name in NEURON_CLASSES},
-        "relative_depth": relative_depth(layer, False, info.n_layers),
-    })
+    return pa.table(
+        {
+            "layer": layer,
+            "neuron": pa.array(columns["neuron"].astype(np.int32)),
+            **{m: pa.array(columns[m], pa.float64()) for m in MOMENTS},
+            "n": pa.array(columns["n"], pa.int64()),
+            **{name: pa.array(classes[name], pa.bool_()) for name in NEURON_CLASSES},
+            "relative_depth": relative_depth(layer, False, info.n_layers),
+        }
+    )
 
 
 def _conformed(table: pa.Table | None, schema: pa.Schema, what: str) -> pa.Table:
@@ -230,27 +265,40 @@ def _token_rows(table: pa.Table | None, info: ModelInfo, present: np.ndarray) ->
     for name, allowed in (("neuron_class", NEURON_CLASSES), ("direction", DIRECTIONS)):
         unknown = set(pc.unique(table.column(name)).to_pylist()) - set(allowed)
         if unknown:
-            raise IngestError(f"neuron tokens: unknown {name} {sorted(unknown)}; "
-                              f"expected one of {', '.join(allowed)}")
-    for name, low, high in (("layer", 0, info.n_layers), ("neuron", 0, info.d_mlp),
-                            ("token_id", 0, info.d_vocab), ("rank", 0, None)):
+            raise IngestError(
+                f"neuron tokens: unknown {name} {sorted(unknown)}; "
+                f"expected one of {', '.join(allowed)}"
+            )
+    for name, low, high in (
+        ("layer", 0, info.n_layers),
+        ("neuron", 0, info.d_mlp),
+        ("token_id", 0, info.d_vocab),
+        ("rank", 0, None),
+    ):
         lo, hi = pc.min(table.column(name)).as_py(), pc.max(table.column(name)).as_py()
         if lo < low or (high is not None and hi >= high):
-            raise IngestError(f"neuron tokens: {name} out of range ({lo}..{hi}; the model allows "
-                              f"{low}..{'' if high is None else high - 1})")
-    index = (table.column("layer").to_numpy().astype(np.int64) * info.d_mlp
-             + table.column("neuron").to_numpy())
+            raise IngestError(
+                f"neuron tokens: {name} out of range ({lo}..{hi}; the model allows "
+                f"{low}..{'' if high is None else high - 1})"
+            )
+    index = (
+        table.column("layer").to_numpy().astype(np.int64) * info.d_mlp
+        + table.column("neuron").to_numpy()
+    )
     orphan = ~present[index]
     if orphan.any():
         i = int(index[np.argmax(orphan)])
-        raise IngestError(f"neuron tokens for layer {i // info.d_mlp} neuron {i % info.d_mlp}, "
-                          "which has no neurons.vocab_* records")
+        raise IngestError(
+            f"neuron tokens for layer {i // info.d_mlp} neuron {i % info.d_mlp}, "
+            "which has no neurons.vocab_* records"
+        )
     frame = pl.DataFrame(table.select(TOKEN_KEY))
     duplicated = frame.is_duplicated()
     if duplicated.any():
         row = frame.filter(duplicated).row(0, named=True)
-        raise IngestError("duplicate neuron tokens: " + ", ".join(f"{k}={row[k]}"
-                                                                   for k in TOKEN_KEY))
+        raise IngestError(
+            "duplicate neuron tokens: " + ", ".join(f"{k}={row[k]}" for k in TOKEN_KEY)
+        )
     return table.sort_by([("layer", "ascending"), ("neuron", "ascending")])
 
 
@@ -275,21 +323,33 @@ def _sequence_mean_rows(table: pa.Table | None, results: pa.Table) -> pa.Table:
     duplicated = frame.is_duplicated()
     if duplicated.any():
         row = frame.filter(duplicated).row(0, named=True)
-        raise IngestError("duplicate per-sequence means: " + ", ".join(
-            f"{k}={row[k]}" for k in (*SEQUENCE_KEY, "sequence") if row[k] is not None))
+        raise IngestError(
+            "duplicate per-sequence means: "
+            + ", ".join(f"{k}={row[k]}" for k in (*SEQUENCE_KEY, "sequence") if row[k] is not None)
+        )
     counts = frame.group_by(SEQUENCE_KEY).len("sequences")
     records = pl.DataFrame(results.select([*SEQUENCE_KEY, "n"]))
     joined = counts.join(records, on=list(SEQUENCE_KEY), how="left", nulls_equal=True)
     orphan = joined.filter(pl.col("n").is_null())
     if orphan.height:
         row = orphan.row(0, named=True)
-        raise IngestError("per-sequence means of a mean that is not among the records: " +
-                          ", ".join(f"{k}={row[k]}" for k in SEQUENCE_KEY if row[k] is not None))
+        raise IngestError(
+            "per-sequence means of a mean that is not among the records: "
+            + ", ".join(f"{k}={row[k]}" for k in SEQUENCE_KEY if row[k] is not None)
+        )
     wrong = joined.filter(pl.col("n") != pl.col("sequences"))
     if wrong.height:
         row = wrong.row(0, named=True)
         key = ", ".join(f"{k}={row[k]}" for k in SEQUENCE_KEY if row[k] is not None)
-        raise IngestError(f"per-sequence means of {key}: {row['sequences']} sequences, but the "
-                          f"record says n={row['n']}")
-    return table.sort_by([("metric", "ascending"), ("component", "ascending"),
-                          ("layer", "ascending"), ("sequence", "ascending")])
+        raise IngestError(
+            f"per-sequence means of {key}: {row['sequences']} sequences, but the "
+            f"record says n={row['n']}"
+        )
+    return table.sort_by(
+        [
+            ("metric", "ascending"),
+            ("component", "ascending"),
+            ("layer", "ascending"),
+            ("sequence", "ascending"),
+        ]
+    )

@@ -19,9 +19,9 @@ from service.store.tables import Run, utcnow
 
 
 def find_run(session: Session, config_hash: str, metric_version: str) -> Run | None:
-    return session.scalars(sa.select(Run).where(Run.config_hash == config_hash,
-                                                Run.metric_version == metric_version)
-                           ).one_or_none()
+    return session.scalars(
+        sa.select(Run).where(Run.config_hash == config_hash, Run.metric_version == metric_version)
+    ).one_or_none()
 
 
 def enqueue(store: Store, config: RunConfig) -> Run:
@@ -31,11 +31,18 @@ def enqueue(store: Store, config: RunConfig) -> Run:
         if run is None:
             model = register_model(session, config.model, None)
             tokens = register_token_source(session, config.tokens)
-            run = Run(model_id=model.id, token_source_id=tokens.id,
-                      config_hash=config.config_hash(), metric_version=config.metric_version,
-                      code_version=CODE_VERSION, families=sorted(config.families),
-                      config=json.loads(config.canonical_json()), status="queued", progress=0.0,
-                      dtype=config.model.dtype)
+            run = Run(
+                model_id=model.id,
+                token_source_id=tokens.id,
+                config_hash=config.config_hash(),
+                metric_version=config.metric_version,
+                code_version=CODE_VERSION,
+                families=sorted(config.families),
+                config=json.loads(config.canonical_json()),
+                status="queued",
+                progress=0.0,
+                dtype=config.model.dtype,
+            )
             session.add(run)
         elif run.status == "failed":
             run.status, run.progress, run.error = "queued", 0.0, None

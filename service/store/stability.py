@@ -62,12 +62,20 @@ class StabilityResult:
     environment: dict[str, str] = field(default_factory=dict)
 
     def config(self) -> dict[str, Any]:
-        members = sorted((model_identity(s) for s, _ in self.members),
-                         key=lambda m: json.dumps(m, sort_keys=True))
-        return {"kind": STABILITY_FAMILY, "refit_family": self.family,
-                "anchor": model_identity(self.anchor), "members": members,
-                "options": self.options, "prompts": self.prompts.model_dump(mode="json"),
-                "families": [STABILITY_FAMILY], "metric_version": METRIC_VERSION}
+        members = sorted(
+            (model_identity(s) for s, _ in self.members),
+            key=lambda m: json.dumps(m, sort_keys=True),
+        )
+        return {
+            "kind": STABILITY_FAMILY,
+            "refit_family": self.family,
+            "anchor": model_identity(self.anchor),
+            "members": members,
+            "options": self.options,
+            "prompts": self.prompts.model_dump(mode="json"),
+            "families": [STABILITY_FAMILY],
+            "metric_version": METRIC_VERSION,
+        }
 
     def config_hash(self) -> str:
         text = json.dumps(self.config(), sort_keys=True, separators=(",", ":"))
@@ -104,8 +112,9 @@ def ingest_stability(store: Store, result: StabilityResult) -> StabilitySummary:
         raise IngestError("stability records hold no per-neuron moments")
     config_hash = result.config_hash()
     with store.write() as conn, Session(bind=conn, expire_on_commit=False) as session:
-        models = [register_model(session, spec, info) for spec, info in zip(specs, infos,
-                                                                            strict=True)]
+        models = [
+            register_model(session, spec, info) for spec, info in zip(specs, infos, strict=True)
+        ]
         anchor = models[[model_identity(s) for s in specs].index(model_identity(result.anchor))]
         family = _family(session, result.family, anchor.id, [m.id for m in models])
         tokens = register_token_source(session, result.prompts)
@@ -134,19 +143,23 @@ def ingest_stability(store: Store, result: StabilityResult) -> StabilitySummary:
 
 
 def _family(session: Session, name: str, anchor_id: int, member_ids: list[int]) -> RefitFamily:
-    family = session.scalars(sa.select(RefitFamily).where(RefitFamily.name == name)
-                             ).one_or_none()
+    family = session.scalars(sa.select(RefitFamily).where(RefitFamily.name == name)).one_or_none()
     if family is None:
-        family = RefitFamily(name=name, anchor_model_id=anchor_id,
-                             description=f"refits compared against model {anchor_id}")
+        family = RefitFamily(
+            name=name,
+            anchor_model_id=anchor_id,
+            description=f"refits compared against model {anchor_id}",
+        )
         session.add(family)
         session.flush()
     elif family.anchor_model_id != anchor_id:
         raise IngestError(
             f"refit family {name!r} is stored with anchor model {family.anchor_model_id}, not "
-            f"{anchor_id}: give this comparison another family name")
+            f"{anchor_id}: give this comparison another family name"
+        )
     session.execute(sa.delete(RefitFamilyMember).where(RefitFamilyMember.family_id == family.id))
-    session.add_all([RefitFamilyMember(family_id=family.id, model_id=m)
-                     for m in dict.fromkeys(member_ids)])
+    session.add_all(
+        [RefitFamilyMember(family_id=family.id, model_id=m) for m in dict.fromkeys(member_ids)]
+    )
     session.flush()
     return family

@@ -23,18 +23,28 @@ def broker_options(settings: Settings) -> tuple[str, dict[str, Any]]:
     """The broker URL and transport options of these settings."""
     timeout = settings.jobs.publish_timeout_s
     if settings.broker_url:
-        options: dict[str, Any] = {"max_retries": 2, "interval_start": 0,
-                                   "interval_step": 0.5, "interval_max": 1}
+        options: dict[str, Any] = {
+            "max_retries": 2,
+            "interval_start": 0,
+            "interval_step": 0.5,
+            "interval_max": 1,
+        }
         if settings.broker_url.startswith(("redis", "rediss")):
-            options |= {"socket_connect_timeout": timeout, "socket_timeout": timeout * 4,
-                        "visibility_timeout": settings.worker.time_limit_s + 600}
+            options |= {
+                "socket_connect_timeout": timeout,
+                "socket_timeout": timeout * 4,
+                "visibility_timeout": settings.worker.time_limit_s + 600,
+            }
         return settings.broker_url, options
     folder = filesystem_broker_dir(settings)
-    return "filesystem://", {"data_folder_in": str(folder / "queue"),
-                             "data_folder_out": str(folder / "queue"),
-                             "processed_folder": str(folder / "processed"),
-                             "control_folder": str(folder / "control"),
-                             "store_processed": False, "polling_interval": 0.2}
+    return "filesystem://", {
+        "data_folder_in": str(folder / "queue"),
+        "data_folder_out": str(folder / "queue"),
+        "processed_folder": str(folder / "processed"),
+        "control_folder": str(folder / "control"),
+        "store_processed": False,
+        "polling_interval": 0.2,
+    }
 
 
 def filesystem_broker_dir(settings: Settings, *, create: bool = False) -> Path:
@@ -59,15 +69,17 @@ def make_app(settings: Settings, *, create_broker_dir: bool = False) -> Celery:
         broker_transport_options=options,
         broker_connection_timeout=settings.jobs.publish_timeout_s,
         broker_connection_retry_on_startup=True,
-        task_queues=[Queue(name, Exchange(name, type="direct"), routing_key=name)
-                     for name in (COMPUTE_QUEUE, OPS_QUEUE)],
+        task_queues=[
+            Queue(name, Exchange(name, type="direct"), routing_key=name)
+            for name in (COMPUTE_QUEUE, OPS_QUEUE)
+        ],
         task_default_queue=OPS_QUEUE,
-        task_routes={COMPUTE_TASK: {"queue": COMPUTE_QUEUE},
-                     RECONCILE_TASK: {"queue": OPS_QUEUE}},
+        task_routes={COMPUTE_TASK: {"queue": COMPUTE_QUEUE}, RECONCILE_TASK: {"queue": OPS_QUEUE}},
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         task_ignore_result=True,
-        task_serializer="json", accept_content=["json"],
+        task_serializer="json",
+        accept_content=["json"],
         worker_prefetch_multiplier=1,
         worker_max_tasks_per_child=settings.worker.max_tasks_per_child,
         worker_max_memory_per_child=settings.worker.max_memory_mb * 1024 or None,
@@ -77,10 +89,13 @@ def make_app(settings: Settings, *, create_broker_dir: bool = False) -> Celery:
         # Task events feed Flower; the filesystem transport has no fanout to carry them.
         worker_send_task_events=bool(settings.broker_url),
         task_send_sent_event=bool(settings.broker_url),
-        beat_schedule={"reconcile": {"task": RECONCILE_TASK,
-                                     "schedule": settings.jobs.reconcile_interval_s,
-                                     "options": {"queue": OPS_QUEUE,
-                                                 "expires": settings.jobs.reconcile_interval_s}}},
+        beat_schedule={
+            "reconcile": {
+                "task": RECONCILE_TASK,
+                "schedule": settings.jobs.reconcile_interval_s,
+                "options": {"queue": OPS_QUEUE, "expires": settings.jobs.reconcile_interval_s},
+            }
+        },
         beat_schedule_filename=str(settings.data_dir.resolve() / "beat-schedule"),
         timezone="UTC",
     )

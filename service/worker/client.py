@@ -24,9 +24,15 @@ V1 = "/api/v1"
 def until(deadline_s: float) -> RetryPolicy:
     """The worker's policy: every method, 5xx included, from 0.2 s doubling to 10 s, until
     `deadline_s` has passed; a 429 is final like any 4xx (not waited out)."""
-    return RetryPolicy(methods=READS | {"POST"}, attempts=None, deadline_s=deadline_s,
-                       backoff_s=0.2, max_backoff_s=10.0, server_errors=True,
-                       rate_limit_wait_s=0.0)
+    return RetryPolicy(
+        methods=READS | {"POST"},
+        attempts=None,
+        deadline_s=deadline_s,
+        backoff_s=0.2,
+        max_backoff_s=10.0,
+        server_errors=True,
+        rate_limit_wait_s=0.0,
+    )
 
 
 class ApiClient:
@@ -51,26 +57,40 @@ class ApiClient:
 
     def claim(self, job_id: int, dispatch: int, worker: str, device: str) -> Claimed:
         answer = self._transport.request(
-            "POST", f"{V1}/jobs/{job_id}/claim", policy=until(600),
-            json={"dispatch": dispatch, "worker": worker, "device": device})
+            "POST",
+            f"{V1}/jobs/{job_id}/claim",
+            policy=until(600),
+            json={"dispatch": dispatch, "worker": worker, "device": device},
+        )
         return decode(answer, Claimed)
 
     def heartbeat(self, job_id: int, dispatch: int, worker: str, **progress: Any) -> bool:
         """True: stop (cancelled, or the job was handed to another dispatch)."""
         answer = self._transport.request(
-            "POST", f"{V1}/jobs/{job_id}/heartbeat", policy=until(5),
-            json={"dispatch": dispatch, "worker": worker, **progress})
+            "POST",
+            f"{V1}/jobs/{job_id}/heartbeat",
+            policy=until(5),
+            json={"dispatch": dispatch, "worker": worker, **progress},
+        )
         return decode(answer, HeartbeatAnswer).stop
 
-    def fail(self, job_id: int, dispatch: int, worker: str, error: str, deadline_s: float
-             ) -> None:
-        self._transport.request("POST", f"{V1}/jobs/{job_id}/fail", policy=until(deadline_s),
-                                json={"dispatch": dispatch, "worker": worker, "error": error})
+    def fail(self, job_id: int, dispatch: int, worker: str, error: str, deadline_s: float) -> None:
+        self._transport.request(
+            "POST",
+            f"{V1}/jobs/{job_id}/fail",
+            policy=until(deadline_s),
+            json={"dispatch": dispatch, "worker": worker, "error": error},
+        )
 
     def deliver(self, job_id: int, body: bytes, deadline_s: float) -> IngestSummary:
         answer = self._transport.request(
-            "POST", f"{V1}/runs/ingest", policy=until(deadline_s), content=body,
-            params={"job_id": job_id}, headers={"Content-Type": ARROW})
+            "POST",
+            f"{V1}/runs/ingest",
+            policy=until(deadline_s),
+            content=body,
+            params={"job_id": job_id},
+            headers={"Content-Type": ARROW},
+        )
         return decode(answer, IngestSummary)
 
     def reconcile(self) -> list[int]:

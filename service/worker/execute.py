@@ -40,8 +40,9 @@ class Identity:
 class Reporter:
     """Sends a running job's progress as heartbeats from a background thread."""
 
-    def __init__(self, client: ApiClient, job_id: int, dispatch: int, worker: str,
-                 every_s: float) -> None:
+    def __init__(
+        self, client: ApiClient, job_id: int, dispatch: int, worker: str, every_s: float
+    ) -> None:
         self.client, self.job_id, self.dispatch, self.worker = client, job_id, dispatch, worker
         self.every_s = every_s
         self.latest: Progress | None = None
@@ -67,8 +68,12 @@ class Reporter:
         p = self.latest
         fields: dict[str, Any] = {}
         if p is not None:
-            fields = {"done": p.done, "total": p.total, "tokens_per_s": max(p.tokens_per_s, 0.0),
-                      "elapsed_s": max(p.elapsed_s, 0.0)}
+            fields = {
+                "done": p.done,
+                "total": p.total,
+                "tokens_per_s": max(p.tokens_per_s, 0.0),
+                "elapsed_s": max(p.elapsed_s, 0.0),
+            }
         try:
             if self.client.heartbeat(self.job_id, self.dispatch, self.worker, **fields):
                 self.stop_requested.set()
@@ -85,8 +90,15 @@ class Reporter:
                 return
 
 
-def run_job(job_id: int, dispatch: int, *, settings: Settings, client: ApiClient,
-            me: Identity, cache: ModelCache) -> str:
+def run_job(
+    job_id: int,
+    dispatch: int,
+    *,
+    settings: Settings,
+    client: ApiClient,
+    me: Identity,
+    cache: ModelCache,
+) -> str:
     """Run one job to its end; returns what happened: succeeded, failed, cancelled, refused."""
     from compute.run import RunConfig, compute_run, result_metadata
     from service.exports import FORMATS
@@ -99,8 +111,7 @@ def run_job(job_id: int, dispatch: int, *, settings: Settings, client: ApiClient
     deadline = settings.worker.delivery_timeout_s
     with Reporter(client, job_id, dispatch, me.name, settings.worker.heartbeat_s) as reporter:
         try:
-            config = with_worker_budgets(RunConfig.model_validate(claimed.config),
-                                         settings)
+            config = with_worker_budgets(RunConfig.model_validate(claimed.config), settings)
             lm = cache.get(config.model, me.device)
             result = compute_run(config, device=me.device, progress=reporter.progress, lm=lm)
             if reporter.stop_requested.is_set():
@@ -120,15 +131,16 @@ def run_job(job_id: int, dispatch: int, *, settings: Settings, client: ApiClient
             if exc.status == 409:
                 log.info("job %s: results not stored: %s", job_id, exc.detail)
                 return "cancelled"
-            return _fail(client, job_id, dispatch, me, f"results refused: {exc.detail}",
-                         deadline)
+            return _fail(client, job_id, dispatch, me, f"results refused: {exc.detail}", deadline)
         except StrataError as exc:  # bad spec, model not loadable, NaN/inf: the job's fault
             return _fail(client, job_id, dispatch, me, f"{type(exc).__name__}: {exc}", deadline)
         except Exception as exc:
             if type(exc).__name__ == "SoftTimeLimitExceeded":
-                message = (f"the job ran past the soft time limit of "
-                           f"{settings.worker.soft_time_limit_s} s (STRATA_WORKER__"
-                           "SOFT_TIME_LIMIT_S)")
+                message = (
+                    f"the job ran past the soft time limit of "
+                    f"{settings.worker.soft_time_limit_s} s (STRATA_WORKER__"
+                    "SOFT_TIME_LIMIT_S)"
+                )
             else:
                 message = f"{type(exc).__name__}: {exc}"
                 log.error("job %s crashed:\n%s", job_id, traceback.format_exc())
@@ -138,16 +150,19 @@ def run_job(job_id: int, dispatch: int, *, settings: Settings, client: ApiClient
 def with_worker_budgets(config: Any, settings: Settings) -> Any:
     """The run configuration with this worker's memory and batch budgets where the job set
     none. They change speed and memory, not results, and are not part of the run's identity."""
-    fill = {name: getattr(settings.worker, name) for name in ("memory_budget_mb",
-                                                                "tokens_per_batch")
-            if getattr(config.options, name) is None and getattr(settings.worker, name)}
+    fill = {
+        name: getattr(settings.worker, name)
+        for name in ("memory_budget_mb", "tokens_per_batch")
+        if getattr(config.options, name) is None and getattr(settings.worker, name)
+    }
     if not fill:
         return config
     return config.model_copy(update={"options": config.options.model_copy(update=fill)})
 
 
-def _fail(client: ApiClient, job_id: int, dispatch: int, me: Identity, message: str,
-          deadline: float) -> str:
+def _fail(
+    client: ApiClient, job_id: int, dispatch: int, me: Identity, message: str, deadline: float
+) -> str:
     log.warning("job %s failed: %s", job_id, message)
     try:
         client.fail(job_id, dispatch, me.name, message, deadline_s=deadline)

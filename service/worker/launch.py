@@ -31,14 +31,40 @@ log = logging.getLogger("strata.worker")
 
 def worker_argv(queues: list[str], name: str, loglevel: str = "INFO") -> list[str]:
     """Celery's own command line for one worker process of ours."""
-    return ["worker", "--queues", ",".join(queues), "--concurrency", "1", "--pool", "prefork",
-            "--hostname", name, "--loglevel", loglevel, "--without-gossip", "--without-mingle"]
+    return [
+        "worker",
+        "--queues",
+        ",".join(queues),
+        "--concurrency",
+        "1",
+        "--pool",
+        "prefork",
+        "--hostname",
+        name,
+        "--loglevel",
+        loglevel,
+        "--without-gossip",
+        "--without-mingle",
+    ]
 
 
 def beat_argv(name: str, loglevel: str = "INFO") -> list[str]:
-    return ["worker", "--beat", "--queues", OPS_QUEUE, "--pool", "threads", "--concurrency",
-            "2", "--hostname", name, "--loglevel", loglevel, "--without-gossip",
-            "--without-mingle"]
+    return [
+        "worker",
+        "--beat",
+        "--queues",
+        OPS_QUEUE,
+        "--pool",
+        "threads",
+        "--concurrency",
+        "2",
+        "--hostname",
+        name,
+        "--loglevel",
+        loglevel,
+        "--without-gossip",
+        "--without-mingle",
+    ]
 
 
 WARM_SHUTDOWN_S = 90.0  # below compose's stop_grace_period (2 min) and Kubernetes' (600 s)
@@ -119,7 +145,7 @@ def own_children() -> list[int]:
                 text = stat.read()
         except OSError:
             continue
-        if int(text[text.rindex(")") + 2:].split()[1]) == me:
+        if int(text[text.rindex(")") + 2 :].split()[1]) == me:
             found.append(int(entry))
     return found
 
@@ -131,8 +157,11 @@ def _deadline(warm_shutdown_s: float) -> None:
 
     def expire() -> None:
         time.sleep(warm_shutdown_s)
-        log.warning("warm shutdown still waiting after %.0f s: abandoning the running job "
-                    "(its lease expires and the API sends it again)", warm_shutdown_s)
+        log.warning(
+            "warm shutdown still waiting after %.0f s: abandoning the running job "
+            "(its lease expires and the API sends it again)",
+            warm_shutdown_s,
+        )
         for child in own_children():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(child, signal.SIGKILL)
@@ -142,20 +171,43 @@ def _deadline(warm_shutdown_s: float) -> None:
     threading.Thread(target=expire, name="strata-shutdown-deadline", daemon=True).start()
 
 
-def gpu_children(gpus: list[int], queues: list[str], name: str | None,
-                 extra_env: dict[str, str], warm_shutdown_s: float = WARM_SHUTDOWN_S) -> int:
+def gpu_children(
+    gpus: list[int],
+    queues: list[str],
+    name: str | None,
+    extra_env: dict[str, str],
+    warm_shutdown_s: float = WARM_SHUTDOWN_S,
+) -> int:
     """One `strata worker --device cuda` process per GPU; waits for them, stops them on
     SIGTERM/SIGINT. Returns the worst exit code."""
     host = socket.gethostname()
     procs = []
     for gpu in gpus:
-        env = {**os.environ, **extra_env, "CUDA_VISIBLE_DEVICES": str(gpu),
-               "STRATA_WORKER__DEVICE": "cuda",
-               "STRATA_WORKER_NAME": f"{name or 'gpu'}{gpu}@{host}",
-               PARENT_PID_ENV: str(os.getpid())}  # each dies with this launcher
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "service.cli", "worker", "--device", "cuda", "--queues",
-             ",".join(queues), "--warm-shutdown-s", str(warm_shutdown_s)], env=env))
+        env = {
+            **os.environ,
+            **extra_env,
+            "CUDA_VISIBLE_DEVICES": str(gpu),
+            "STRATA_WORKER__DEVICE": "cuda",
+            "STRATA_WORKER_NAME": f"{name or 'gpu'}{gpu}@{host}",
+            PARENT_PID_ENV: str(os.getpid()),
+        }  # each dies with this launcher
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "service.cli",
+                    "worker",
+                    "--device",
+                    "cuda",
+                    "--queues",
+                    ",".join(queues),
+                    "--warm-shutdown-s",
+                    str(warm_shutdown_s),
+                ],
+                env=env,
+            )
+        )
 
     def stop(*_: object) -> None:
         for proc in procs:
@@ -192,23 +244,45 @@ class LocalProcesses:
     def start(self) -> None:
         base = [sys.executable, "-m", "service.cli"]
         self.children = [
-            Child("worker", [*base, "worker", "--device", self.device, "--queues",
-                             COMPUTE_QUEUE, "--name", "local"]),
+            Child(
+                "worker",
+                [
+                    *base,
+                    "worker",
+                    "--device",
+                    self.device,
+                    "--queues",
+                    COMPUTE_QUEUE,
+                    "--name",
+                    "local",
+                ],
+            ),
             Child("beat", [*base, "beat"]),
         ]
         for child in self.children:
             self._spawn(child)
-        self._thread = threading.Thread(target=self._watch, name="strata-local-workers",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._watch, name="strata-local-workers", daemon=True
+        )
         self._thread.start()
 
     def _spawn(self, child: Child) -> None:
-        env = {**os.environ, "STRATA_API_URL": self.api_url, "STRATA_API_KEY": self.api_key,
-               PARENT_PID_ENV: str(os.getpid())}
+        env = {
+            **os.environ,
+            "STRATA_API_URL": self.api_url,
+            "STRATA_API_KEY": self.api_key,
+            PARENT_PID_ENV: str(os.getpid()),
+        }
         os.makedirs(self.log_dir, exist_ok=True)
         out = open(os.path.join(self.log_dir, f"{child.name}.log"), "ab")  # noqa: SIM115
-        child.proc = subprocess.Popen(child.argv, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                      start_new_session=True, preexec_fn=_die_with_parent)
+        child.proc = subprocess.Popen(
+            child.argv,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
         out.close()
         child.started = time.monotonic()
         log.info("started local %s (pid %s)", child.name, child.proc.pid)
@@ -221,9 +295,10 @@ class LocalProcesses:
                 code = child.proc.returncode
                 lived = time.monotonic() - child.started
                 child.restarts = 0 if lived > 60 else child.restarts + 1
-                pause = min(2 ** child.restarts, 30) if child.restarts else 0
-                log.warning("local %s exited (code %s); restarting in %s s", child.name, code,
-                            pause)
+                pause = min(2**child.restarts, 30) if child.restarts else 0
+                log.warning(
+                    "local %s exited (code %s); restarting in %s s", child.name, code, pause
+                )
                 if self._stop.wait(pause):
                     return
                 self._spawn(child)

@@ -36,8 +36,14 @@ def identity() -> Identity:
 def compute_job(self: object, job_id: int, dispatch: int) -> str:
     settings = get_settings()
     with client() as api:
-        return run_job(job_id, dispatch, settings=settings, client=api, me=identity(),
-                       cache=process_cache(settings.worker.model_cache_size))
+        return run_job(
+            job_id,
+            dispatch,
+            settings=settings,
+            client=api,
+            me=identity(),
+            cache=process_cache(settings.worker.model_cache_size),
+        )
 
 
 @app.task(name=RECONCILE_TASK)
@@ -88,8 +94,14 @@ def _announce(sender: object = None, **_: object) -> None:
     def loop() -> None:
         while True:
             try:
-                api.worker_alive(name=me.name, device=me.device, dtype=settings.worker.dtype,
-                                 queues=queues, host=socket.gethostname(), pid=os.getpid())
+                api.worker_alive(
+                    name=me.name,
+                    device=me.device,
+                    dtype=settings.worker.dtype,
+                    queues=queues,
+                    host=socket.gethostname(),
+                    pid=os.getpid(),
+                )
             except (ApiError, UnreachableError) as exc:
                 log.debug("worker heartbeat not delivered: %s", exc)
             threading.Event().wait(settings.worker.heartbeat_s)

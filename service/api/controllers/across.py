@@ -29,38 +29,71 @@ class AcrossModelsController(Controller):
     path = "/api/v1"
     tags = ["across models"]  # noqa: RUF012
 
-    @get("/compare", responses=DATA_ERRORS,
-         operation_class=TabularOperation)
-    async def compare(self, request: Request[Any, Any, Any], ctx: ApiContext, metric: Metric,
-                models: Models, component: Component = None,
-                bins: Annotated[int, Parameter(ge=2, le=200)] = 20,
-                method: Annotated[compare_queries.Method, Parameter(description=(
+    @get("/compare", responses=DATA_ERRORS, operation_class=TabularOperation)
+    async def compare(
+        self,
+        request: Request[Any, Any, Any],
+        ctx: ApiContext,
+        metric: Metric,
+        models: Models,
+        component: Component = None,
+        bins: Annotated[int, Parameter(ge=2, le=200)] = 20,
+        method: Annotated[
+            compare_queries.Method,
+            Parameter(
+                description=(
                     "interpolate: each curve read at bin centres; mean: layers within each "
-                    "bin averaged"))] = "interpolate",
-                metric_version: MetricVersion = None, fmt: Format = None
-                ) -> Response[Comparison]:
+                    "bin averaged"
+                )
+            ),
+        ] = "interpolate",
+        metric_version: MetricVersion = None,
+        fmt: Format = None,
+    ) -> Response[Comparison]:
         """One metric across models on relative depth, binned: mean ± stderr per model and
         bin, so models of any depth line up."""
+
         def build(snap: Snapshot) -> Answer:
             return compare_queries.compare(
-                ctx.reader, snap, metric=metric, component=component, models=split_models(models),
-                bins=bins, method=method, metric_version=metric_version)
+                ctx.reader,
+                snap,
+                metric=metric,
+                component=component,
+                models=split_models(models),
+                bins=bins,
+                method=method,
+                metric_version=metric_version,
+            )
 
         return await respond(request, ctx, build, fmt)
 
-    @get("/stages", responses=DATA_ERRORS,
-         operation_class=TabularOperation)
-    async def stages(self, request: Request[Any, Any, Any], ctx: ApiContext, models: Models,
-               metric: Annotated[str | None, Parameter(
-                   query="metric", max_length=200,
-                   description="aggregate this metric over each stage")] = None,
-               component: Component = None, metric_version: MetricVersion = None,
-               fmt: Format = None) -> Response[Stages]:
+    @get("/stages", responses=DATA_ERRORS, operation_class=TabularOperation)
+    async def stages(
+        self,
+        request: Request[Any, Any, Any],
+        ctx: ApiContext,
+        models: Models,
+        metric: Annotated[
+            str | None,
+            Parameter(
+                query="metric", max_length=200, description="aggregate this metric over each stage"
+            ),
+        ] = None,
+        component: Component = None,
+        metric_version: MetricVersion = None,
+        fmt: Format = None,
+    ) -> Response[Stages]:
         """Stage boundaries (with evidence) of several models, and their four stages with
         per-stage aggregates of a metric."""
+
         def build(snap: Snapshot) -> Answer:
             return stage_queries.stages(
-                ctx.reader, snap, models=split_models(models), metric=metric, component=component,
-                metric_version=metric_version)
+                ctx.reader,
+                snap,
+                models=split_models(models),
+                metric=metric,
+                component=component,
+                metric_version=metric_version,
+            )
 
         return await respond(request, ctx, build, fmt)

@@ -21,11 +21,28 @@ from service.store.backup import BackupError, BackupExistsError, DiskFullError, 
 
 
 class BackupRequest(msgspec.Struct, forbid_unknown_fields=True):
-    path: Annotated[str, msgspec.Meta(min_length=1, max_length=4096, description=(
-        "absolute path, on the service's machine, of a new file, or of an existing folder "
-        "(the backup is then strata-<UTC time>.duckdb inside it)"))]
-    keep: Annotated[int, msgspec.Meta(ge=1, le=100_000, description=(
-        "with a folder: keep only the newest KEEP backups there"))] | None = None
+    path: Annotated[
+        str,
+        msgspec.Meta(
+            min_length=1,
+            max_length=4096,
+            description=(
+                "absolute path, on the service's machine, of a new file, or of an existing folder "
+                "(the backup is then strata-<UTC time>.duckdb inside it)"
+            ),
+        ),
+    ]
+    keep: (
+        Annotated[
+            int,
+            msgspec.Meta(
+                ge=1,
+                le=100_000,
+                description=("with a folder: keep only the newest KEEP backups there"),
+            ),
+        ]
+        | None
+    ) = None
 
 
 class BackupDone(msgspec.Struct):
@@ -37,16 +54,26 @@ class BackupDone(msgspec.Struct):
     removed: list[str]
 
 
-_INSUFFICIENT = {507: ResponseSpec(data_container=ErrorBody, generate_examples=False,
-                                   description="no space left for the backup; nothing written")}
+_INSUFFICIENT = {
+    507: ResponseSpec(
+        data_container=ErrorBody,
+        generate_examples=False,
+        description="no space left for the backup; nothing written",
+    )
+}
 
 
 class AdminController(Controller):
     path = "/api/v1/admin"
     tags = ["admin"]  # noqa: RUF012
 
-    @post("/backup", guards=[require_write_key], security=SECURITY, status_code=201,
-          responses={**errors(400, 401, 403, 409, 422), **_INSUFFICIENT})
+    @post(
+        "/backup",
+        guards=[require_write_key],
+        security=SECURITY,
+        status_code=201,
+        responses={**errors(400, 401, 403, 409, 422), **_INSUFFICIENT},
+    )
     async def backup(self, ctx: ApiContext, data: BackupRequest) -> Response[BackupDone]:
         """A consistent snapshot of the database, written by the service while it keeps serving
         (API key). Every run stored before it is in it whole; none is half in it (ingests wait
@@ -54,16 +81,25 @@ class AdminController(Controller):
         when the disk is full (nothing is left behind)."""
         path = Path(data.path)
         if not path.is_absolute():
-            raise UnprocessableError("path must be absolute (it is a path on the service's "
-                                     "machine)")
+            raise UnprocessableError(
+                "path must be absolute (it is a path on the service's machine)"
+            )
         try:
-            done = await anyio.to_thread.run_sync(
-                lambda: backup(ctx.store, path, keep=data.keep))
+            done = await anyio.to_thread.run_sync(lambda: backup(ctx.store, path, keep=data.keep))
         except BackupExistsError as exc:
             raise ConflictError(str(exc)) from None
         except DiskFullError as exc:
             return error_response(507, str(exc))  # type: ignore[return-value]
         except BackupError as exc:
             raise UnprocessableError(str(exc)) from None
-        return Response(BackupDone(done.path, done.bytes, round(done.seconds, 3), done.runs,
-                                   done.revision, list(done.removed)), status_code=201)
+        return Response(
+            BackupDone(
+                done.path,
+                done.bytes,
+                round(done.seconds, 3),
+                done.runs,
+                done.revision,
+                list(done.removed),
+            ),
+            status_code=201,
+        )

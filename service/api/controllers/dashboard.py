@@ -50,8 +50,12 @@ class VendorController(Controller):
     path = VENDOR
     include_in_schema = False
 
-    @get("/{name:str}", cache=YEAR, cache_key_builder=_vendor_key,
-         cache_control=CacheControlHeader(public=True, max_age=YEAR, immutable=True))
+    @get(
+        "/{name:str}",
+        cache=YEAR,
+        cache_key_builder=_vendor_key,
+        cache_control=CacheControlHeader(public=True, max_age=YEAR, immutable=True),
+    )
     async def asset(self, name: str) -> Response[bytes]:
         if name not in VENDOR_FILES:
             raise NotFoundException(f"no asset {name!r}")
@@ -62,7 +66,14 @@ class VendorController(Controller):
 def web_routes() -> list[type[Controller] | Router]:
     """The page, its assets (revalidated by ETag, so a new version shows at once) and the
     vendored libraries."""
-    return [DashboardController, VendorController,
-            create_static_files_router(path=ASSETS, directories=[WEB / "static"],
-                                       include_in_schema=False, name="dashboard-assets",
-                                       cache_control=CacheControlHeader(no_cache=True))]
+    return [
+        DashboardController,
+        VendorController,
+        create_static_files_router(
+            path=ASSETS,
+            directories=[WEB / "static"],
+            include_in_schema=False,
+            name="dashboard-assets",
+            cache_control=CacheControlHeader(no_cache=True),
+        ),
+    ]

@@ -29,23 +29,40 @@ class FamiliesController(Controller):
     def get_family(self, ctx: ApiContext, family: str) -> Family:
         return family_queries.get_family(ctx.reader, ctx.snapshot(), family)
 
-    @get("/{family:str}/stability", responses=DATA_ERRORS,
-         operation_class=TabularOperation)
-    async def stability(self, request: Request[Any, Any, Any], ctx: ApiContext, family: str,
-                  metric: Annotated[str | None, Parameter(
-                      query="metric", max_length=200,
-                      description="one of the stability metrics (default: all)")] = None,
-                  per_head: Annotated[bool, Parameter(description=(
-                      "also the per-head rows"))] = False,
-                  layer_min: LayerMin = None, layer_max: LayerMax = None,
-                  metric_version: MetricVersion = None, fmt: Format = None
-                  ) -> Response[Stability]:
+    @get("/{family:str}/stability", responses=DATA_ERRORS, operation_class=TabularOperation)
+    async def stability(
+        self,
+        request: Request[Any, Any, Any],
+        ctx: ApiContext,
+        family: str,
+        metric: Annotated[
+            str | None,
+            Parameter(
+                query="metric",
+                max_length=200,
+                description="one of the stability metrics (default: all)",
+            ),
+        ] = None,
+        per_head: Annotated[bool, Parameter(description=("also the per-head rows"))] = False,
+        layer_min: LayerMin = None,
+        layer_max: LayerMax = None,
+        metric_version: MetricVersion = None,
+        fmt: Format = None,
+    ) -> Response[Stability]:
         """Head stability across the family's refits against its anchor (per layer: mean and
         std over heads; null baseline beside it) and residual CKA, from its latest stored
         comparison."""
+
         def build(snap: Snapshot) -> Answer:
             return family_queries.stability(
-                ctx.reader, snap, family, metric=metric, per_head=per_head, layer_min=layer_min,
-                layer_max=layer_max, metric_version=metric_version)
+                ctx.reader,
+                snap,
+                family,
+                metric=metric,
+                per_head=per_head,
+                layer_min=layer_min,
+                layer_max=layer_max,
+                metric_version=metric_version,
+            )
 
         return await respond(request, ctx, build, fmt, build_in_thread=True)

@@ -29,8 +29,9 @@ class HealthController(Controller):
             ctx.store.cursor().execute("SELECT 1").fetchall()
             revision = current_revision(ctx.store)
         except Exception:  # any failure to reach the database means "not ready"
-            return Response(Ready("unreachable", str(ctx.store.path), None, head),
-                            status_code=503)
+            return Response(Ready("unreachable", str(ctx.store.path), None, head), status_code=503)
         status = "ready" if revision == head else "migrations pending"
-        return Response(Ready(status, str(ctx.store.path), revision, head),
-                        status_code=200 if revision == head else 503)
+        return Response(
+            Ready(status, str(ctx.store.path), revision, head),
+            status_code=200 if revision == head else 503,
+        )

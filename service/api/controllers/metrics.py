@@ -11,8 +11,13 @@ from service.api.auth import require_read_access
 from service.api.ratelimit import NO_RATE_LIMIT
 
 
-@get("/metrics", sync_to_thread=True, include_in_schema=False, guards=[require_read_access],
-     opt={NO_RATE_LIMIT: True})
+@get(
+    "/metrics",
+    sync_to_thread=True,
+    include_in_schema=False,
+    guards=[require_read_access],
+    opt={NO_RATE_LIMIT: True},
+)
 def metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
     """Requests, jobs, workers, ingest and the database's size, in Prometheus's text format.
     Open like the other reads (with `STRATA_API__PUBLIC_READS=false` it needs a key, which

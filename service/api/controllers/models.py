@@ -39,13 +39,19 @@ class ModelsController(Controller):
 
     @get("/", sync_to_thread=True, responses=errors(400))
     def list_models(
-        self, ctx: ApiContext,
-        family: Annotated[str | None, Parameter(max_length=200, description=(
-            "members of this refit family"))] = None,
-        source: Annotated[str | None, Parameter(max_length=32, description=(
-            "zoo, hf_dir, transformer_lens or random"))] = None,
-        architecture: Annotated[str | None, Parameter(max_length=200, description=(
-            "e.g. GPT2LMHeadModel (case-insensitive)"))] = None,
+        self,
+        ctx: ApiContext,
+        family: Annotated[
+            str | None, Parameter(max_length=200, description=("members of this refit family"))
+        ] = None,
+        source: Annotated[
+            str | None,
+            Parameter(max_length=32, description=("zoo, hf_dir, transformer_lens or random")),
+        ] = None,
+        architecture: Annotated[
+            str | None,
+            Parameter(max_length=200, description=("e.g. GPT2LMHeadModel (case-insensitive)")),
+        ] = None,
         name: Annotated[str | None, Parameter(max_length=1000)] = None,
         min_layers: Annotated[int | None, Parameter(ge=0, le=100_000)] = None,
         max_layers: Annotated[int | None, Parameter(ge=0, le=100_000)] = None,
@@ -56,111 +62,212 @@ class ModelsController(Controller):
         if limit > ctx.settings.api.max_page_size:
             raise BadRequestError(f"limit is at most {ctx.settings.api.max_page_size}")
         return models_and_runs.list_models(
-            ctx.store, ctx.snapshot(), source=source, family=family,
-            architecture=architecture, name=name, min_layers=min_layers,
-            max_layers=max_layers, limit=limit, offset=offset)
+            ctx.store,
+            ctx.snapshot(),
+            source=source,
+            family=family,
+            architecture=architecture,
+            name=name,
+            min_layers=min_layers,
+            max_layers=max_layers,
+            limit=limit,
+            offset=offset,
+        )
 
-    @post("/", sync_to_thread=True, guards=[require_write_key], security=SECURITY,
-          status_code=201, responses=errors(400, 401, 403, 409, 422))
+    @post(
+        "/",
+        sync_to_thread=True,
+        guards=[require_write_key],
+        security=SECURITY,
+        status_code=201,
+        responses=errors(400, 401, 403, 409, 422),
+    )
     def register(self, ctx: ApiContext, data: RegisterModel) -> Response[Model]:
         """Register a model (API key). 201 when new; 200 with the existing model when the same
         registration exists; 409 when its source is registered under another name. `name`
         defaults to the checkpoint folder's name (or the source's). A new model's default run
         is queued at once when reconciliation is on (`STRATA_JOBS__RECONCILE`)."""
-        model, created = register(ctx.store, _registration(data),
-                                  checkpoint_roots=ctx.settings.api.checkpoint_roots,
-                                  load_max_mb=ctx.settings.api.register_load_max_mb)
+        model, created = register(
+            ctx.store,
+            _registration(data),
+            checkpoint_roots=ctx.settings.api.checkpoint_roots,
+            load_max_mb=ctx.settings.api.register_load_max_mb,
+        )
         if created and ctx.jobs is not None and ctx.settings.jobs.reconcile:
             ctx.jobs.reconcile_soon()
         current = ctx.snapshot().current_runs(model.id)
-        return Response(models_and_runs.model_out(model, [], current),
-                        status_code=201 if created else 200)
+        return Response(
+            models_and_runs.model_out(model, [], current), status_code=201 if created else 200
+        )
 
     @get("/{model:str}", sync_to_thread=True, responses=errors(400, 404))
     def get_model(self, ctx: ApiContext, model: str, model_id: ModelId = None) -> ModelDetail:
         """A model by name (its latest registration) or id."""
         return models_and_runs.get_model(ctx.store, ctx.snapshot(), model, model_id)
 
-    @get("/{model:str}/metrics", responses=DATA_ERRORS,
-         operation_class=TabularOperation)
-    async def metrics(self, request: Request[Any, Any, Any], ctx: ApiContext, model: str,
-                metric: Metric, component: Component = None, layer_min: LayerMin = None,
-                layer_max: LayerMax = None, run_id: RunId = None,
-                metric_version: MetricVersion = None, model_id: ModelId = None,
-                fmt: Format = None) -> Response[MetricRows]:
+    @get("/{model:str}/metrics", responses=DATA_ERRORS, operation_class=TabularOperation)
+    async def metrics(
+        self,
+        request: Request[Any, Any, Any],
+        ctx: ApiContext,
+        model: str,
+        metric: Metric,
+        component: Component = None,
+        layer_min: LayerMin = None,
+        layer_max: LayerMax = None,
+        run_id: RunId = None,
+        metric_version: MetricVersion = None,
+        model_id: ModelId = None,
+        fmt: Format = None,
+    ) -> Response[MetricRows]:
         """Per-layer rows of one metric: layer, relative depth, value, stderr, n, unit."""
+
         def build(snap: Snapshot) -> Answer:
             return results.metric_rows(
-                ctx.reader, snap, model, metric=metric, component=component, layer_min=layer_min,
-                layer_max=layer_max, run_id=run_id, metric_version=metric_version,
-                model_id=model_id)
+                ctx.reader,
+                snap,
+                model,
+                metric=metric,
+                component=component,
+                layer_min=layer_min,
+                layer_max=layer_max,
+                run_id=run_id,
+                metric_version=metric_version,
+                model_id=model_id,
+            )
 
         return await respond(request, ctx, build, fmt)
 
-    @get("/{model:str}/heads", responses=DATA_ERRORS,
-         operation_class=TabularOperation)
-    async def heads(self, request: Request[Any, Any, Any], ctx: ApiContext, model: str,
-              metric: Annotated[str, Parameter(query="metric", min_length=1, max_length=200,
-                                               description="heads.* or attention.*")]
-              = "heads.induction",
-              layer_min: LayerMin = None, layer_max: LayerMax = None, run_id: RunId = None,
-              metric_version: MetricVersion = None, model_id: ModelId = None,
-              fmt: Format = None) -> Response[HeadRows]:
+    @get("/{model:str}/heads", responses=DATA_ERRORS, operation_class=TabularOperation)
+    async def heads(
+        self,
+        request: Request[Any, Any, Any],
+        ctx: ApiContext,
+        model: str,
+        metric: Annotated[
+            str,
+            Parameter(
+                query="metric", min_length=1, max_length=200, description="heads.* or attention.*"
+            ),
+        ] = "heads.induction",
+        layer_min: LayerMin = None,
+        layer_max: LayerMax = None,
+        run_id: RunId = None,
+        metric_version: MetricVersion = None,
+        model_id: ModelId = None,
+        fmt: Format = None,
+    ) -> Response[HeadRows]:
         """Per-head rows of a heads.* or attention.* metric."""
+
         def build(snap: Snapshot) -> Answer:
             return results.head_rows(
-                ctx.reader, snap, model, metric=metric, layer_min=layer_min, layer_max=layer_max,
-                run_id=run_id, metric_version=metric_version, model_id=model_id)
+                ctx.reader,
+                snap,
+                model,
+                metric=metric,
+                layer_min=layer_min,
+                layer_max=layer_max,
+                run_id=run_id,
+                metric_version=metric_version,
+                model_id=model_id,
+            )
 
         return await respond(request, ctx, build, fmt)
 
-    @get("/{model:str}/neurons", responses=DATA_ERRORS,
-         operation_class=TabularOperation)
-    async def neurons(self, request: Request[Any, Any, Any], ctx: ApiContext, model: str,
-                neuron_class: Annotated[neuron_queries.NeuronClass, Parameter(query="class")]
-                = "prediction",
-                top: Annotated[int, Parameter(ge=1, le=1000)] = 20,
-                layer: Annotated[int | None, Parameter(ge=0, le=100_000)] = None,
-                run_id: RunId = None, metric_version: MetricVersion = None,
-                model_id: ModelId = None, fmt: Format = None) -> Response[Neurons]:
+    @get("/{model:str}/neurons", responses=DATA_ERRORS, operation_class=TabularOperation)
+    async def neurons(
+        self,
+        request: Request[Any, Any, Any],
+        ctx: ApiContext,
+        model: str,
+        neuron_class: Annotated[
+            neuron_queries.NeuronClass, Parameter(query="class")
+        ] = "prediction",
+        top: Annotated[int, Parameter(ge=1, le=1000)] = 20,
+        layer: Annotated[int | None, Parameter(ge=0, le=100_000)] = None,
+        run_id: RunId = None,
+        metric_version: MetricVersion = None,
+        model_id: ModelId = None,
+        fmt: Format = None,
+    ) -> Response[Neurons]:
         """The top neurons of a class in each layer (or one layer), with their moments and
         most promoted / suppressed tokens (prediction and suppression by kurtosis, partition by
         variance)."""
+
         def build(snap: Snapshot) -> Answer:
             return neuron_queries.top_neurons(
-                ctx.reader, snap, model, neuron_class=neuron_class, top=top, layer=layer,
-                run_id=run_id, metric_version=metric_version, model_id=model_id)
+                ctx.reader,
+                snap,
+                model,
+                neuron_class=neuron_class,
+                top=top,
+                layer=layer,
+                run_id=run_id,
+                metric_version=metric_version,
+                model_id=model_id,
+            )
 
         return await respond(request, ctx, build, fmt)
 
-    @get("/{model:str}/neurons/counts", responses=DATA_ERRORS,
-         operation_class=TabularOperation)
-    async def neuron_counts(self, request: Request[Any, Any, Any], ctx: ApiContext, model: str,
-                      layer_min: LayerMin = None, layer_max: LayerMax = None,
-                      run_id: RunId = None, metric_version: MetricVersion = None,
-                      model_id: ModelId = None, fmt: Format = None) -> Response[NeuronCounts]:
+    @get("/{model:str}/neurons/counts", responses=DATA_ERRORS, operation_class=TabularOperation)
+    async def neuron_counts(
+        self,
+        request: Request[Any, Any, Any],
+        ctx: ApiContext,
+        model: str,
+        layer_min: LayerMin = None,
+        layer_max: LayerMax = None,
+        run_id: RunId = None,
+        metric_version: MetricVersion = None,
+        model_id: ModelId = None,
+        fmt: Format = None,
+    ) -> Response[NeuronCounts]:
         """Per layer: neurons of each class, as counts and as fractions of d_mlp."""
+
         def build(snap: Snapshot) -> Answer:
             return neuron_queries.neuron_counts(
-                ctx.reader, snap, model, layer_min=layer_min, layer_max=layer_max, run_id=run_id,
-                metric_version=metric_version, model_id=model_id)
+                ctx.reader,
+                snap,
+                model,
+                layer_min=layer_min,
+                layer_max=layer_max,
+                run_id=run_id,
+                metric_version=metric_version,
+                model_id=model_id,
+            )
 
         return await respond(request, ctx, build, fmt)
 
-    @get("/{model:str}/stages", responses=DATA_ERRORS,
-         operation_class=TabularOperation)
-    async def stages(self, request: Request[Any, Any, Any], ctx: ApiContext, model: str,
-               metric: Annotated[str | None, Parameter(
-                   query="metric", max_length=200,
-                   description="aggregate this metric over each stage")] = None,
-               component: Component = None, metric_version: MetricVersion = None,
-               model_id: ModelId = None, fmt: Format = None) -> Response[Stages]:
+    @get("/{model:str}/stages", responses=DATA_ERRORS, operation_class=TabularOperation)
+    async def stages(
+        self,
+        request: Request[Any, Any, Any],
+        ctx: ApiContext,
+        model: str,
+        metric: Annotated[
+            str | None,
+            Parameter(
+                query="metric", max_length=200, description="aggregate this metric over each stage"
+            ),
+        ] = None,
+        component: Component = None,
+        metric_version: MetricVersion = None,
+        model_id: ModelId = None,
+        fmt: Format = None,
+    ) -> Response[Stages]:
         """The model's stage boundaries with their evidence, and its four stages (with a
         metric: the metric's mean over each)."""
+
         def build(snap: Snapshot) -> Answer:
             return stage_queries.stages(
-                ctx.reader, snap, models=[model], metric=metric, component=component,
-                metric_version=metric_version, model_id=model_id)
+                ctx.reader,
+                snap,
+                models=[model],
+                metric=metric,
+                component=component,
+                metric_version=metric_version,
+                model_id=model_id,
+            )
 
         return await respond(request, ctx, build, fmt)
 
@@ -171,7 +278,9 @@ def _registration(data: RegisterModel) -> Registration:
 
     from compute.models import Processing
 
-    processing = Processing() if data.processing is None else Processing(
-        **msgspec.structs.asdict(data.processing))
-    return Registration(data.source, name=data.name, revision=data.revision,
-                        processing=processing)
+    processing = (
+        Processing()
+        if data.processing is None
+        else Processing(**msgspec.structs.asdict(data.processing))
+    )
+    return Registration(data.source, name=data.name, revision=data.revision, processing=processing)

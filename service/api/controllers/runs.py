@@ -28,13 +28,20 @@ class IngestOperation(Operation):
 
     def __post_init__(self) -> None:
         self.request_body = RequestBody(
-            required=True, description="Arrow IPC stream(s): records (+ neuron tokens)",
-            content={MEDIA_TYPES["arrow"]: OpenAPIMediaType(schema=Schema(
-                type=OpenAPIType.STRING, content_media_type=MEDIA_TYPES["arrow"]))})
+            required=True,
+            description="Arrow IPC stream(s): records (+ neuron tokens)",
+            content={
+                MEDIA_TYPES["arrow"]: OpenAPIMediaType(
+                    schema=Schema(type=OpenAPIType.STRING, content_media_type=MEDIA_TYPES["arrow"])
+                )
+            },
+        )
 
 
-Status = Annotated[str | None, Parameter(query="status", max_length=16, description=(
-    "queued, running, succeeded or failed"))]
+Status = Annotated[
+    str | None,
+    Parameter(query="status", max_length=16, description=("queued, running, succeeded or failed")),
+]
 
 
 class RunsController(Controller):
@@ -43,12 +50,17 @@ class RunsController(Controller):
 
     @get("/", sync_to_thread=True, responses=errors(400, 404, 422))
     def list_runs(
-        self, ctx: ApiContext,
-        model: Annotated[str | None, Parameter(max_length=1000, description=(
-            "runs of this model (name or id)"))] = None,
-        model_id: ModelId = None, status: Status = None,
-        family: Annotated[str | None, Parameter(max_length=64, description=(
-            "runs that computed this metric family"))] = None,
+        self,
+        ctx: ApiContext,
+        model: Annotated[
+            str | None, Parameter(max_length=1000, description=("runs of this model (name or id)"))
+        ] = None,
+        model_id: ModelId = None,
+        status: Status = None,
+        family: Annotated[
+            str | None,
+            Parameter(max_length=64, description=("runs that computed this metric family")),
+        ] = None,
         metric_version: MetricVersion = None,
         limit: Annotated[int, Parameter(ge=1, le=10_000)] = 100,
         offset: Annotated[int, Parameter(ge=0, le=10**9)] = 0,
@@ -59,24 +71,50 @@ class RunsController(Controller):
         if status is not None and status not in RUN_STATUSES:
             raise BadRequestError(f"status is one of {', '.join(RUN_STATUSES)}")
         return models_and_runs.list_runs(
-            ctx.store, ctx.snapshot(), model=model, model_id=model_id, status=status,
-            family=family, metric_version=metric_version, limit=limit, offset=offset)
+            ctx.store,
+            ctx.snapshot(),
+            model=model,
+            model_id=model_id,
+            status=status,
+            family=family,
+            metric_version=metric_version,
+            limit=limit,
+            offset=offset,
+        )
 
     @get("/{run_id:int}", sync_to_thread=True, responses=errors(400, 404))
     def get_run(self, ctx: ApiContext, run_id: int) -> Run:
         """A run: status, progress, error, configuration, timings, environment."""
         return models_and_runs.get_run(ctx.store, ctx.snapshot(), run_id)
 
-    @post("/ingest", guards=[require_write_key], security=SECURITY, status_code=201,
-          responses=errors(400, 401, 403, 404, 409, 413, 422, 503), request_max_body_size=None,
-          operation_class=IngestOperation)
+    @post(
+        "/ingest",
+        guards=[require_write_key],
+        security=SECURITY,
+        status_code=201,
+        responses=errors(400, 401, 403, 404, 409, 413, 422, 503),
+        request_max_body_size=None,
+        operation_class=IngestOperation,
+    )
     async def ingest(
-        self, request: Request[Any, Any, Any], ctx: ApiContext,
-        run_id: Annotated[int | None, Parameter(query="run_id", ge=0, description=(
-            "deliver to this queued run"))] = None,
-        job_id: Annotated[int | None, Parameter(query="job_id", ge=1, le=2**62, description=(
-            "these are the results of this job: it succeeds in the same transaction (409 if "
-            "it was cancelled: nothing is stored)"))] = None,
+        self,
+        request: Request[Any, Any, Any],
+        ctx: ApiContext,
+        run_id: Annotated[
+            int | None, Parameter(query="run_id", ge=0, description=("deliver to this queued run"))
+        ] = None,
+        job_id: Annotated[
+            int | None,
+            Parameter(
+                query="job_id",
+                ge=1,
+                le=2**62,
+                description=(
+                    "these are the results of this job: it succeeds in the same transaction "
+                    "(409 if it was cancelled: nothing is stored)"
+                ),
+            ),
+        ] = None,
     ) -> Response[IngestSummary]:
         """Store a run's results (API key): atomic per run, idempotent by configuration hash
         (201 new, 200 replaced). Stage boundaries are inferred in the same transaction.
@@ -91,11 +129,14 @@ class RunsController(Controller):
                 raise BadRequestError("give run_id or job_id, not both")
             jobs = jobs_of(ctx)
             s = await anyio.to_thread.run_sync(
-                lambda: jobs.deliver(ingest_queries.decode(body), job_id))
+                lambda: jobs.deliver(ingest_queries.decode(body), job_id)
+            )
         else:
             s = await anyio.to_thread.run_sync(ingest_queries.ingest, ctx.store, body, run_id)
-        request.app.state.metrics.ingested(s.results + s.neurons + s.neuron_tokens
-                                           + s.stage_boundaries + s.sequence_means, len(body))
+        request.app.state.metrics.ingested(
+            s.results + s.neurons + s.neuron_tokens + s.stage_boundaries + s.sequence_means,
+            len(body),
+        )
         return Response(s, status_code=200 if s.replaced else 201)
 
 
@@ -104,12 +145,14 @@ async def read_limited(request: Request[Any, Any, Any], max_mb: int) -> bytes:
     limit, chunks, size = max_mb * 2**20, [], 0
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLargeError(f"the body is larger than {max_mb} MiB "
-                                   "(STRATA_API__INGEST_MAX_MB)")
+        raise PayloadTooLargeError(
+            f"the body is larger than {max_mb} MiB (STRATA_API__INGEST_MAX_MB)"
+        )
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise PayloadTooLargeError(f"the body is larger than {max_mb} MiB "
-                                       "(STRATA_API__INGEST_MAX_MB)")
+            raise PayloadTooLargeError(
+                f"the body is larger than {max_mb} MiB (STRATA_API__INGEST_MAX_MB)"
+            )
         chunks.append(chunk)
     return b"".join(chunks)

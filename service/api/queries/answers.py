@@ -33,15 +33,18 @@ class Answer:
 
 def check_metric(metric: str) -> str:
     if unit_of(metric) is None:
-        raise UnprocessableError(f"unknown metric {metric!r}: names are family.metric as in "
-                                 "docs/metrics.md, e.g. intervention.kl, logit_lens.kl_to_final")
+        raise UnprocessableError(
+            f"unknown metric {metric!r}: names are family.metric as in "
+            "docs/metrics.md, e.g. intervention.kl, logit_lens.kl_to_final"
+        )
     return metric
 
 
 def check_component(component: str | None) -> str | None:
     if component is not None and component not in COMPONENTS:
-        raise UnprocessableError(f"unknown component {component!r}; one of "
-                                 + ", ".join(sorted(COMPONENTS)))
+        raise UnprocessableError(
+            f"unknown component {component!r}; one of " + ", ".join(sorted(COMPONENTS))
+        )
     return component
 
 
@@ -62,8 +65,15 @@ def check_layers(layer_min: int | None, layer_max: int | None) -> None:
         raise UnprocessableError(f"layer_min {layer_min} is above layer_max {layer_max}")
 
 
-def pick_run(snap: Snapshot, model: ModelEntry, *, family: str | None, run_id: int | None,
-             metric_version: str | None, what: str) -> RunEntry:
+def pick_run(
+    snap: Snapshot,
+    model: ModelEntry,
+    *,
+    family: str | None,
+    run_id: int | None,
+    metric_version: str | None,
+    what: str,
+) -> RunEntry:
     """The run to read: `run_id` if given (it must be one of the model's succeeded runs), else
     the model's current run computing `family` under `metric_version` (default: current)."""
     if run_id is not None:
@@ -73,14 +83,18 @@ def pick_run(snap: Snapshot, model: ModelEntry, *, family: str | None, run_id: i
         if run.status != "succeeded":
             raise NotFoundError(f"run {run_id} is {run.status}: it has no results to read")
         if family is not None and family not in run.families:
-            raise NotFoundError(f"run {run_id} did not compute {family} (it computed "
-                                f"{', '.join(sorted(run.families))})")
+            raise NotFoundError(
+                f"run {run_id} did not compute {family} (it computed "
+                f"{', '.join(sorted(run.families))})"
+            )
         return run
     version = metric_version or METRIC_VERSION
     run = snap.current_run(model.id, family=family, metric_version=version)
     if run is None:
-        raise NotFoundError(f"model {model.name!r} (id {model.id}) has no succeeded run with "
-                            f"{what} under metric version {version}")
+        raise NotFoundError(
+            f"model {model.name!r} (id {model.id}) has no succeeded run with "
+            f"{what} under metric version {version}"
+        )
     return run
 
 

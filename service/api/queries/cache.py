@@ -32,14 +32,16 @@ from service.store import repositories as repo
 class RunRows:
     def __init__(self, max_rows: int) -> None:
         self.max_rows = max_rows
-        self._entries: OrderedDict[tuple[int, datetime | None], dict[str, pl.DataFrame]] = \
+        self._entries: OrderedDict[tuple[int, datetime | None], dict[str, pl.DataFrame]] = (
             OrderedDict()
+        )
         self._sizes: dict[tuple[int, datetime | None], int] = {}
         self._rows = 0
         self._lock = threading.Lock()
 
-    def _run(self, cursor: Any, run_id: int, finished_at: datetime | None
-             ) -> dict[str, pl.DataFrame]:
+    def _run(
+        self, cursor: Any, run_id: int, finished_at: datetime | None
+    ) -> dict[str, pl.DataFrame]:
         key = (run_id, finished_at)
         with self._lock:
             entry = self._entries.get(key)
@@ -47,8 +49,12 @@ class RunRows:
                 self._entries.move_to_end(key)
                 return entry
         frame = repo.all_rows_of_run(cursor, run_id)
-        entry = {str(name[0]): part for name, part in
-                 frame.partition_by("metric", as_dict=True, maintain_order=True).items()}
+        entry = {
+            str(name[0]): part
+            for name, part in frame.partition_by(
+                "metric", as_dict=True, maintain_order=True
+            ).items()
+        }
         if frame.height <= self.max_rows:
             with self._lock:
                 if key not in self._entries:
@@ -60,15 +66,28 @@ class RunRows:
                     self._rows -= self._sizes.pop(old)
         return entry
 
-    def rows(self, cursor: Any, runs: Sequence[tuple[int, datetime | None]],
-             metrics: Sequence[str], *, component: str | None = None,
-             layer_min: int | None = None, layer_max: int | None = None, heads: bool = False
-             ) -> pl.DataFrame:
+    def rows(
+        self,
+        cursor: Any,
+        runs: Sequence[tuple[int, datetime | None]],
+        metrics: Sequence[str],
+        *,
+        component: str | None = None,
+        layer_min: int | None = None,
+        layer_max: int | None = None,
+        heads: bool = False,
+    ) -> pl.DataFrame:
         """What `repositories.rows_of_runs` answers, from memory."""
         if self.max_rows == 0:  # caching switched off: ask DuckDB for exactly these rows
-            return repo.rows_of_runs(cursor, sorted(r for r, _ in runs), sorted(set(metrics)),
-                                     component=component, layer_min=layer_min,
-                                     layer_max=layer_max, heads=heads)
+            return repo.rows_of_runs(
+                cursor,
+                sorted(r for r, _ in runs),
+                sorted(set(metrics)),
+                component=component,
+                layer_min=layer_min,
+                layer_max=layer_max,
+                heads=heads,
+            )
         parts = []
         for run_id, finished_at in sorted(runs, key=lambda r: r[0]):
             by_metric = self._run(cursor, run_id, finished_at)
@@ -85,6 +104,7 @@ class RunRows:
             keep &= pl.col("layer") <= layer_max
         return frame.filter(keep)
 
+
 @dataclass
 class Reader:
     """Where the query functions read: the store (ORM reads, DuckDB cursor) and the run cache."""
@@ -95,13 +115,26 @@ class Reader:
     def cursor(self) -> Any:
         return self.store.cursor()
 
-    def rows(self, runs: Sequence[RunEntry], metrics: Sequence[str], *,
-             component: str | None = None, layer_min: int | None = None,
-             layer_max: int | None = None, heads: bool = False) -> pl.DataFrame:
+    def rows(
+        self,
+        runs: Sequence[RunEntry],
+        metrics: Sequence[str],
+        *,
+        component: str | None = None,
+        layer_min: int | None = None,
+        layer_max: int | None = None,
+        heads: bool = False,
+    ) -> pl.DataFrame:
         """Per-layer (or per-head) rows of `metrics` in `runs`, with run_id and relative depth."""
-        return self.run_rows.rows(self.cursor(), [(r.id, r.finished_at) for r in runs],
-                                  metrics, component=component, layer_min=layer_min,
-                                  layer_max=layer_max, heads=heads)
+        return self.run_rows.rows(
+            self.cursor(),
+            [(r.id, r.finished_at) for r in runs],
+            metrics,
+            component=component,
+            layer_min=layer_min,
+            layer_max=layer_max,
+            heads=heads,
+        )
 
 
 class Responses:

@@ -50,11 +50,14 @@ Method = Literal["interpolate", "mean"]
 
 def bin_grid(bins: int) -> pl.DataFrame:
     edges = [i / bins for i in range(bins + 1)]
-    return pl.DataFrame({
-        "bin": pl.Series(range(bins), dtype=pl.Int64),
-        "bin_lo": edges[:-1], "bin_hi": edges[1:],
-        "relative_depth": [(edges[i] + edges[i + 1]) / 2 for i in range(bins)],
-    })
+    return pl.DataFrame(
+        {
+            "bin": pl.Series(range(bins), dtype=pl.Int64),
+            "bin_lo": edges[:-1],
+            "bin_hi": edges[1:],
+            "relative_depth": [(edges[i] + edges[i + 1]) / 2 for i in range(bins)],
+        }
+    )
 
 
 def align(rows: pl.DataFrame, bins: int, method: Method) -> pl.DataFrame:
@@ -63,43 +66,67 @@ def align(rows: pl.DataFrame, bins: int, method: Method) -> pl.DataFrame:
     rows = rows.filter(pl.col("relative_depth").is_not_null())
     grid = bin_grid(bins)
     in_bin = rows.with_columns(
-        bin=(pl.col("relative_depth") * bins).floor().cast(pl.Int64).clip(0, bins - 1))
+        bin=(pl.col("relative_depth") * bins).floor().cast(pl.Int64).clip(0, bins - 1)
+    )
     per_bin = in_bin.group_by("run_id", "bin").agg(
         n_points=pl.len().cast(pl.Int64),
         n=pl.col("n").min(),
         mean=pl.col("value").mean(),
-        mean_stderr=pl.when(pl.col("stderr").null_count() == 0)
-        .then((pl.col("stderr") ** 2).sum().sqrt() / pl.len()),
+        mean_stderr=pl.when(pl.col("stderr").null_count() == 0).then(
+            (pl.col("stderr") ** 2).sum().sqrt() / pl.len()
+        ),
     )
     runs = rows.select("run_id", "unit").unique("run_id")
     full = runs.join(grid, how="cross")
     if method == "interpolate":
-        centres = full.select("run_id", "bin", "relative_depth",
-                              value=pl.lit(None, pl.Float64), stderr=pl.lit(None, pl.Float64),
-                              is_centre=pl.lit(True))
-        points = rows.select("run_id", pl.lit(None, pl.Int64).alias("bin"), "relative_depth",
-                             "value", pl.col("stderr").cast(pl.Float64),
-                             is_centre=pl.lit(False))
-        curve = (pl.concat([points, centres])
-                 .sort("run_id", "relative_depth", "is_centre")
-                 .with_columns(pl.col("value", "stderr")
-                               .interpolate_by("relative_depth").over("run_id"))
-                 .filter(pl.col("is_centre"))
-                 .select("run_id", "bin", "value", "stderr"))
+        centres = full.select(
+            "run_id",
+            "bin",
+            "relative_depth",
+            value=pl.lit(None, pl.Float64),
+            stderr=pl.lit(None, pl.Float64),
+            is_centre=pl.lit(True),
+        )
+        points = rows.select(
+            "run_id",
+            pl.lit(None, pl.Int64).alias("bin"),
+            "relative_depth",
+            "value",
+            pl.col("stderr").cast(pl.Float64),
+            is_centre=pl.lit(False),
+        )
+        curve = (
+            pl.concat([points, centres])
+            .sort("run_id", "relative_depth", "is_centre")
+            .with_columns(pl.col("value", "stderr").interpolate_by("relative_depth").over("run_id"))
+            .filter(pl.col("is_centre"))
+            .select("run_id", "bin", "value", "stderr")
+        )
         # interpolate_by extends the end values flat; outside a model's range there is no curve
-        span = rows.group_by("run_id").agg(lo=pl.col("relative_depth").min(),
-                                           hi=pl.col("relative_depth").max())
-        full = (full.join(curve, on=["run_id", "bin"], how="left").join(span, on="run_id")
-                .with_columns([pl.when(pl.col("relative_depth").is_between("lo", "hi"))
-                               .then(pl.col(c)).alias(c) for c in ("value", "stderr")])
-                .drop("lo", "hi"))
-        full = full.join(per_bin.select("run_id", "bin", "n_points", "n"),
-                         on=["run_id", "bin"], how="left")
+        span = rows.group_by("run_id").agg(
+            lo=pl.col("relative_depth").min(), hi=pl.col("relative_depth").max()
+        )
+        full = (
+            full.join(curve, on=["run_id", "bin"], how="left")
+            .join(span, on="run_id")
+            .with_columns(
+                [
+                    pl.when(pl.col("relative_depth").is_between("lo", "hi"))
+                    .then(pl.col(c))
+                    .alias(c)
+                    for c in ("value", "stderr")
+                ]
+            )
+            .drop("lo", "hi")
+        )
+        full = full.join(
+            per_bin.select("run_id", "bin", "n_points", "n"), on=["run_id", "bin"], how="left"
+        )
     else:
         full = full.join(per_bin, on=["run_id", "bin"], how="left").rename(
-            {"mean": "value", "mean_stderr": "stderr"})
-    return (full.with_columns(pl.col("n_points").fill_null(0))
-            .sort("run_id", "bin"))
+            {"mean": "value", "mean_stderr": "stderr"}
+        )
+    return full.with_columns(pl.col("n_points").fill_null(0)).sort("run_id", "bin")
 
 
 def bin_weights(rows: pl.DataFrame, bins: int, method: Method) -> pl.DataFrame:
@@ -134,8 +161,9 @@ def bin_weights(rows: pl.DataFrame, bins: int, method: Method) -> pl.DataFrame:
             w = (c - depth[lo]) / (depth[hi] - depth[lo])
             put(int(run_id), b, layers[lo], float(1.0 - w))
             put(int(run_id), b, layers[hi], float(w))
-    return pl.DataFrame(out, schema={"run_id": pl.Int64, "bin": pl.Int64, "layer": pl.Int64,
-                                     "w": pl.Float64})
+    return pl.DataFrame(
+        out, schema={"run_id": pl.Int64, "bin": pl.Int64, "layer": pl.Int64, "w": pl.Float64}
+    )
 
 
 def sequence_errors(weights: pl.DataFrame, per_sequence: pl.DataFrame) -> pl.DataFrame:
@@ -143,33 +171,52 @@ def sequence_errors(weights: pl.DataFrame, per_sequence: pl.DataFrame) -> pl.Dat
     sequences that every weighted layer of the bin has (columns run_id, bin, seq_stderr,
     seq_n). `per_sequence`: run_id, layer, sequence, value."""
     if per_sequence.is_empty() or weights.is_empty():
-        return pl.DataFrame(schema={"run_id": pl.Int64, "bin": pl.Int64,
-                                    "seq_stderr": pl.Float64, "seq_n": pl.Int64})
+        return pl.DataFrame(
+            schema={
+                "run_id": pl.Int64,
+                "bin": pl.Int64,
+                "seq_stderr": pl.Float64,
+                "seq_n": pl.Int64,
+            }
+        )
     # Sorted before each aggregation, and groups kept in order: the same answer to the last bit
     # on every request (a join's row order is not fixed, and float sums depend on order).
     needed = weights.group_by("run_id", "bin").agg(k=pl.len())
-    combined = (weights.join(per_sequence.select(pl.col("run_id").cast(pl.Int64),
-                                                 pl.col("layer").cast(pl.Int64),
-                                                 "sequence", "value"),
-                             on=["run_id", "layer"])
-                .sort("run_id", "bin", "sequence", "layer")
-                .group_by("run_id", "bin", "sequence", maintain_order=True)
-                .agg(x=(pl.col("w") * pl.col("value")).sum(), layers=pl.len())
-                .join(needed, on=["run_id", "bin"])
-                .filter(pl.col("layers") == pl.col("k"))
-                .sort("run_id", "bin", "sequence"))
+    combined = (
+        weights.join(
+            per_sequence.select(
+                pl.col("run_id").cast(pl.Int64), pl.col("layer").cast(pl.Int64), "sequence", "value"
+            ),
+            on=["run_id", "layer"],
+        )
+        .sort("run_id", "bin", "sequence", "layer")
+        .group_by("run_id", "bin", "sequence", maintain_order=True)
+        .agg(x=(pl.col("w") * pl.col("value")).sum(), layers=pl.len())
+        .join(needed, on=["run_id", "bin"])
+        .filter(pl.col("layers") == pl.col("k"))
+        .sort("run_id", "bin", "sequence")
+    )
     return combined.group_by("run_id", "bin", maintain_order=True).agg(
         seq_stderr=pl.when(pl.len() > 1).then(pl.col("x").std(ddof=1) / pl.len().sqrt()),
-        seq_n=pl.len().cast(pl.Int64))
+        seq_n=pl.len().cast(pl.Int64),
+    )
 
 
 def _id(run: RunEntry | None) -> int | None:
     return None if run is None else run.id
 
 
-def compare(reader: Reader, snap: Snapshot, *, metric: str, component: str | None,
-            models: list[str], bins: int, method: Method, metric_version: str | None
-            ) -> Answer:
+def compare(
+    reader: Reader,
+    snap: Snapshot,
+    *,
+    metric: str,
+    component: str | None,
+    models: list[str],
+    bins: int,
+    method: Method,
+    metric_version: str | None,
+) -> Answer:
     check_metric(metric)
     check_component(component)
     check_models(models, "a,b,c")
@@ -185,33 +232,51 @@ def compare(reader: Reader, snap: Snapshot, *, metric: str, component: str | Non
         rows = reader.rows(found, [metric], component=component)
         present = rows["component"].drop_nulls().unique().to_list()
         if component is None and len(present) > 1:
-            raise UnprocessableError(f"{metric} has rows for components "
-                                     f"{', '.join(sorted(present))}"
-                                     ": choose one with component=")
+            raise UnprocessableError(
+                f"{metric} has rows for components "
+                f"{', '.join(sorted(present))}"
+                ": choose one with component="
+            )
         aligned = align(rows, bins, method)
         per_sequence = _per_sequence(reader, found, metric, component)
         if not per_sequence.is_empty():  # the exact sequence-level errors where there are any
             errors = sequence_errors(bin_weights(rows, bins, method), per_sequence)
-            aligned = (aligned.join(errors, on=["run_id", "bin"], how="left")
-                       .with_columns(
-                           stderr=pl.when(pl.col("seq_n").is_not_null())
-                           .then(pl.col("seq_stderr")).otherwise(pl.col("stderr")),
-                           n=pl.when(pl.col("seq_n").is_not_null())
-                           .then(pl.col("seq_n")).otherwise(pl.col("n")))
-                       .drop("seq_stderr", "seq_n"))
-        names = pl.DataFrame({"run_id": [r.id for r in found],
-                              "model_id": [r.model_id for r in found],
-                              "model": [snap.models[r.model_id].name for r in found]},
-                             schema={"run_id": pl.Int64, "model_id": pl.Int64,
-                                     "model": pl.String})
+            aligned = (
+                aligned.join(errors, on=["run_id", "bin"], how="left")
+                .with_columns(
+                    stderr=pl.when(pl.col("seq_n").is_not_null())
+                    .then(pl.col("seq_stderr"))
+                    .otherwise(pl.col("stderr")),
+                    n=pl.when(pl.col("seq_n").is_not_null())
+                    .then(pl.col("seq_n"))
+                    .otherwise(pl.col("n")),
+                )
+                .drop("seq_stderr", "seq_n")
+            )
+        names = pl.DataFrame(
+            {
+                "run_id": [r.id for r in found],
+                "model_id": [r.model_id for r in found],
+                "model": [snap.models[r.model_id].name for r in found],
+            },
+            schema={"run_id": pl.Int64, "model_id": pl.Int64, "model": pl.String},
+        )
         points = dict(rows.group_by("run_id").agg(pl.len()).iter_rows())
         for model in context.models:
             model.n_points = int(points.get(model.run_id, 0))
         return aligned.join(names, on="run_id").sort("model", "model_id", "bin")
 
-    context = Comparison(metric, component, bins, method, [
-        CompareModel(m.id, m.name, m.n_layers, _id(runs[m.id]), 0,
-                     _basis(runs[m.id])) for m in entries], [])
+    context = Comparison(
+        metric,
+        component,
+        bins,
+        method,
+        [
+            CompareModel(m.id, m.name, m.n_layers, _id(runs[m.id]), 0, _basis(runs[m.id]))
+            for m in entries
+        ],
+        [],
+    )
     return Answer(context, columns(CompareRow), found, False, load)
 
 
@@ -219,22 +284,34 @@ def _basis(run: RunEntry | None) -> str | None:
     return None if run is None else stderr_basis(run.metric_version)
 
 
-def _per_sequence(reader: Reader, runs: list[RunEntry], metric: str,
-                  component: str | None) -> pl.DataFrame:
+def _per_sequence(
+    reader: Reader, runs: list[RunEntry], metric: str, component: str | None
+) -> pl.DataFrame:
     """The per-layer (head null) per-sequence means of `metric` in `runs`: run_id, layer,
     sequence, value (empty for runs that have none)."""
     parts = []
     for run in runs:
         frame = repo.sequence_means(reader.cursor(), run.id, [metric]).filter(
-            pl.col("head").is_null())
+            pl.col("head").is_null()
+        )
         if component is not None:
             frame = frame.filter(pl.col("component") == component)
         if not frame.is_empty():
-            parts.append(frame.select(pl.lit(run.id, pl.Int64).alias("run_id"),
-                                      pl.col("layer").cast(pl.Int64),
-                                      pl.col("sequence").cast(pl.Int64),
-                                      pl.col("value").cast(pl.Float64)))
+            parts.append(
+                frame.select(
+                    pl.lit(run.id, pl.Int64).alias("run_id"),
+                    pl.col("layer").cast(pl.Int64),
+                    pl.col("sequence").cast(pl.Int64),
+                    pl.col("value").cast(pl.Float64),
+                )
+            )
     if not parts:
-        return pl.DataFrame(schema={"run_id": pl.Int64, "layer": pl.Int64,
-                                    "sequence": pl.Int64, "value": pl.Float64})
+        return pl.DataFrame(
+            schema={
+                "run_id": pl.Int64,
+                "layer": pl.Int64,
+                "sequence": pl.Int64,
+                "value": pl.Float64,
+            }
+        )
     return pl.concat(parts)

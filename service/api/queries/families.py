@@ -14,9 +14,14 @@ from service.api.schemas.families import Family, Stability, StabilityRow
 from service.api.schemas.results import columns
 from service.store import repositories as repo
 
-STABILITY_METRICS = ("heads.stability", "heads.stability_std", "heads.stability_null",
-                     "heads.stability_null_std", "heads.residual_cka.linear",
-                     "heads.residual_cka.rbf")
+STABILITY_METRICS = (
+    "heads.stability",
+    "heads.stability_std",
+    "heads.stability_null",
+    "heads.stability_null_std",
+    "heads.residual_cka.linear",
+    "heads.residual_cka.rbf",
+)
 
 
 def list_families(reader: Reader, snap: Snapshot) -> list[Family]:
@@ -28,9 +33,14 @@ def list_families(reader: Reader, snap: Snapshot) -> list[Family]:
 
 def _family(snap: Snapshot, family: object, member_ids: list[int]) -> Family:
     anchor = snap.models[family.anchor_model_id]  # type: ignore[attr-defined]
-    return Family(family.id, family.name, family.description,  # type: ignore[attr-defined]
-                  model_ref(anchor), [model_ref(snap.models[m]) for m in member_ids],
-                  utc(family.created_at))  # type: ignore[attr-defined, arg-type]
+    return Family(
+        family.id,
+        family.name,
+        family.description,  # type: ignore[attr-defined]
+        model_ref(anchor),
+        [model_ref(snap.models[m]) for m in member_ids],
+        utc(family.created_at),
+    )  # type: ignore[attr-defined, arg-type]
 
 
 def get_family(reader: Reader, snap: Snapshot, name: str) -> Family:
@@ -38,27 +48,38 @@ def get_family(reader: Reader, snap: Snapshot, name: str) -> Family:
         family = repo.family_by_name(conn, name)
         if family is None:
             known = ", ".join(f.name for f in repo.list_families(conn)) or "none stored yet"
-            raise NotFoundError(f"no refit family {name!r} (known: {known}); `strata stability "
-                                "--store` stores one")
+            raise NotFoundError(
+                f"no refit family {name!r} (known: {known}); `strata stability --store` stores one"
+            )
         members = repo.family_members(conn, family.id)
     return _family(snap, family, [m.id for m in members])
 
 
-def stability(reader: Reader, snap: Snapshot, name: str, *, metric: str | None, per_head: bool,
-              layer_min: int | None, layer_max: int | None, metric_version: str | None
-              ) -> Answer:
+def stability(
+    reader: Reader,
+    snap: Snapshot,
+    name: str,
+    *,
+    metric: str | None,
+    per_head: bool,
+    layer_min: int | None,
+    layer_max: int | None,
+    metric_version: str | None,
+) -> Answer:
     """The family's latest stability rows: per layer, and per head with `per_head`."""
     if metric is not None:
         check_metric(metric)
         if metric not in STABILITY_METRICS:
-            raise UnprocessableError(f"{metric} is not a stability metric; one of "
-                                     + ", ".join(STABILITY_METRICS))
+            raise UnprocessableError(
+                f"{metric} is not a stability metric; one of " + ", ".join(STABILITY_METRICS)
+            )
     check_layers(layer_min, layer_max)
     family = get_family(reader, snap, name)
     run = snap.stability_run(name, metric_version or METRIC_VERSION)
     if run is None:
-        raise NotFoundError(f"refit family {name!r} has no stored stability run under this metric "
-                            "version")
+        raise NotFoundError(
+            f"refit family {name!r} has no stored stability run under this metric version"
+        )
     metrics = [metric] if metric else list(STABILITY_METRICS)
     context = Stability(family, run_ref(run), [])
 
@@ -66,8 +87,7 @@ def stability(reader: Reader, snap: Snapshot, name: str, *, metric: str | None, 
         layers = reader.rows([run], metrics, layer_min=layer_min, layer_max=layer_max)
         if not per_head:
             return layers
-        heads = reader.rows([run], metrics, layer_min=layer_min, layer_max=layer_max,
-                            heads=True)
+        heads = reader.rows([run], metrics, layer_min=layer_min, layer_max=layer_max, heads=True)
         return pl.concat([layers, heads]).sort("metric", "layer", "head", nulls_last=False)
 
     return Answer(context, columns(StabilityRow), [run], False, load)

@@ -57,8 +57,9 @@ class Snapshot:
         for run in self.runs.values():
             if run.status == "succeeded":
                 grouped[(run.model_id, run.metric_version)].append(run)
-        self.succeeded = {k: sorted(v, key=lambda r: r.order, reverse=True)
-                          for k, v in grouped.items()}
+        self.succeeded = {
+            k: sorted(v, key=lambda r: r.order, reverse=True) for k, v in grouped.items()
+        }
 
     # ---- models
 
@@ -68,8 +69,9 @@ class Snapshot:
         if model_id is not None:
             entry = self.models.get(model_id)
             if entry is None or ref not in (entry.name, str(entry.id)):
-                raise NotFoundError(f"there is no model {ref!r} with id {model_id}"
-                                    + self._same_name_hint(ref))
+                raise NotFoundError(
+                    f"there is no model {ref!r} with id {model_id}" + self._same_name_hint(ref)
+                )
             return entry
         if ref.isdigit() and ref.isascii() and int(ref) in self.models:
             return self.models[int(ref)]
@@ -78,8 +80,9 @@ class Snapshot:
             return self.models[ids[-1]]
         close = difflib.get_close_matches(ref, list(self.by_name), n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
-        raise NotFoundError(f"no model is registered as {ref!r}{hint} (GET /api/v1/models lists "
-                            "them)")
+        raise NotFoundError(
+            f"no model is registered as {ref!r}{hint} (GET /api/v1/models lists them)"
+        )
 
     def _same_name_hint(self, ref: str) -> str:
         ids = self.by_name.get(ref)
@@ -94,9 +97,14 @@ class Snapshot:
 
     # ---- runs
 
-    def current_run(self, model_id: int, *, family: str | None = None,
-                    metric_version: str = METRIC_VERSION, staged: bool = False
-                    ) -> RunEntry | None:
+    def current_run(
+        self,
+        model_id: int,
+        *,
+        family: str | None = None,
+        metric_version: str = METRIC_VERSION,
+        staged: bool = False,
+    ) -> RunEntry | None:
         """The model's latest succeeded run under `metric_version` that computed `family`
         (and, with `staged`, has stage boundaries): the one place "current" is decided."""
         for run in self.succeeded.get((model_id, metric_version), ()):
@@ -107,15 +115,20 @@ class Snapshot:
     def current_runs(self, model_id: int) -> dict[str, int]:
         """Metric family -> id of the model's current run for it (`current_run`), by family
         name: what the model answers tell clients (`Model.current_runs`)."""
-        families = sorted({f for run in self.succeeded.get((model_id, METRIC_VERSION), ())
-                           for f in run.families})
+        families = sorted(
+            {f for run in self.succeeded.get((model_id, METRIC_VERSION), ()) for f in run.families}
+        )
         picked = {f: self.current_run(model_id, family=f) for f in families}
         return {f: run.id for f, run in picked.items() if run is not None}
 
-    def stability_run(self, family: str, metric_version: str = METRIC_VERSION
-                      ) -> RunEntry | None:
-        runs = [r for r in self.runs.values() if r.refit_family == family
-                and r.status == "succeeded" and r.metric_version == metric_version]
+    def stability_run(self, family: str, metric_version: str = METRIC_VERSION) -> RunEntry | None:
+        runs = [
+            r
+            for r in self.runs.values()
+            if r.refit_family == family
+            and r.status == "succeeded"
+            and r.metric_version == metric_version
+        ]
         return max(runs, key=lambda r: r.order, default=None)
 
 
@@ -147,13 +160,24 @@ class StoreIndex:
 
     def _build(self, generation: int) -> Snapshot:
         cursor = self.store.cursor()
-        models = {int(r["id"]): ModelEntry(int(r["id"]), r["name"], r["n_layers"])
-                  for r in repo.model_index(cursor).iter_rows(named=True)}
+        models = {
+            int(r["id"]): ModelEntry(int(r["id"]), r["name"], r["n_layers"])
+            for r in repo.model_index(cursor).iter_rows(named=True)
+        }
         by_name: dict[str, list[int]] = defaultdict(list)
         for entry in models.values():
             by_name[entry.name].append(entry.id)
-        runs = {int(r["id"]): RunEntry(int(r["id"]), int(r["model_id"]), r["status"],
-                                       r["metric_version"], frozenset(r["families"] or ()),
-                                       r["finished_at"], r["refit_family"], bool(r["has_stages"]))
-                for r in repo.run_index(cursor).iter_rows(named=True)}
+        runs = {
+            int(r["id"]): RunEntry(
+                int(r["id"]),
+                int(r["model_id"]),
+                r["status"],
+                r["metric_version"],
+                frozenset(r["families"] or ()),
+                r["finished_at"],
+                r["refit_family"],
+                bool(r["has_stages"]),
+            )
+            for r in repo.run_index(cursor).iter_rows(named=True)
+        }
         return Snapshot(generation, models, dict(by_name), runs)

@@ -69,13 +69,19 @@ def decode(body: bytes) -> RunResult:
         if len(side) == 2:
             raise UnprocessableError("the body holds more than three Arrow streams")
         table = _read_stream(source, f"side table (stream {len(side) + 2})")
-        kind = ("sequence_means" if "sequence" in table.column_names
-                else "neuron_tokens" if "neuron_class" in table.column_names else None)
+        kind = (
+            "sequence_means"
+            if "sequence" in table.column_names
+            else "neuron_tokens"
+            if "neuron_class" in table.column_names
+            else None
+        )
         if kind is None:
             raise UnprocessableError(
                 f"stream {len(side) + 2} is neither neuron tokens (a 'neuron_class' column) nor "
                 f"per-sequence means (a 'sequence' column); its columns: "
-                f"{', '.join(table.column_names)}")
+                f"{', '.join(table.column_names)}"
+            )
         if kind in side:
             raise UnprocessableError(f"the body holds {kind} twice")
         side[kind] = table
@@ -83,8 +89,10 @@ def decode(body: bytes) -> RunResult:
     means = side.get("sequence_means", SEQUENCE_MEANS_SCHEMA.empty_table())
     raw = (records.schema.metadata or {}).get(METADATA_KEY)
     if raw is None:
-        raise UnprocessableError("the records' schema metadata has no 'strata' key with the run's "
-                                 "configuration (write them with `strata compute --out run.arrow`)")
+        raise UnprocessableError(
+            "the records' schema metadata has no 'strata' key with the run's "
+            "configuration (write them with `strata compute --out run.arrow`)"
+        )
     try:
         meta = msgspec.json.decode(raw, type=RunMetadata)
         config = RunConfig.model_validate(meta.config)
@@ -95,13 +103,21 @@ def decode(body: bytes) -> RunResult:
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
-        raise UnprocessableError(f"the run configuration is malformed: {where}: {first['msg']}"
-                                 ) from None
-    return RunResult(config=config, config_hash=meta.config_hash,
-                     records=records.replace_schema_metadata(None), neuron_tokens=tokens,
-                     model_info=meta.model, tokens_evaluated=meta.tokens_evaluated,
-                     device=meta.device, wall_s=meta.wall_s,
-                     environment=dict(meta.environment), sequence_means=means)
+        raise UnprocessableError(
+            f"the run configuration is malformed: {where}: {first['msg']}"
+        ) from None
+    return RunResult(
+        config=config,
+        config_hash=meta.config_hash,
+        records=records.replace_schema_metadata(None),
+        neuron_tokens=tokens,
+        model_info=meta.model,
+        tokens_evaluated=meta.tokens_evaluated,
+        device=meta.device,
+        wall_s=meta.wall_s,
+        environment=dict(meta.environment),
+        sequence_means=means,
+    )
 
 
 def ingest(store: Store, body: bytes, run_id: int | None) -> IngestSummary:

@@ -14,22 +14,49 @@ def job_out(view: JobView) -> Job:
     job, live = view.job, view.live
     progress = None
     if live is not None and live.total > 0:
-        progress = JobProgress(live.done, live.total, round(live.done / live.total, 4),
-                               round(live.tokens_per_s, 1),
-                               None if live.eta_s is None else round(live.eta_s, 1))
+        progress = JobProgress(
+            live.done,
+            live.total,
+            round(live.done / live.total, 4),
+            round(live.tokens_per_s, 1),
+            None if live.eta_s is None else round(live.eta_s, 1),
+        )
     wall = None
     if job.started_at is not None and job.finished_at is not None:
         wall = round((job.finished_at - job.started_at).total_seconds(), 3)
-    return Job(id=job.id, state=job.state, model=view.model, model_id=job.model_id,
-               run_id=job.run_id, config_hash=job.config_hash,
-               metric_version=job.metric_version, families=list(job.families),
-               device=job.device, dtype=job.dtype, reason=job.reason,
-               queue=job.queue, forced=job.forced,
-               created_at=utc(job.created_at), started_at=utc(job.started_at),  # type: ignore[arg-type]
-               finished_at=utc(job.finished_at), wall_s=wall, progress=progress, worker=job.worker,
-               attempts=job.attempts, error=job.error, config=dict(job.config))
+    return Job(
+        id=job.id,
+        state=job.state,
+        model=view.model,
+        model_id=job.model_id,
+        run_id=job.run_id,
+        config_hash=job.config_hash,
+        metric_version=job.metric_version,
+        families=list(job.families),
+        device=job.device,
+        dtype=job.dtype,
+        reason=job.reason,
+        queue=job.queue,
+        forced=job.forced,
+        created_at=utc(job.created_at),
+        started_at=utc(job.started_at),  # type: ignore[arg-type]
+        finished_at=utc(job.finished_at),
+        wall_s=wall,
+        progress=progress,
+        worker=job.worker,
+        attempts=job.attempts,
+        error=job.error,
+        config=dict(job.config),
+    )
 
 
 def worker_out(seen: WorkerSeen) -> Worker:
-    return Worker(seen.name, seen.device, seen.dtype, list(seen.queues), seen.host, seen.pid,
-                  round(time.monotonic() - seen.last_seen, 1))
+    return Worker(
+        seen.name,
+        seen.device,
+        seen.dtype,
+        list(seen.queues),
+        seen.host,
+        seen.pid,
+        round(time.monotonic() - seen.last_seen, 1),
+    )

@@ -20,33 +20,67 @@ def utc(value: datetime | None) -> datetime | None:
     return None if value is None else value.replace(tzinfo=UTC)
 
 
-def model_out(model: RegisteredModel, families: list[str], current_runs: dict[str, int]
-              ) -> Model:
+def model_out(model: RegisteredModel, families: list[str], current_runs: dict[str, int]) -> Model:
     return Model(
-        id=model.id, name=model.name, source=model.source, revision=model.revision,
-        spec=model.spec, architecture=model.architecture, n_layers=model.n_layers,
-        d_model=model.d_model, n_heads=model.n_heads, d_mlp=model.d_mlp, d_vocab=model.d_vocab,
-        d_vocab_real=model.d_vocab_real, n_ctx=model.n_ctx, n_params=model.n_params,
-        normalization_type=model.normalization_type, parallel_attn_mlp=model.parallel_attn_mlp,
-        processing=AppliedProcessing(model.fold_ln, model.center_writing_weights,
-                                     model.center_unembed, model.fold_value_biases,
-                                     list(model.processing_notes or [])),
-        refit_families=families, registered_at=utc(model.registered_at),  # type: ignore[arg-type]
-        current_runs=current_runs)
+        id=model.id,
+        name=model.name,
+        source=model.source,
+        revision=model.revision,
+        spec=model.spec,
+        architecture=model.architecture,
+        n_layers=model.n_layers,
+        d_model=model.d_model,
+        n_heads=model.n_heads,
+        d_mlp=model.d_mlp,
+        d_vocab=model.d_vocab,
+        d_vocab_real=model.d_vocab_real,
+        n_ctx=model.n_ctx,
+        n_params=model.n_params,
+        normalization_type=model.normalization_type,
+        parallel_attn_mlp=model.parallel_attn_mlp,
+        processing=AppliedProcessing(
+            model.fold_ln,
+            model.center_writing_weights,
+            model.center_unembed,
+            model.fold_value_biases,
+            list(model.processing_notes or []),
+        ),
+        refit_families=families,
+        registered_at=utc(model.registered_at),  # type: ignore[arg-type]
+        current_runs=current_runs,
+    )
 
 
-def list_models(store: Store, snap: Snapshot, *, source: str | None, family: str | None,
-                architecture: str | None, name: str | None, min_layers: int | None,
-                max_layers: int | None, limit: int, offset: int) -> ModelPage:
+def list_models(
+    store: Store,
+    snap: Snapshot,
+    *,
+    source: str | None,
+    family: str | None,
+    architecture: str | None,
+    name: str | None,
+    min_layers: int | None,
+    max_layers: int | None,
+    limit: int,
+    offset: int,
+) -> ModelPage:
     with store.read() as conn:
-        models, total = repo.filter_models(conn, source=source, refit_family=family,
-                                           architecture=architecture, name=name,
-                                           min_layers=min_layers, max_layers=max_layers,
-                                           limit=limit, offset=offset)
+        models, total = repo.filter_models(
+            conn,
+            source=source,
+            refit_family=family,
+            architecture=architecture,
+            name=name,
+            min_layers=min_layers,
+            max_layers=max_layers,
+            limit=limit,
+            offset=offset,
+        )
         families = repo.model_families(conn, [m.id for m in models])
     items = [model_out(m, families.get(m.id, []), snap.current_runs(m.id)) for m in models]
-    return ModelPage(items, total, limit, offset,
-                     offset + limit if offset + limit < total else None)
+    return ModelPage(
+        items, total, limit, offset, offset + limit if offset + limit < total else None
+    )
 
 
 def get_model(store: Store, snap: Snapshot, ref: str, model_id: int | None) -> ModelDetail:
@@ -59,41 +93,75 @@ def get_model(store: Store, snap: Snapshot, ref: str, model_id: int | None) -> M
         n_runs = repo.count_runs(conn, model_id=entry.id)
     current = snap.current_run(entry.id, metric_version=METRIC_VERSION)
     base = model_out(model, families, snap.current_runs(entry.id))
-    return ModelDetail(**{f: getattr(base, f) for f in base.__struct_fields__},
-                       n_runs=n_runs, current_run_id=current.id if current else None,
-                       same_name_ids=[i for i in snap.by_name.get(entry.name, [])
-                                      if i != entry.id])
+    return ModelDetail(
+        **{f: getattr(base, f) for f in base.__struct_fields__},
+        n_runs=n_runs,
+        current_run_id=current.id if current else None,
+        same_name_ids=[i for i in snap.by_name.get(entry.name, []) if i != entry.id],
+    )
 
 
 def run_out(run: RunRow, model_name: str) -> Run:
     return Run(
-        id=run.id, model_id=run.model_id, model=model_name, status=run.status,
-        progress=run.progress, error=run.error, families=list(run.families),
-        config_hash=run.config_hash, metric_version=run.metric_version,
-        stderr_basis=stderr_basis(run.metric_version), code_version=run.code_version,
-        config=run.config, device=run.device, dtype=run.dtype,
-        tokens_evaluated=run.tokens_evaluated, n_records=run.n_records,
+        id=run.id,
+        model_id=run.model_id,
+        model=model_name,
+        status=run.status,
+        progress=run.progress,
+        error=run.error,
+        families=list(run.families),
+        config_hash=run.config_hash,
+        metric_version=run.metric_version,
+        stderr_basis=stderr_basis(run.metric_version),
+        code_version=run.code_version,
+        config=run.config,
+        device=run.device,
+        dtype=run.dtype,
+        tokens_evaluated=run.tokens_evaluated,
+        n_records=run.n_records,
         token_source_id=run.token_source_id,
-        timings=Timings(utc(run.created_at), utc(run.started_at),  # type: ignore[arg-type]
-                        utc(run.finished_at), run.wall_s),
-        environment=run.environment)
+        timings=Timings(
+            utc(run.created_at),
+            utc(run.started_at),  # type: ignore[arg-type]
+            utc(run.finished_at),
+            run.wall_s,
+        ),
+        environment=run.environment,
+    )
 
 
-def list_runs(store: Store, snap: Snapshot, *, model: str | None, model_id: int | None,
-              status: str | None, family: str | None, metric_version: str | None, limit: int,
-              offset: int) -> RunPage:
+def list_runs(
+    store: Store,
+    snap: Snapshot,
+    *,
+    model: str | None,
+    model_id: int | None,
+    status: str | None,
+    family: str | None,
+    metric_version: str | None,
+    limit: int,
+    offset: int,
+) -> RunPage:
     owner = snap.model(model, model_id).id if model is not None else model_id
     if owner is not None and owner not in snap.models:
         raise NotFoundError(f"no model with id {owner}")
     with store.read() as conn:
-        runs = repo.list_runs(conn, model_id=owner, status=status, family=family,
-                              metric_version=metric_version, limit=limit, offset=offset)
-        total = repo.count_runs(conn, model_id=owner, status=status, family=family,
-                                metric_version=metric_version)
-    items = [run_out(r, snap.models[r.model_id].name if r.model_id in snap.models else "?")
-             for r in runs]
-    return RunPage(items, total, limit, offset,
-                   offset + limit if offset + limit < total else None)
+        runs = repo.list_runs(
+            conn,
+            model_id=owner,
+            status=status,
+            family=family,
+            metric_version=metric_version,
+            limit=limit,
+            offset=offset,
+        )
+        total = repo.count_runs(
+            conn, model_id=owner, status=status, family=family, metric_version=metric_version
+        )
+    items = [
+        run_out(r, snap.models[r.model_id].name if r.model_id in snap.models else "?") for r in runs
+    ]
+    return RunPage(items, total, limit, offset, offset + limit if offset + limit < total else None)
 
 
 def get_run(store: Store, snap: Snapshot, run_id: int) -> Run:

@@ -18,14 +18,27 @@ from service.api.queries.index import Snapshot
 from service.api.schemas.results import HeadRow, HeadRows, MetricRow, MetricRows, columns
 
 PER_HEAD_FAMILIES = ("heads", "attention")
-PER_NEURON_METRICS = ("neurons.vocab_mean", "neurons.vocab_var", "neurons.vocab_skew",
-                      "neurons.vocab_kurt")
+PER_NEURON_METRICS = (
+    "neurons.vocab_mean",
+    "neurons.vocab_var",
+    "neurons.vocab_skew",
+    "neurons.vocab_kurt",
+)
 
 
-def metric_rows(reader: Reader, snap: Snapshot, model_ref_: str, *, metric: str,
-                component: str | None, layer_min: int | None, layer_max: int | None,
-                run_id: int | None, metric_version: str | None, model_id: int | None
-                ) -> Answer:
+def metric_rows(
+    reader: Reader,
+    snap: Snapshot,
+    model_ref_: str,
+    *,
+    metric: str,
+    component: str | None,
+    layer_min: int | None,
+    layer_max: int | None,
+    run_id: int | None,
+    metric_version: str | None,
+    model_id: int | None,
+) -> Answer:
     """Per-layer rows of `metric` (all components unless one is given) from one run."""
     check_metric(metric)
     check_component(component)
@@ -34,28 +47,50 @@ def metric_rows(reader: Reader, snap: Snapshot, model_ref_: str, *, metric: str,
         raise UnprocessableError(f"{metric} is per neuron: read it from /models/{{model}}/neurons")
     model = snap.model(model_ref_, model_id)
     family = family_needed(metric)
-    run = pick_run(snap, model, family=family, run_id=run_id, metric_version=metric_version,
-                   what=metric)
+    run = pick_run(
+        snap, model, family=family, run_id=run_id, metric_version=metric_version, what=metric
+    )
     context = MetricRows(model_ref(model), run_ref(run), metric, component, [])
-    return Answer(context, columns(MetricRow), [run], run_id is not None,
-                  lambda: reader.rows([run], [metric], component=component,
-                                      layer_min=layer_min, layer_max=layer_max))
+    return Answer(
+        context,
+        columns(MetricRow),
+        [run],
+        run_id is not None,
+        lambda: reader.rows(
+            [run], [metric], component=component, layer_min=layer_min, layer_max=layer_max
+        ),
+    )
 
 
-def head_rows(reader: Reader, snap: Snapshot, model_ref_: str, *, metric: str,
-              layer_min: int | None, layer_max: int | None, run_id: int | None,
-              metric_version: str | None, model_id: int | None) -> Answer:
+def head_rows(
+    reader: Reader,
+    snap: Snapshot,
+    model_ref_: str,
+    *,
+    metric: str,
+    layer_min: int | None,
+    layer_max: int | None,
+    run_id: int | None,
+    metric_version: str | None,
+    model_id: int | None,
+) -> Answer:
     """Per-head rows of `metric` (a heads.* or attention.* metric) from one run."""
     check_metric(metric)
     check_layers(layer_min, layer_max)
     family = family_needed(metric)
     if family not in PER_HEAD_FAMILIES:
-        raise UnprocessableError(f"{metric} has no per-head rows; per-head metrics are heads.* "
-                                 "and attention.*")
+        raise UnprocessableError(
+            f"{metric} has no per-head rows; per-head metrics are heads.* and attention.*"
+        )
     model = snap.model(model_ref_, model_id)
-    run = pick_run(snap, model, family=family, run_id=run_id, metric_version=metric_version,
-                   what=metric)
+    run = pick_run(
+        snap, model, family=family, run_id=run_id, metric_version=metric_version, what=metric
+    )
     context = HeadRows(model_ref(model), run_ref(run), metric, [])
-    return Answer(context, columns(HeadRow), [run], run_id is not None,
-                  lambda: reader.rows([run], [metric], layer_min=layer_min,
-                                      layer_max=layer_max, heads=True))
+    return Answer(
+        context,
+        columns(HeadRow),
+        [run],
+        run_id is not None,
+        lambda: reader.rows([run], [metric], layer_min=layer_min, layer_max=layer_max, heads=True),
+    )

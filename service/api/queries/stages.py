@@ -54,11 +54,19 @@ def _spans(model: ModelEntry, found: dict[int, int | None]) -> list[dict[str, An
         end = hi - 1 if clear and hi is not None else None
         if start is not None and end is not None and end < start:  # an empty stage
             start = end = None
-        spans.append({"model_id": model.id, "model": model.name, "stage": stage,
-                      "stage_name": STAGE_NAMES[stage - 1], "clear": clear,
-                      "layer_start": start, "layer_end": end,
-                      "relative_depth_start": _depth(start, n_layers),
-                      "relative_depth_end": _depth(end, n_layers)})
+        spans.append(
+            {
+                "model_id": model.id,
+                "model": model.name,
+                "stage": stage,
+                "stage_name": STAGE_NAMES[stage - 1],
+                "clear": clear,
+                "layer_start": start,
+                "layer_end": end,
+                "relative_depth_start": _depth(start, n_layers),
+                "relative_depth_end": _depth(end, n_layers),
+            }
+        )
     return spans
 
 
@@ -78,15 +86,25 @@ def boundary(row: dict[str, Any]) -> Boundary:
     estimate = evidence.get("estimate")
     depths = boot.get("interval_relative_depth")
     return Boundary(
-        row["boundary"], STAGE_NAMES[row["boundary"] - 1], row["found"], row["layer"],
-        row["relative_depth"], row["rule"], evidence, clear=bool(row["found"]),
+        row["boundary"],
+        STAGE_NAMES[row["boundary"] - 1],
+        row["found"],
+        row["layer"],
+        row["relative_depth"],
+        row["rule"],
+        evidence,
+        clear=bool(row["found"]),
         estimate=estimate if isinstance(estimate, int) else row["layer"],
         sharpness=float(sharpness) if isinstance(sharpness, int | float) else None,
-        range=_ints(evidence.get("range")), interval=_ints(boot.get("interval")),
-        interval_relative_depth=[float(d) for d in depths] if isinstance(depths, list)
-        and len(depths) == 2 else None,
-        interval_level=float(boot["level"]) if isinstance(boot.get("level"), int | float)
-        and boot.get("interval") is not None else None)
+        range=_ints(evidence.get("range")),
+        interval=_ints(boot.get("interval")),
+        interval_relative_depth=[float(d) for d in depths]
+        if isinstance(depths, list) and len(depths) == 2
+        else None,
+        interval_level=float(boot["level"])
+        if isinstance(boot.get("level"), int | float) and boot.get("interval") is not None
+        else None,
+    )
 
 
 def _depth(layer: int | None, n_layers: int) -> float | None:
@@ -99,39 +117,53 @@ def aggregate(spans: pl.DataFrame, rows: pl.DataFrame) -> pl.DataFrame:
     """Per-stage mean, stderr of the mean, spread and count of per-layer rows (with model_id)."""
     blocks = rows.filter(pl.col("layer").is_not_null()).with_columns(
         block=pl.when(pl.col("metric").str.starts_with("logit_lens."))
-        .then((pl.col("layer") - 1).clip(lower_bound=0)).otherwise(pl.col("layer")))
-    inside = (spans.select("model_id", "stage", "layer_start", "layer_end")
-              .join(blocks, on="model_id")
-              .filter(pl.col("block").is_between("layer_start", "layer_end")))
+        .then((pl.col("layer") - 1).clip(lower_bound=0))
+        .otherwise(pl.col("layer"))
+    )
+    inside = (
+        spans.select("model_id", "stage", "layer_start", "layer_end")
+        .join(blocks, on="model_id")
+        .filter(pl.col("block").is_between("layer_start", "layer_end"))
+    )
     stats = inside.group_by("model_id", "stage").agg(
         value=pl.col("value").mean(),
-        stderr=pl.when(pl.col("stderr").null_count() == 0)
-        .then((pl.col("stderr") ** 2).sum().sqrt() / pl.len()),
+        stderr=pl.when(pl.col("stderr").null_count() == 0).then(
+            (pl.col("stderr") ** 2).sum().sqrt() / pl.len()
+        ),
         layer_std=pl.col("value").std(ddof=1),
         n_points=pl.len().cast(pl.Int64),
         unit=pl.col("unit").first(),
     )
-    return (spans.join(stats, on=["model_id", "stage"], how="left")
-            .with_columns(pl.col("n_points").fill_null(0)))
+    return spans.join(stats, on=["model_id", "stage"], how="left").with_columns(
+        pl.col("n_points").fill_null(0)
+    )
 
 
-def stages(reader: Reader, snap: Snapshot, *, models: list[str], metric: str | None,
-           component: str | None, metric_version: str | None, model_id: int | None = None
-           ) -> Answer:
+def stages(
+    reader: Reader,
+    snap: Snapshot,
+    *,
+    models: list[str],
+    metric: str | None,
+    component: str | None,
+    metric_version: str | None,
+    model_id: int | None = None,
+) -> Answer:
     if metric is not None:
         check_metric(metric)
     check_component(component)
     check_models(models, "a,b")
-    entries = [snap.model(models[0], model_id)] if model_id is not None else \
-        snap.models_named(models)
+    entries = (
+        [snap.model(models[0], model_id)] if model_id is not None else snap.models_named(models)
+    )
     version = metric_version or METRIC_VERSION
-    staged = {m.id: snap.current_run(m.id, staged=True, metric_version=version)
-              for m in entries}
+    staged = {m.id: snap.current_run(m.id, staged=True, metric_version=version) for m in entries}
     measured: dict[int, RunEntry | None] = {}
     if metric is not None:
         family = family_needed(metric)
-        measured = {m.id: snap.current_run(m.id, family=family, metric_version=version)
-                    for m in entries}
+        measured = {
+            m.id: snap.current_run(m.id, family=family, metric_version=version) for m in entries
+        }
     runs = [r for r in (*staged.values(), *measured.values()) if r is not None]
     context = Stages(metric, component, [], [])
 
@@ -144,30 +176,52 @@ def stages(reader: Reader, snap: Snapshot, *, models: list[str], metric: str | N
         for model in entries:
             run, metric_run = staged[model.id], measured.get(model.id)
             rows = by_run.get(run.id, []) if run else []
-            context.models.append(ModelStages(
-                model.id, model.name, model.n_layers, run.id if run else None,
-                metric_run.id if metric_run else None,
-                [boundary(r) for r in rows]))
+            context.models.append(
+                ModelStages(
+                    model.id,
+                    model.name,
+                    model.n_layers,
+                    run.id if run else None,
+                    metric_run.id if metric_run else None,
+                    [boundary(r) for r in rows],
+                )
+            )
             spans += _spans(model, {r["boundary"]: r["layer"] for r in rows})
-        frame = pl.DataFrame(spans, schema={
-            "model_id": pl.Int64, "model": pl.String, "stage": pl.Int64,
-            "stage_name": pl.String, "clear": pl.Boolean, "layer_start": pl.Int64,
-            "layer_end": pl.Int64, "relative_depth_start": pl.Float64,
-            "relative_depth_end": pl.Float64})
+        frame = pl.DataFrame(
+            spans,
+            schema={
+                "model_id": pl.Int64,
+                "model": pl.String,
+                "stage": pl.Int64,
+                "stage_name": pl.String,
+                "clear": pl.Boolean,
+                "layer_start": pl.Int64,
+                "layer_end": pl.Int64,
+                "relative_depth_start": pl.Float64,
+                "relative_depth_end": pl.Float64,
+            },
+        )
         metric_runs = {r.id: m for m, r in measured.items() if r is not None}
-        values = reader.rows([r for r in measured.values() if r is not None],
-                             [metric] if metric else [], component=component)
+        values = reader.rows(
+            [r for r in measured.values() if r is not None],
+            [metric] if metric else [],
+            component=component,
+        )
         present = values["component"].drop_nulls().unique().to_list()
         if component is None and len(present) > 1:
-            raise UnprocessableError(f"{metric} has rows for components "
-                                     f"{', '.join(sorted(present))}"
-                                     ": choose one with component=")
+            raise UnprocessableError(
+                f"{metric} has rows for components "
+                f"{', '.join(sorted(present))}"
+                ": choose one with component="
+            )
         values = values.with_columns(
-            model_id=pl.col("run_id").replace_strict(metric_runs, default=None,
-                                                     return_dtype=pl.Int64))
+            model_id=pl.col("run_id").replace_strict(
+                metric_runs, default=None, return_dtype=pl.Int64
+            )
+        )
         out = aggregate(frame, values)
-        return out.with_columns(metric=pl.lit(metric, pl.String),
-                                component=pl.lit(component, pl.String)
-                                ).sort("model", "model_id", "stage")
+        return out.with_columns(
+            metric=pl.lit(metric, pl.String), component=pl.lit(component, pl.String)
+        ).sort("model", "model_id", "stage")
 
     return Answer(context, columns(StageRow), runs, False, load)

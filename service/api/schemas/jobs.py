@@ -14,25 +14,70 @@ class SubmitJob(msgspec.Struct, forbid_unknown_fields=True):
     """Compute a registered model's metrics. Omitted fields take the deployment's defaults
     (`STRATA_JOBS__*`)."""
 
-    model: Annotated[str, msgspec.Meta(min_length=1, max_length=1000,
-                                       description="registered model name or id")]
-    metrics: Annotated[list[Family], msgspec.Meta(min_length=1, max_length=32, description=(
-        "metric families (default: all)"))] | None = None
-    tokens: Annotated[str, msgspec.Meta(min_length=1, max_length=4096, description=(
-        "builtin, corpus:<path under a configured root>, source:<stored token source id>, or "
-        "pile"))] | None = None
+    model: Annotated[
+        str, msgspec.Meta(min_length=1, max_length=1000, description="registered model name or id")
+    ]
+    metrics: (
+        Annotated[
+            list[Family],
+            msgspec.Meta(
+                min_length=1, max_length=32, description=("metric families (default: all)")
+            ),
+        ]
+        | None
+    ) = None
+    tokens: (
+        Annotated[
+            str,
+            msgspec.Meta(
+                min_length=1,
+                max_length=4096,
+                description=(
+                    "builtin, corpus:<path under a configured root>, "
+                    "source:<stored token source id>, or pile"
+                ),
+            ),
+        ]
+        | None
+    ) = None
     n_sequences: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] | None = None
-    seq_len: Annotated[int, msgspec.Meta(ge=3, le=1_000_000, description=(
-        "tokens per sequence, BOS included; at most the model's context"))] | None = None
-    device: Annotated[str, msgspec.Meta(max_length=16, description=(
-        "cpu or cuda (default: whichever worker takes it)"))] | None = None
-    dtype: Annotated[str, msgspec.Meta(max_length=16, description=(
-        "float32, bfloat16 or float16"))] | None = None
+    seq_len: (
+        Annotated[
+            int,
+            msgspec.Meta(
+                ge=3,
+                le=1_000_000,
+                description=("tokens per sequence, BOS included; at most the model's context"),
+            ),
+        ]
+        | None
+    ) = None
+    device: (
+        Annotated[
+            str,
+            msgspec.Meta(
+                max_length=16, description=("cpu or cuda (default: whichever worker takes it)")
+            ),
+        ]
+        | None
+    ) = None
+    dtype: (
+        Annotated[str, msgspec.Meta(max_length=16, description=("float32, bfloat16 or float16"))]
+        | None
+    ) = None
     force: bool = False
-    queue: Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$",
-                                       description=(
-        "the broker queue (default gpu): route big models to the workers started with "
-        "`strata worker --queues <name>` on big GPUs"))] = "gpu"
+    queue: Annotated[
+        str,
+        msgspec.Meta(
+            min_length=1,
+            max_length=64,
+            pattern=r"^[A-Za-z0-9._-]+$",
+            description=(
+                "the broker queue (default gpu): route big models to the workers started with "
+                "`strata worker --queues <name>` on big GPUs"
+            ),
+        ),
+    ] = "gpu"
 
 
 class JobProgress(msgspec.Struct):

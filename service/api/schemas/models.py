@@ -18,9 +18,15 @@ class AppliedProcessing(msgspec.Struct):
     notes: list[str]
 
 
-CurrentRuns = Annotated[dict[str, int], msgspec.Meta(description=(
-    "metric family -> id of the run the data endpoints read for it by default: the model's "
-    "latest succeeded run under the current metric version that computed the family"))]
+CurrentRuns = Annotated[
+    dict[str, int],
+    msgspec.Meta(
+        description=(
+            "metric family -> id of the run the data endpoints read for it by default: the model's "
+            "latest succeeded run under the current metric version that computed the family"
+        )
+    ),
+]
 
 
 class Model(msgspec.Struct):
@@ -74,18 +80,29 @@ class ProcessingRequest(msgspec.Struct, forbid_unknown_fields=True):
     fold_value_biases: bool = True
 
 
-ModelName = Annotated[str, msgspec.Meta(
-    min_length=1, max_length=200, pattern=r"^(?!\d+$)[A-Za-z0-9][A-Za-z0-9._+-]*$",
-    description="letters, digits, `._+-`; not all digits (ids are numbers)")]
+ModelName = Annotated[
+    str,
+    msgspec.Meta(
+        min_length=1,
+        max_length=200,
+        pattern=r"^(?!\d+$)[A-Za-z0-9][A-Za-z0-9._+-]*$",
+        description="letters, digits, `._+-`; not all digits (ids are numbers)",
+    ),
+]
 
 
 class RegisterModel(msgspec.Struct, forbid_unknown_fields=True):
     """Register a model without computing anything."""
 
-    source: Annotated[str, msgspec.Meta(
-        min_length=1, max_length=1000,
-        description="a TransformerLens official name (e.g. gpt2), a zoo model (zoo:tiny-4l-s0) "
-                    "or a checkpoint directory under a configured checkpoint root")]
+    source: Annotated[
+        str,
+        msgspec.Meta(
+            min_length=1,
+            max_length=1000,
+            description="a TransformerLens official name (e.g. gpt2), a zoo model (zoo:tiny-4l-s0) "
+            "or a checkpoint directory under a configured checkpoint root",
+        ),
+    ]
     name: ModelName | None = None  # default: the checkpoint folder's name, or the source's
     revision: str | None = None
     processing: ProcessingRequest | None = None

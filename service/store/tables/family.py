@@ -15,8 +15,9 @@ from service.store.tables.base import Base, utcnow
 class RefitFamily(Base):
     __tablename__ = "refit_families"
 
-    id: Mapped[int] = mapped_column(sa.BigInteger, sa.Sequence("refit_families_id_seq"),
-                                    primary_key=True)
+    id: Mapped[int] = mapped_column(
+        sa.BigInteger, sa.Sequence("refit_families_id_seq"), primary_key=True
+    )
     name: Mapped[str] = mapped_column(unique=True)
     anchor_model_id: Mapped[int] = mapped_column(sa.BigInteger, sa.ForeignKey("models.id"))
     description: Mapped[str | None]
@@ -26,7 +27,9 @@ class RefitFamily(Base):
 class RefitFamilyMember(Base):
     __tablename__ = "refit_family_members"
 
-    family_id: Mapped[int] = mapped_column(sa.BigInteger, sa.ForeignKey("refit_families.id"),
-                                           primary_key=True)
-    model_id: Mapped[int] = mapped_column(sa.BigInteger, sa.ForeignKey("models.id"),
-                                          primary_key=True)
+    family_id: Mapped[int] = mapped_column(
+        sa.BigInteger, sa.ForeignKey("refit_families.id"), primary_key=True
+    )
+    model_id: Mapped[int] = mapped_column(
+        sa.BigInteger, sa.ForeignKey("models.id"), primary_key=True
+    )

@@ -14,11 +14,30 @@ from sqlalchemy.orm import Mapped, mapped_column
 from service.store.tables.base import Base
 
 NEURON_COLUMNS: tuple[str, ...] = (
-    "run_id", "layer", "neuron", "vocab_mean", "vocab_var", "vocab_skew", "vocab_kurt", "n",
-    "prediction", "suppression", "partition", "relative_depth")
+    "run_id",
+    "layer",
+    "neuron",
+    "vocab_mean",
+    "vocab_var",
+    "vocab_skew",
+    "vocab_kurt",
+    "n",
+    "prediction",
+    "suppression",
+    "partition",
+    "relative_depth",
+)
 NEURON_TOKEN_COLUMNS: tuple[str, ...] = (
-    "run_id", "layer", "neuron", "neuron_class", "direction", "rank", "token_id", "token",
-    "cosine")
+    "run_id",
+    "layer",
+    "neuron",
+    "neuron_class",
+    "direction",
+    "rank",
+    "token_id",
+    "token",
+    "cosine",
+)
 
 
 class NeuronStatsRow(Base):
@@ -60,4 +79,5 @@ class NeuronToken(Base):
 
     # The record key; not a database constraint (see the module docstring).
     __mapper_args__ = {  # noqa: RUF012
-        "primary_key": [run_id, layer, neuron, neuron_class, direction, rank]}
+        "primary_key": [run_id, layer, neuron, neuron_class, direction, rank]
+    }

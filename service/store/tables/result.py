@@ -16,8 +16,19 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from service.store.tables.base import Base
 
-RESULT_COLUMNS: tuple[str, ...] = ("run_id", "metric", "layer", "component", "head", "neuron",
-                                   "value", "stderr", "n", "unit", "relative_depth")
+RESULT_COLUMNS: tuple[str, ...] = (
+    "run_id",
+    "metric",
+    "layer",
+    "component",
+    "head",
+    "neuron",
+    "value",
+    "stderr",
+    "n",
+    "unit",
+    "relative_depth",
+)
 
 
 class Result(Base):
@@ -37,4 +48,5 @@ class Result(Base):
 
     # The record key; not a database constraint (see the module docstring).
     __mapper_args__ = {  # noqa: RUF012
-        "primary_key": [run_id, metric, layer, component, head, neuron]}
+        "primary_key": [run_id, metric, layer, component, head, neuron]
+    }

@@ -30,8 +30,7 @@ class Run(Base):
 
     id: Mapped[int] = mapped_column(sa.BigInteger, sa.Sequence("runs_id_seq"), primary_key=True)
     model_id: Mapped[int] = mapped_column(sa.BigInteger, sa.ForeignKey("models.id"))
-    token_source_id: Mapped[int] = mapped_column(sa.BigInteger,
-                                                 sa.ForeignKey("token_sources.id"))
+    token_source_id: Mapped[int] = mapped_column(sa.BigInteger, sa.ForeignKey("token_sources.id"))
     config_hash: Mapped[str] = mapped_column(sa.String(64))
     metric_version: Mapped[str]
     code_version: Mapped[str]

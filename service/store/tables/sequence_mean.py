@@ -15,7 +15,14 @@ from sqlalchemy.orm import Mapped, mapped_column
 from service.store.tables.base import Base
 
 SEQUENCE_MEAN_COLUMNS: tuple[str, ...] = (
-    "run_id", "metric", "layer", "component", "head", "sequence", "value")
+    "run_id",
+    "metric",
+    "layer",
+    "component",
+    "head",
+    "sequence",
+    "value",
+)
 
 
 class SequenceMean(Base):
@@ -31,4 +38,5 @@ class SequenceMean(Base):
 
     # The row's key; not a database constraint (see the module docstring).
     __mapper_args__ = {  # noqa: RUF012
-        "primary_key": [run_id, metric, layer, component, head, sequence]}
+        "primary_key": [run_id, metric, layer, component, head, sequence]
+    }

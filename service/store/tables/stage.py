@@ -24,8 +24,9 @@ class StageBoundary(Base):
         sa.CheckConstraint("found = (layer IS NOT NULL)"),
     )
 
-    id: Mapped[int] = mapped_column(sa.BigInteger, sa.Sequence("stage_boundaries_id_seq"),
-                                    primary_key=True)
+    id: Mapped[int] = mapped_column(
+        sa.BigInteger, sa.Sequence("stage_boundaries_id_seq"), primary_key=True
+    )
     run_id: Mapped[int] = mapped_column(sa.BigInteger, sa.ForeignKey("runs.id"))
     model_id: Mapped[int] = mapped_column(sa.BigInteger, sa.ForeignKey("models.id"))
     boundary: Mapped[int] = mapped_column(sa.SmallInteger)

@@ -14,8 +14,9 @@ from service.store.tables.base import Base, utcnow
 class TokenSource(Base):
     __tablename__ = "token_sources"
 
-    id: Mapped[int] = mapped_column(sa.BigInteger, sa.Sequence("token_sources_id_seq"),
-                                    primary_key=True)
+    id: Mapped[int] = mapped_column(
+        sa.BigInteger, sa.Sequence("token_sources_id_seq"), primary_key=True
+    )
     spec_hash: Mapped[str] = mapped_column(sa.String(64), unique=True)
     source: Mapped[str]
     path: Mapped[str | None]
