@@ -82,10 +82,10 @@ def report(records: pl.DataFrame, n_layers: int) -> dict[str, Any]:
             "max_per_layer": [
                 round(
                     float(
-                        kurt.filter(pl.col("layer") == layer)["value"].fill_null(0.0).max() or 0.0
+                        kurt.filter(pl.col("layer") == layer)["value"].fill_null(0.0).max() or 0.0  # type: ignore[arg-type]
                     ),
                     2,
-                )  # type: ignore[arg-type]
+                )
                 for layer in range(n_layers)
             ],
         },

@@ -51,10 +51,10 @@ def infer_boundaries(
         means = pl.from_arrow(sequence_means)
     try:
         boundaries = infer_stages(
-            pl.from_arrow(records),
-            n_layers,  # type: ignore[arg-type]
-            means,
-        )  # type: ignore[arg-type]
+            pl.from_arrow(records),  # type: ignore[arg-type]
+            n_layers,
+            means,  # type: ignore[arg-type]
+        )
     except SpecError:
         return []
     return [

@@ -34,13 +34,13 @@ def list_families(reader: Reader, snap: Snapshot) -> list[Family]:
 def _family(snap: Snapshot, family: object, member_ids: list[int]) -> Family:
     anchor = snap.models[family.anchor_model_id]  # type: ignore[attr-defined]
     return Family(
-        family.id,
-        family.name,
+        family.id,  # type: ignore[attr-defined]
+        family.name,  # type: ignore[attr-defined]
         family.description,  # type: ignore[attr-defined]
         model_ref(anchor),
         [model_ref(snap.models[m]) for m in member_ids],
-        utc(family.created_at),
-    )  # type: ignore[attr-defined, arg-type]
+        utc(family.created_at),  # type: ignore[attr-defined, arg-type]
+    )
 
 
 def get_family(reader: Reader, snap: Snapshot, name: str) -> Family:

@@ -38,8 +38,8 @@ def job_out(view: JobView) -> Job:
         reason=job.reason,
         queue=job.queue,
         forced=job.forced,
-        created_at=utc(job.created_at),
-        started_at=utc(job.started_at),  # type: ignore[arg-type]
+        created_at=utc(job.created_at),  # type: ignore[arg-type]
+        started_at=utc(job.started_at),
         finished_at=utc(job.finished_at),
         wall_s=wall,
         progress=progress,

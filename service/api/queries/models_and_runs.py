@@ -121,8 +121,8 @@ def run_out(run: RunRow, model_name: str) -> Run:
         n_records=run.n_records,
         token_source_id=run.token_source_id,
         timings=Timings(
-            utc(run.created_at),
-            utc(run.started_at),  # type: ignore[arg-type]
+            utc(run.created_at),  # type: ignore[arg-type]
+            utc(run.started_at),
             utc(run.finished_at),
             run.wall_s,
         ),
