@@ -11,7 +11,7 @@ import click
 from compute.errors import SpecError, StrataError
 from service.cli.db import check_store_writable, store_result
 from service.cli.errors import EXIT_BAD_INPUT, exit_code_of, fail
-from service.cli.outputs import NO_OUTPUT, out_format
+from service.cli.outputs import NO_OUTPUT, out_format, out_option
 from service.exports import require_format
 from service.settings import get_settings
 
@@ -82,12 +82,7 @@ from service.settings import get_settings
     is_flag=True,
     help="skip LayerNorm folding and weight centering (results of drop/swap/lens agree)",
 )
-@click.option(
-    "--out",
-    "out_path",
-    type=click.Path(dir_okay=False),
-    help="output file: .parquet, .json, .csv or .arrow",
-)
+@out_option
 @click.option(
     "--store", is_flag=True, help="also write the run into the results store (STRATA_DATABASE)"
 )

@@ -11,7 +11,7 @@ import click
 from compute.errors import StrataError
 from service.cli.db import check_store_writable
 from service.cli.errors import EXIT_BAD_INPUT, exit_code_of, fail
-from service.cli.outputs import NO_OUTPUT, out_format
+from service.cli.outputs import NO_OUTPUT, out_format, out_option
 from service.settings import get_settings
 
 if TYPE_CHECKING:
@@ -38,12 +38,7 @@ if TYPE_CHECKING:
     help="randomly initialised models for the null baseline",
 )
 @click.option("--device", default="cpu", show_default=True)
-@click.option(
-    "--out",
-    "out_path",
-    type=click.Path(dir_okay=False),
-    help="output file: .parquet, .json, .csv or .arrow",
-)
+@out_option
 @click.option(
     "--store",
     is_flag=True,
