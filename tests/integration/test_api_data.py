@@ -15,7 +15,7 @@ import pytest
 
 from service.api.schemas.families import StabilityRow
 from service.api.schemas.neurons import NeuronCountRow, NeuronRow
-from service.api.schemas.results import CompareRow, HeadRow, MetricRow, columns
+from service.api.schemas.results import CompareRow, HeadRow, MetricRow, SequenceRow, columns
 from service.api.schemas.stages import StageRow
 from tests.integration.api_server import CORS_ORIGIN, V1, Api
 
@@ -48,6 +48,50 @@ def test_metric_rows_are_the_computed_records(server: Api) -> None:
     assert table["n"].to_list() == expected["n"].to_list()
     assert table["relative_depth"].to_list() == pytest.approx([0, 0.5, 1])
     assert set(table["unit"]) == {"nats"}
+
+
+def test_per_sequence_means_are_the_samples_behind_value_and_stderr(server: Api) -> None:
+    """Recomputed here from the per-sequence rows: each layer's value is their mean, its
+    stderr their std (ddof 1) / sqrt(n), n their number — the definition in docs/metrics.md."""
+    model_id = _model_id(server, "rand-3l", fold_ln=True)
+    for metric, component in (("intervention.kl", "drop"), ("logit_lens.kl_to_final", None),
+                              ("attention.entropy", None)):
+        params = {"metric": metric, "model_id": model_id,
+                  **({"component": component} if component else {})}
+        got = server.get(f"{V1}/models/rand-3l/sequences", params=params)
+        assert got.status_code == 200, got.text
+        body = got.json()
+        assert body["run"]["id"] == server.runs["rand-3l"]
+        assert list(body["rows"][0]) == list(columns(SequenceRow))
+        samples = pl.DataFrame(body["rows"]).filter(pl.col("head").is_null())
+        assert set(samples["unit"]) == {rows(server.get(f"{V1}/models/rand-3l/metrics",
+                                                        params=params))["unit"][0]}
+        per_layer = rows(server.get(f"{V1}/models/rand-3l/metrics", params=params))
+        for row in per_layer.iter_rows(named=True):
+            values = samples.filter(pl.col("layer") == row["layer"],
+                                    pl.col("component").eq_missing(row["component"]))["value"].to_numpy()
+            assert len(values) == row["n"] == 6, (metric, row)
+            assert float(np.mean(values)) == pytest.approx(row["value"], rel=1e-6, abs=1e-9)
+            assert float(np.std(values, ddof=1) / np.sqrt(len(values))) == pytest.approx(
+                row["stderr"], rel=1e-6, abs=1e-9)
+    # the same rows as a table, and refusals that say what to fix
+    csv = server.get(f"{V1}/models/rand-3l/sequences",
+                     params={"metric": "intervention.kl", "model_id": model_id, "format": "csv"})
+    assert csv.status_code == 200
+    table = pl.read_csv(io.BytesIO(csv.content))
+    assert table.columns == list(columns(SequenceRow))
+    assert table.height == len(server.get(f"{V1}/models/rand-3l/sequences", params={
+        "metric": "intervention.kl", "model_id": model_id}).json()["rows"])
+    old = server.get(f"{V1}/models/rand-3l/sequences",
+                     params={"metric": "intervention.kl", "run_id": server.runs["rand-3l-v0"],
+                             "model_id": model_id})
+    assert old.status_code == 422, old.text
+    assert "no per-sequence means" in old.json()["detail"]
+    neuron = server.get(f"{V1}/models/rand-3l/sequences", params={"metric": "neurons.vocab_kurt"})
+    assert neuron.status_code == 422
+    assert "per neuron" in neuron.json()["detail"]
+    assert server.get(f"{V1}/models/rand-3l/sequences",
+                      params={"metric": "vibes"}).status_code == 422
 
 
 def _model_id(api: Api, name: str, *, fold_ln: bool) -> int:

@@ -28,7 +28,7 @@ from service.api.queries.index import Snapshot
 from service.api.respond import DATA_ERRORS, ApiContext, errors, respond
 from service.api.schemas.models import Model, ModelDetail, ModelPage, RegisterModel
 from service.api.schemas.neurons import NeuronCounts, Neurons
-from service.api.schemas.results import HeadRows, MetricRows
+from service.api.schemas.results import HeadRows, MetricRows, SequenceRows
 from service.api.schemas.stages import Stages
 from service.store.registration import Registration, register
 
@@ -124,6 +124,40 @@ class ModelsController(Controller):
 
         def build(snap: Snapshot) -> Answer:
             return results.metric_rows(
+                ctx.reader,
+                snap,
+                model,
+                metric=metric,
+                component=component,
+                layer_min=layer_min,
+                layer_max=layer_max,
+                run_id=run_id,
+                metric_version=metric_version,
+                model_id=model_id,
+            )
+
+        return await respond(request, ctx, build, fmt)
+
+    @get("/{model:str}/sequences", responses=DATA_ERRORS, operation_class=TabularOperation)
+    async def sequences(
+        self,
+        request: Request[Any, Any, Any],
+        ctx: ApiContext,
+        model: str,
+        metric: Metric,
+        component: Component = None,
+        layer_min: LayerMin = None,
+        layer_max: LayerMax = None,
+        run_id: RunId = None,
+        metric_version: MetricVersion = None,
+        model_id: ModelId = None,
+        fmt: Format = None,
+    ) -> Response[SequenceRows]:
+        """Per-sequence means of one metric, the samples behind each per-layer row's value and
+        stderr: layer, head, sequence, value, unit (runs of metric version 2 on)."""
+
+        def build(snap: Snapshot) -> Answer:
+            return results.sequence_rows(
                 ctx.reader,
                 snap,
                 model,

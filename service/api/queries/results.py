@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import polars as pl
+
+from compute.records import unit_of
+from compute.run import stderr_basis
 from service.api.errors import UnprocessableError
 from service.api.queries.answers import (
     Answer,
@@ -15,7 +19,16 @@ from service.api.queries.answers import (
 )
 from service.api.queries.cache import Reader
 from service.api.queries.index import Snapshot
-from service.api.schemas.results import HeadRow, HeadRows, MetricRow, MetricRows, columns
+from service.api.schemas.results import (
+    HeadRow,
+    HeadRows,
+    MetricRow,
+    MetricRows,
+    SequenceRow,
+    SequenceRows,
+    columns,
+)
+from service.store import repositories as repo
 
 PER_HEAD_FAMILIES = ("heads", "attention")
 PER_NEURON_METRICS = (
@@ -94,3 +107,52 @@ def head_rows(
         run_id is not None,
         lambda: reader.rows([run], [metric], layer_min=layer_min, layer_max=layer_max, heads=True),
     )
+
+
+def sequence_rows(
+    reader: Reader,
+    snap: Snapshot,
+    model_ref_: str,
+    *,
+    metric: str,
+    component: str | None,
+    layer_min: int | None,
+    layer_max: int | None,
+    run_id: int | None,
+    metric_version: str | None,
+    model_id: int | None,
+) -> Answer:
+    """Per-sequence means of `metric` (all components and heads unless a component is given)
+    from one run: the samples behind each per-layer row's value and stderr."""
+    check_metric(metric)
+    check_component(component)
+    check_layers(layer_min, layer_max)
+    if metric in PER_NEURON_METRICS:
+        raise UnprocessableError(f"{metric} is per neuron: it has no per-sequence means")
+    model = snap.model(model_ref_, model_id)
+    run = pick_run(
+        snap,
+        model,
+        family=family_needed(metric),
+        run_id=run_id,
+        metric_version=metric_version,
+        what=metric,
+    )
+    if stderr_basis(run.metric_version) == "token":
+        raise UnprocessableError(
+            f"run {run.id} is of metric version 1, which kept no per-sequence means; its errors "
+            "are token-level (stderr_basis: token)"
+        )
+    context = SequenceRows(model_ref(model), run_ref(run), metric, component, [])
+
+    def load() -> pl.DataFrame:
+        frame = repo.sequence_means(reader.cursor(), run.id, [metric])
+        if component is not None:
+            frame = frame.filter(pl.col("component") == component)
+        if layer_min is not None:
+            frame = frame.filter(pl.col("layer") >= layer_min)
+        if layer_max is not None:
+            frame = frame.filter(pl.col("layer") <= layer_max)
+        return frame.with_columns(pl.lit(unit_of(metric)).alias("unit"))
+
+    return Answer(context, columns(SequenceRow), [run], run_id is not None, load)

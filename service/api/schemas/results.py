@@ -28,6 +28,27 @@ class MetricRows(msgspec.Struct):
     rows: list[MetricRow]
 
 
+class SequenceRow(msgspec.Struct):
+    """One sequence's mean of a per-layer (or per-head) metric: the sample whose spread is the
+    row's `stderr` (docs/metrics.md: the sequence is the unit)."""
+
+    metric: str
+    component: str | None
+    layer: int | None
+    head: int | None
+    sequence: int
+    value: float
+    unit: str
+
+
+class SequenceRows(msgspec.Struct):
+    model: ModelRef
+    run: RunRef
+    metric: str
+    component: str | None
+    rows: list[SequenceRow]
+
+
 class HeadRow(msgspec.Struct):
     metric: str
     layer: int | None
