@@ -220,6 +220,31 @@ class BaseClient(ABC, Generic[FrameT]):
             ),
         )
 
+    def sequences(
+        self,
+        model: str | int,
+        metric: str,
+        component: str | None = None,
+        *,
+        layer_min: int | None = None,
+        layer_max: int | None = None,
+        run_id: int | None = None,
+        metric_version: str | None = None,
+    ) -> FrameT:
+        """Per-sequence means of one metric (the samples behind `metrics`' value and stderr):
+        metric, component, layer, head, sequence, value, unit."""
+        return self._table(
+            f"{V1}/models/{_seg(model)}/sequences",
+            dict(
+                metric=metric,
+                component=component,
+                layer_min=layer_min,
+                layer_max=layer_max,
+                run_id=run_id,
+                metric_version=metric_version,
+            ),
+        )
+
     def heads(
         self,
         model: str | int,

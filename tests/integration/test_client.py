@@ -95,6 +95,22 @@ def test_metrics_are_the_api_rows(reader: Client, service: Service) -> None:
     assert pinned["layer"].to_list() == [1, 2]
 
 
+def test_sequences_are_the_api_rows_and_average_to_the_metric(reader: Client,
+                                                              service: Service) -> None:
+    samples = reader.sequences("tiny-4l-s0", "intervention.kl", component="drop", layer_max=1)
+    api = raw(service, "/models/tiny-4l-s0/sequences", metric="intervention.kl",
+              component="drop", layer_max=1)
+    assert samples.columns == ["metric", "component", "layer", "head", "sequence", "value",
+                               "unit"]
+    assert samples.to_dicts() == api["rows"]
+    assert sorted(set(samples["layer"].to_list())) == [0, 1]
+    per_layer = reader.metrics("tiny-4l-s0", "intervention.kl", component="drop", layer_max=1)
+    means = samples.group_by("layer").agg(pl.col("value").mean(), pl.len().alias("n"))
+    joined = per_layer.join(means, on="layer", suffix="_samples").sort("layer")
+    assert joined["value"].to_list() == pytest.approx(joined["value_samples"].to_list())
+    assert joined["n"].to_list() == joined["n_samples"].to_list()
+
+
 def test_pandas_on_request(service: Service) -> None:
     with PandasClient(service.base) as client:
         frame = client.metrics("tiny-2l-s0", "attention.bos")
