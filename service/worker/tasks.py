@@ -80,6 +80,7 @@ def _warm_child(**_: object) -> None:
             load_model(resolve_model_spec("zoo:tiny-2l-s0"), "cpu")
         except Exception as exc:  # a warm-up only: the worker works without it
             log.warning("warm-up load failed: %s", exc)
+    log.info("pool process %d is warm", os.getpid())
 
 
 @signals.worker_ready.connect
