@@ -18,7 +18,7 @@ from service.api.queries.answers import (
     run_ref,
 )
 from service.api.queries.cache import Reader
-from service.api.queries.index import Snapshot
+from service.api.queries.index import ModelEntry, RunEntry, Snapshot
 from service.api.schemas.results import (
     HeadRow,
     HeadRows,
@@ -39,6 +39,38 @@ PER_NEURON_METRICS = (
 )
 
 
+def _per_layer_run(
+    snap: Snapshot,
+    model_ref_: str,
+    metric: str,
+    component: str | None,
+    layer_min: int | None,
+    layer_max: int | None,
+    run_id: int | None,
+    metric_version: str | None,
+    model_id: int | None,
+    *,
+    per_neuron: str,
+) -> tuple[ModelEntry, RunEntry]:
+    """The checked request of a per-layer metric and the run it is read from; a per-neuron
+    metric is refused with `per_neuron` (what to do instead)."""
+    check_metric(metric)
+    check_component(component)
+    check_layers(layer_min, layer_max)
+    if metric in PER_NEURON_METRICS:
+        raise UnprocessableError(f"{metric} is per neuron: {per_neuron}")
+    model = snap.model(model_ref_, model_id)
+    run = pick_run(
+        snap,
+        model,
+        family=family_needed(metric),
+        run_id=run_id,
+        metric_version=metric_version,
+        what=metric,
+    )
+    return model, run
+
+
 def metric_rows(
     reader: Reader,
     snap: Snapshot,
@@ -53,15 +85,17 @@ def metric_rows(
     model_id: int | None,
 ) -> Answer:
     """Per-layer rows of `metric` (all components unless one is given) from one run."""
-    check_metric(metric)
-    check_component(component)
-    check_layers(layer_min, layer_max)
-    if metric in PER_NEURON_METRICS:
-        raise UnprocessableError(f"{metric} is per neuron: read it from /models/{{model}}/neurons")
-    model = snap.model(model_ref_, model_id)
-    family = family_needed(metric)
-    run = pick_run(
-        snap, model, family=family, run_id=run_id, metric_version=metric_version, what=metric
+    model, run = _per_layer_run(
+        snap,
+        model_ref_,
+        metric,
+        component,
+        layer_min,
+        layer_max,
+        run_id,
+        metric_version,
+        model_id,
+        per_neuron="read it from /models/{model}/neurons",
     )
     context = MetricRows(model_ref(model), run_ref(run), metric, component, [])
     return Answer(
@@ -124,19 +158,17 @@ def sequence_rows(
 ) -> Answer:
     """Per-sequence means of `metric` (all components and heads unless a component is given)
     from one run: the samples behind each per-layer row's value and stderr."""
-    check_metric(metric)
-    check_component(component)
-    check_layers(layer_min, layer_max)
-    if metric in PER_NEURON_METRICS:
-        raise UnprocessableError(f"{metric} is per neuron: it has no per-sequence means")
-    model = snap.model(model_ref_, model_id)
-    run = pick_run(
+    model, run = _per_layer_run(
         snap,
-        model,
-        family=family_needed(metric),
-        run_id=run_id,
-        metric_version=metric_version,
-        what=metric,
+        model_ref_,
+        metric,
+        component,
+        layer_min,
+        layer_max,
+        run_id,
+        metric_version,
+        model_id,
+        per_neuron="it has no per-sequence means",
     )
     if stderr_basis(run.metric_version) == "token":
         raise UnprocessableError(
