@@ -4,6 +4,10 @@ import os
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Several test processes share the machine's cores (pytest-xdist): one thread each, for
+    # them and for the services they start, rather than every process thrashing every core.
+    os.environ["OMP_NUM_THREADS"] = "1"
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -174,3 +178,21 @@ def single_torch_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+# --------------------------------------------------------------------------- parallel runs
+# The README's test command runs the tests in several processes (pytest-xdist, `--dist
+# loadgroup`). Tests that share something that is not theirs alone run in one process, one
+# after another: the session's API server and dashboard service (started once per process, so
+# their tests go together), and the machine's RabbitMQ, whose queues a test purges.
+SHARED = {"server": "api-server", "web": "web-service"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        group = next((g for f, g in SHARED.items() if f in getattr(item, "fixturenames", ())),
+                     None)
+        if "rabbitmq" in item.nodeid:
+            group = "rabbitmq"
+        if group is not None and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(group))
