@@ -15,12 +15,18 @@ import logging
 import os
 import secrets
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from service.settings import Settings
+
+if TYPE_CHECKING:
+    from litestar import Litestar
+
+    from service.store import Store
 
 log = logging.getLogger("strata.serve")
 
@@ -116,15 +122,8 @@ def run_service(
 ) -> None:
     import uvicorn
 
-    from service.api.app import create_app
-    from service.jobs.board import Board
-    from service.jobs.broker import CeleryBroker
-    from service.jobs.service import JobService
-    from service.jobs.upkeep import Upkeep
-    from service.jobs.watch import WatchFolder
     from service.store import Store
     from service.store.migrate import ensure_current
-    from service.worker.app import make_app
     from service.worker.launch import LocalProcesses
 
     log_file = configure_logging(settings, log_level)
@@ -138,38 +137,8 @@ def run_service(
     processes: LocalProcesses | None = None
     try:
         ensure_current(store)
-        board = Board(settings.jobs.lease_s)
-        jobs = JobService(
-            store,
-            settings,
-            CeleryBroker(
-                make_app(settings, create_broker_dir=True), settings.jobs.publish_timeout_s
-            ),
-            board,
-        )
-        watch = None
-        if settings.jobs.watch_dir is not None:
-            watch_root = settings.jobs.watch_dir
-            roots = [*settings.api.checkpoint_roots, watch_root]
-
-            def register_folder(folder: Path) -> bool:
-                from service.store.registration import Registration, register, usable_name
-
-                name = folder.stem if folder.is_file() else folder.name  # x.gguf -> x
-                _, created = register(
-                    store,
-                    Registration(str(folder.resolve()), name=usable_name(name)),
-                    checkpoint_roots=roots,
-                    load_max_mb=settings.api.register_load_max_mb,
-                )
-                if created:
-                    log.info("watch folder: registered %s", folder.name)
-                return created
-
-            watch = WatchFolder(watch_root, register_folder)
         if settings.jobs.register_zoo:
             register_zoo(store, settings)
-        upkeep = Upkeep(jobs, watch, say=lambda line: click.echo(line, err=True))
         url = f"http://{host}:{port}"
         if local:
             processes = LocalProcesses(
@@ -180,12 +149,8 @@ def run_service(
             )
         # Stopped from the app's shutdown hook: uvicorn re-raises SIGTERM/SIGINT once it has
         # shut down, so code after uvicorn.run() does not run on a signal.
-        app = create_app(
-            settings,
-            store,
-            jobs=jobs,
-            upkeep=upkeep,
-            on_shutdown=[processes.stop] if processes is not None else [],
+        app = build_app(
+            settings, store, on_shutdown=[processes.stop] if processes is not None else []
         )
         if processes is not None:
             processes.start()
@@ -204,6 +169,52 @@ def run_service(
         if processes is not None:
             processes.stop()
         store.close()
+
+
+def build_app(
+    settings: Settings, store: Store, *, on_shutdown: Sequence[Callable[[], None]] = ()
+) -> Litestar:
+    """The service's app on an open store at the current schema, as `strata serve` runs it:
+    the job service on the configured broker (Celery's filesystem transport when none is),
+    and the upkeep thread (leases, reconciliation, the watch folder). Tests serve this same
+    app in their own process."""
+    from service.api.app import create_app
+    from service.jobs.board import Board
+    from service.jobs.broker import CeleryBroker
+    from service.jobs.service import JobService
+    from service.jobs.upkeep import Upkeep
+    from service.jobs.watch import WatchFolder
+    from service.worker.app import make_app
+
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    jobs = JobService(
+        store,
+        settings,
+        CeleryBroker(make_app(settings, create_broker_dir=True), settings.jobs.publish_timeout_s),
+        Board(settings.jobs.lease_s),
+    )
+    watch = None
+    if settings.jobs.watch_dir is not None:
+        watch_root = settings.jobs.watch_dir
+        roots = [*settings.api.checkpoint_roots, watch_root]
+
+        def register_folder(folder: Path) -> bool:
+            from service.store.registration import Registration, register, usable_name
+
+            name = folder.stem if folder.is_file() else folder.name  # x.gguf -> x
+            _, created = register(
+                store,
+                Registration(str(folder.resolve()), name=usable_name(name)),
+                checkpoint_roots=roots,
+                load_max_mb=settings.api.register_load_max_mb,
+            )
+            if created:
+                log.info("watch folder: registered %s", folder.name)
+            return created
+
+        watch = WatchFolder(watch_root, register_folder)
+    upkeep = Upkeep(jobs, watch, say=lambda line: click.echo(line, err=True))
+    return create_app(settings, store, jobs=jobs, upkeep=upkeep, on_shutdown=on_shutdown)
 
 
 def register_zoo(store: Any, settings: Settings) -> None:

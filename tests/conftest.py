@@ -182,17 +182,23 @@ def single_torch_thread() -> Iterator[None]:
 
 # --------------------------------------------------------------------------- parallel runs
 # The README's test command runs the tests in several processes (pytest-xdist, `--dist
-# loadgroup`). Tests that share something that is not theirs alone run in one process, one
-# after another: the session's API server and dashboard service (started once per process, so
-# their tests go together), and the machine's RabbitMQ, whose queues a test purges.
+# loadgroup`), a module's tests together in one process, so that its module-scoped fixtures are
+# made once. Modules marked `spread` (each test builds its own deployment) have their tests
+# dealt out one by one. Tests that share something that is not theirs alone go together too:
+# the session's API server and dashboard service (made once per process), and the machine's
+# RabbitMQ, whose queues a test purges.
 SHARED = {"server": "api-server", "web": "web-service"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        group = next((g for f, g in SHARED.items() if f in getattr(item, "fixturenames", ())),
-                     None)
+        if item.get_closest_marker("xdist_group"):
+            continue
+        fixtures = getattr(item, "fixturenames", ())
+        group = next((g for f, g in SHARED.items() if f in fixtures), None)
         if "rabbitmq" in item.nodeid:
             group = "rabbitmq"
-        if group is not None and not item.get_closest_marker("xdist_group"):
+        if group is None and not item.get_closest_marker("spread"):
+            group = item.nodeid.split("::")[0]
+        if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))

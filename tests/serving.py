@@ -77,13 +77,12 @@ class Served:
         return int(self.proc.returncode)
 
 
-def start_service(env: Mapping[str, str], *, log: Path, args: Sequence[str] = (),
-                  port: int | None = None, timeout: float = 120, inherit: bool = True,
+def spawn_service(env: Mapping[str, str], *, log: Path, args: Sequence[str] = (),
+                  port: int | None = None, inherit: bool = True,
                   new_session: bool = False) -> Served:
     """Spawn `python -m service.cli serve --port PORT *args` with `os.environ` updated by
-    `env` (or `env` alone, without `inherit`) and the hub kept offline; return once
-    GET /api/v1/health answers 200. Raises RuntimeError with the console log if it exits or
-    does not answer within `timeout` s."""
+    `env` (or `env` alone, without `inherit`) and the hub kept offline; do not wait for it
+    (`wait_healthy`)."""
     port = free_port() if port is None else port
     merged = {**(os.environ if inherit else {}), **OFFLINE, **env}
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -91,7 +90,13 @@ def start_service(env: Mapping[str, str], *, log: Path, args: Sequence[str] = ()
         proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--port",
                                  str(port), *args], cwd=ROOT, env=merged, stdout=sink,
                                 stderr=subprocess.STDOUT, start_new_session=new_session)
-    served = Served(f"http://127.0.0.1:{port}", port, proc, log)
+    return Served(f"http://127.0.0.1:{port}", port, proc, log)
+
+
+def wait_healthy(served: Served, timeout: float = 120) -> Served:
+    """Return once GET /api/v1/health answers 200. Raises RuntimeError with the console log if
+    the process exits or does not answer within `timeout` s."""
+    proc = served.proc
     deadline = time.monotonic() + timeout
     while True:
         if proc.poll() is not None:
@@ -107,3 +112,12 @@ def start_service(env: Mapping[str, str], *, log: Path, args: Sequence[str] = ()
             raise RuntimeError(f"strata serve did not answer in {timeout} s:\n"
                                f"{served.log_text()}")
         time.sleep(0.2)
+
+
+def start_service(env: Mapping[str, str], *, log: Path, args: Sequence[str] = (),
+                  port: int | None = None, timeout: float = 120, inherit: bool = True,
+                  new_session: bool = False) -> Served:
+    """`spawn_service`, then `wait_healthy`: a `strata serve` that answers."""
+    served = spawn_service(env, log=log, args=args, port=port, inherit=inherit,
+                           new_session=new_session)
+    return wait_healthy(served, timeout)

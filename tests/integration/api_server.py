@@ -1,5 +1,9 @@
-"""The API under test: a real `strata serve` process on a real DuckDB file, seeded through the
-real ingest paths, driven over loopback HTTP with httpx.
+"""The API under test, in the test's own process: the app `strata serve` serves
+(`service.serve.build_app`, with its job service and upkeep) on a real DuckDB file, behind
+uvicorn on a loopback port, seeded through the real ingest paths and driven over HTTP with
+httpx. Nothing is spawned, so the contract tests pay for no process start; what only a separate
+process can show (signals, the one-writer lock between processes, the worker's delivery) is in
+test_api_server.py, test_jobs.py and test_lifetime.py.
 
 One server serves every `test_api_*` module: the session-scoped `server` fixture
 (tests/integration/conftest.py) starts it with `start_api` and stops it when the session
@@ -11,7 +15,8 @@ ends. The store holds:
 - `stagey`: a 6-layer run whose curves place all three stage boundaries (intervention,
   logit_lens, neurons);
 - `line-12`, `line-24`: drop KL = 2 x relative depth on 12 and 24 layers (to check alignment);
-- the refit family `tiny-4l` (zoo:tiny-4l-s0 vs s1), stored by `strata stability --store`.
+- the refit family `tiny-4l` (zoo:tiny-4l-s0 vs s1), stored by `strata stability --store`
+  (run in this process, before the server opens the file).
 Runs are delivered with POST /api/v1/runs/ingest, as a remote worker would: the Arrow IPC bytes
 that `strata compute --out run.arrow` writes.
 """
@@ -21,16 +26,15 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
+import uvicorn
 
 from compute.metrics.base import EngineOptions
 from compute.models import ModelSpec, Processing, resolve_model_spec
@@ -39,8 +43,12 @@ from compute.run import NEURON_TOKENS_SCHEMA, RunConfig, RunResult, compute_run,
 from compute.tokens import TokenSpec
 from compute.zoo.paths import zoo_path
 from service.exports import FORMATS
+from service.serve import build_app
+from service.settings import Settings
+from service.store import Store
+from service.store.migrate import ensure_current
 from tests.integration.synthetic import variant
-from tests.serving import start_service
+from tests.serving import free_port, wait_for
 
 KEY = "test-key-0123456789"
 V1 = "/api/v1"
@@ -131,8 +139,9 @@ class Api:
     client: httpx.Client
     db: Path
     tmp: Path
-    proc: subprocess.Popen[bytes]
-    log: Path
+    store: Store
+    uvicorn: uvicorn.Server
+    thread: threading.Thread
     results: dict[str, RunResult] = field(default_factory=dict)
     runs: dict[str, int] = field(default_factory=dict)
 
@@ -148,46 +157,73 @@ class Api:
                                          "Content-Type": FORMATS["arrow"].media_type})
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        """As `strata serve` stops: the app's shutdown (upkeep), then the store is closed."""
+        self.uvicorn.should_exit = True
+        self.thread.join(timeout=30)
         self.client.close()
+        self.store.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def settings_for(db: Path, tmp: Path) -> Settings:
+    """The server's settings (as `_env` gives them to a `strata serve` process)."""
+    return Settings(
+        database=db, api_keys=f"{KEY}, {OTHER_KEY}", data_dir=tmp / "state",
+        api={"checkpoint_roots": [tmp / "checkpoints"], "cors_origins": [CORS_ORIGIN],  # type: ignore[arg-type]
+             "ingest_max_mb": INGEST_MAX_MB, "duckdb_threads": 1},
+        # No worker, no reconciliation: these tests read what they seeded, nothing more.
+        jobs={"reconcile": False, "register_zoo": False})  # type: ignore[arg-type]
 
 
 def _env(db: Path, tmp: Path) -> dict[str, str]:
+    """The same settings as a process environment (a `strata` command run beside the server)."""
     return {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
             "STRATA_DATABASE": str(db), "STRATA_API_KEYS": f"{KEY}, {OTHER_KEY}",
             "STRATA_API__CHECKPOINT_ROOTS": f'["{tmp / "checkpoints"}"]',
             "STRATA_API__CORS_ORIGINS": f'["{CORS_ORIGIN}"]',
             "STRATA_API__INGEST_MAX_MB": str(INGEST_MAX_MB),
             "STRATA_API__DUCKDB_THREADS": "1", "OMP_NUM_THREADS": "1",
-            # No worker, no reconciliation: these tests read what they seeded, nothing more.
             "STRATA_JOBS__RECONCILE": "false", "STRATA_JOBS__REGISTER_ZOO": "false",
             "STRATA_DATA_DIR": str(tmp / "state")}
 
 
+def store_stability(env: dict[str, str]) -> None:
+    """`strata stability --store` for the refit family tiny-4l, run in this process."""
+    from click.testing import CliRunner
+
+    from service.cli import main
+    from service.settings import get_settings
+
+    get_settings.cache_clear()
+    try:
+        result = CliRunner().invoke(main, [
+            "stability", "--family", "zoo:tiny-4l-s0", "--family", "zoo:tiny-4l-s1",
+            "--n-prompts", "3", "--prompt-len", "12", "--n-null", "1", "--store"], env=env)
+    finally:
+        get_settings.cache_clear()
+    assert result.exit_code == 0, result.output
+
+
 def start_api(run_result: RunResult) -> Api:
-    """Seed a store (stability through the CLI, runs over HTTP) behind a `strata serve`."""
+    """Seed a store (stability through the CLI, runs over HTTP) and serve it from a thread."""
     tmp = Path(tempfile.mkdtemp(prefix="strata-api-"))
     db = tmp / "strata.duckdb"
     (tmp / "checkpoints").mkdir()
-    env = _env(db, tmp)
-    # The stability CLI holds the file while it runs; compute the zoo run meanwhile.
-    stability = subprocess.Popen(
-        [sys.executable, "-m", "service.cli", "stability", "--family", "zoo:tiny-4l-s0",
-         "--family", "zoo:tiny-4l-s1", "--n-prompts", "3", "--prompt-len", "12", "--n-null", "1",
-         "--store"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    store_stability(_env(db, tmp))
     zoo = zoo_run(tmp)
-    out, _ = stability.communicate(timeout=300)
-    assert stability.returncode == 0, out.decode()
-    served = start_service(env, log=tmp / "serve.log", args=["--no-local-worker"],
-                           inherit=False)
-    client = httpx.Client(base_url=served.base, timeout=60)
-    api = Api(served.base, client, db, tmp, served.proc, served.log)
+    settings = settings_for(db, tmp)
+    store = Store.open(db, threads=1)
+    ensure_current(store)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(build_app(settings, store), host="127.0.0.1",
+                                           port=port, log_config=None, access_log=False,
+                                           lifespan="on"))
+    thread = threading.Thread(target=server.run, name="api-server", daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{port}"
+    client = httpx.Client(base_url=base, timeout=60)
+    api = Api(base, client, db, tmp, store, server, thread)
+    wait_for("the in-process API", lambda: server.started, timeout=60)
     shutil.copytree(zoo_path("tiny-2l-s0"), tmp / "checkpoints" / "mini")
     api.results = {"rand-3l": run_result, "rand-3l-v0": variant(run_result, metric_version="0"),
                    "rand-3l-raw": other_processing(run_result), "tiny-2l-s0": zoo,

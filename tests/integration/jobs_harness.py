@@ -16,14 +16,13 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from tests.serving import Served, free_port, start_service, wait_for
+from tests.serving import Served, free_port, spawn_service, wait_for, wait_healthy
 
 KEY = "jobs-test-key"
 V1 = "/api/v1"
@@ -161,7 +160,7 @@ class Deployment:
 
     @property
     def db(self) -> Path:
-        return self.tmp / "strata.duckdb"
+        return Path(self.env_extra.get("STRATA_DATABASE") or self.tmp / "strata.duckdb")
 
     def env(self) -> dict[str, str]:
         """The deployment's environment; a key set to "" in `env_extra` is removed."""
@@ -190,12 +189,18 @@ class Deployment:
         return path.read_text(errors="replace") if path.exists() else ""
 
     # ---------------------------------------------------------------- processes
-    def start_api(self, *, local_worker: bool = False) -> None:
-        self.served = start_service(
+    def start_api(self, *, local_worker: bool = False, workers: int = 0) -> None:
+        """Start the API; with `workers`, start that many workers while it comes up (they
+        keep telling the API they are alive until it answers), and wait for them too."""
+        self.served = spawn_service(
             self.env(), inherit=False, log=self.tmp / "logs" / "api.log", port=self.port,
-            args=["--local-worker" if local_worker else "--no-local-worker"], timeout=90,
+            args=["--local-worker" if local_worker else "--no-local-worker"],
             new_session=True)
         self.api = self.served.proc
+        started = [self.start_worker(wait=False) for _ in range(workers)]
+        wait_healthy(self.served, timeout=90)
+        for proc in started:
+            self.wait_worker(proc)
 
     def stop_api(self) -> None:
         if self.api is not None and self.api.poll() is None:
@@ -206,10 +211,14 @@ class Deployment:
         proc = self._spawn(f"worker-{len(self.workers)}", ["worker", "--device", "cpu"])
         self.workers.append(proc)
         if wait:
-            wait_for("a worker heartbeat", lambda: any(
-                w["pid"] for w in self.client.get(f"{V1}/workers").json()
-                if w["pid"] == proc.pid), timeout=90)
+            self.wait_worker(proc)
         return proc
+
+    def wait_worker(self, proc: subprocess.Popen[bytes]) -> None:
+        """Until the API has heard from the worker `proc`."""
+        wait_for("a worker heartbeat", lambda: any(
+            w["pid"] for w in self.client.get(f"{V1}/workers").json()
+            if w["pid"] == proc.pid), timeout=90)
 
     def start_beat(self) -> None:
         self.beat = self._spawn("beat", ["beat"])
@@ -221,26 +230,31 @@ class Deployment:
         proc.wait()
 
     def close(self) -> None:
-        for proc in [*self.workers, *([self.beat] if self.beat else [])]:
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    continue
-        # Cleanup, not a shutdown under test (test_lifetime.py checks those): a process still
-        # there after a short grace is killed with its session.
-        grace = time.monotonic() + 5
-        for proc in [*self.workers, *([self.beat] if self.beat else [])]:
-            try:
-                proc.wait(timeout=max(grace - time.monotonic(), 0.1))
-            except subprocess.TimeoutExpired:
-                self.kill(proc)
-        self.stop_api()
+        # Cleanup, not a shutdown under test (test_lifetime.py checks those): every process
+        # is killed with its session (its pool children too), and the folder removed.
+        for proc in [*self.workers, *([self.beat] if self.beat else []),
+                     *([self.api] if self.api else [])]:
+            self.kill(proc)
         self.client.close()
         self.broker.close()
         shutil.rmtree(self.tmp, ignore_errors=True)
 
     # ---------------------------------------------------------------- API helpers
+    def add_model(self, source: str) -> None:
+        """Register a model into the database file before the API starts, as `strata models
+        add` does with no service running (`service.store.registration.register`, the same
+        operation as `POST /models`). Done here, in the test's process: the API then never
+        loads a model, which spares each deployment a TransformerLens import."""
+        from service.store import Store
+        from service.store.migrate import upgrade
+        from service.store.registration import Registration, register
+
+        assert self.api is None, "add_model registers into the file: call it before start_api"
+        with Store.open(self.db, threads=1) as store:
+            upgrade(store)
+            register(store, Registration(source), checkpoint_roots=[self.tmp],
+                     load_max_mb=1024)
+
     def register(self, source: str, name: str | None = None) -> dict[str, Any]:
         body = {"source": source, **({"name": name} if name else {})}
         answer = self.client.post(f"{V1}/models", json=body)

@@ -21,6 +21,9 @@ from tests.integration.jobs_harness import LONG, SMALL, V1, Deployment, make_bro
 from tests.integration.synthetic import synthetic_result
 from tests.serving import wait_for
 
+# Each test builds its own deployment: parallel runs deal them out one by one.
+pytestmark = pytest.mark.spread
+
 MODEL = "zoo:tiny-2l-s0"
 ARROW = {"Content-Type": "application/vnd.apache.arrow.stream"}
 # Leases long enough that a loaded machine's slow heartbeat never re-sends a job here: these
@@ -69,9 +72,8 @@ def test_disk_full_refuses_with_507_keeps_what_is_stored_and_recovers(tmp_path: 
         d = Deployment(make_broker("filesystem"),
                        env_extra={"STRATA_DATABASE": str(disk / "strata.duckdb"), **LEASE})
         try:
-            d.start_api()
-            d.start_worker()
-            d.register(MODEL)
+            d.add_model(MODEL)
+            d.start_api(workers=1)
             first = d.wait_state(d.submit("tiny-2l-s0", **SMALL).json()["id"], "succeeded",
                                  "failed")
             assert first["state"] == "succeeded", first["error"]
@@ -110,9 +112,9 @@ def test_disk_full_refuses_with_507_keeps_what_is_stored_and_recovers(tmp_path: 
 def test_broker_lost_mid_job_the_job_still_succeeds_once() -> None:
     d = Deployment(make_broker("redis"), env_extra=LEASE)
     try:
-        d.start_api()
-        worker = d.start_worker()
-        d.register(MODEL)
+        d.add_model(MODEL)
+        d.start_api(workers=1)
+        worker = d.workers[0]
         job = d.submit("tiny-2l-s0", **LONG).json()
         d.wait_progress(job["id"], at_least=0.02, timeout=180)
         d.broker.down()
@@ -143,9 +145,8 @@ def test_broker_lost_mid_job_the_job_still_succeeds_once() -> None:
 def test_api_killed_and_restarted_while_a_worker_delivers_lands_once() -> None:
     d = Deployment(make_broker("filesystem"), env_extra=LEASE)
     try:
-        d.start_api()
-        d.start_worker()
-        d.register(MODEL)
+        d.add_model(MODEL)
+        d.start_api(workers=1)
         job = d.submit("tiny-2l-s0", **LONG).json()
         # Kill the API mid-job and keep it down until the worker's delivery has met the dead
         # API (its retries are logged), then restart it: the retried delivery must land once.

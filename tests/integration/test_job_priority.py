@@ -13,6 +13,9 @@ import pytest
 from tests.integration.jobs_harness import SMALL, V1, Deployment, make_broker
 from tests.serving import wait_for
 
+# Each test builds its own deployment: parallel runs deal them out one by one.
+pytestmark = pytest.mark.spread
+
 N_BACKGROUND = 10
 
 

@@ -21,6 +21,9 @@ from tests.integration.jobs_harness import LONG, SMALL, V1, Deployment, make_bro
 from tests.integration.synthetic import old_version_body
 from tests.serving import wait_for
 
+# Each test builds its own deployment: parallel runs deal them out one by one.
+pytestmark = pytest.mark.spread
+
 BROKERS = ["filesystem", "redis"]
 MODEL = "zoo:tiny-2l-s0"
 
@@ -39,9 +42,8 @@ def running(broker_kind: str) -> Iterator[Deployment]:
     """API + one CPU worker on `broker_kind`, with tiny-2l-s0 registered (no reconciliation)."""
     d = deploy(broker_kind)
     try:
-        d.start_api()
-        d.start_worker()
-        d.register(MODEL)
+        d.add_model(MODEL)
+        d.start_api(workers=1)
         yield d
     finally:
         d.close()
@@ -61,14 +63,19 @@ def served_records(d: Deployment, model: str, run_id: int, metrics: list[str]) -
 
 
 def cli_records(d: Deployment, **job: object) -> pl.DataFrame:
-    """What `strata compute` writes for the same configuration."""
+    """What `strata compute` writes for the same configuration (the command run in this
+    process: its own process would only add another TransformerLens import)."""
+    from click.testing import CliRunner
+
+    from service.cli import main
+
     out = d.tmp / "cli.parquet"
-    proc = subprocess.run(
-        [sys.executable, "-m", "service.cli", "compute", "--model", MODEL, "--metrics",
-         ",".join(job["metrics"]), "--n-sequences", str(job["n_sequences"]),  # type: ignore[call-overload]
-         "--seq-len", str(job["seq_len"]), "--out", str(out), "--quiet"],
-        env=d.env(), capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
+    metrics = ",".join(job["metrics"])  # type: ignore[call-overload]
+    result = CliRunner().invoke(main, [
+        "compute", "--model", MODEL, "--metrics", metrics, "--n-sequences",
+        str(job["n_sequences"]), "--seq-len", str(job["seq_len"]), "--out", str(out),
+        "--quiet"])
+    assert result.exit_code == 0, result.output
     return pl.read_parquet(out)
 
 
@@ -122,9 +129,8 @@ def test_submit_compute_query_equals_cli(running: Deployment) -> None:
 def test_main_path_on_rabbitmq() -> None:
     d = deploy("rabbitmq")
     try:
-        d.start_api()
-        d.start_worker()
-        d.register(MODEL)
+        d.add_model(MODEL)
+        d.start_api(workers=1)
         run_main_path(d)
     finally:
         d.close()
@@ -164,9 +170,8 @@ def test_worker_killed_mid_job_is_finished_by_another(running: Deployment) -> No
 def test_broker_down_refuses_submissions_and_recovers(broker_kind: str) -> None:
     d = deploy(broker_kind)
     try:
-        d.start_api()
-        d.start_worker()
-        d.register(MODEL)
+        d.add_model(MODEL)
+        d.start_api(workers=1)
         first = d.wait_state(d.submit("tiny-2l-s0", **SMALL).json()["id"], "succeeded")
         d.broker.down()
         refused = d.submit("tiny-2l-s0", **{**SMALL, "n_sequences": 3})
@@ -240,8 +245,8 @@ def test_unloadable_and_nan_models_fail_with_the_reason_and_store_nothing(
 def test_cancel_a_queued_and_a_running_job(broker_kind: str) -> None:
     d = deploy(broker_kind)
     try:
+        d.add_model(MODEL)
         d.start_api()
-        d.register(MODEL)
         queued = d.submit("tiny-2l-s0", **SMALL).json()  # no worker yet: stays queued
         cancelled = d.client.delete(f"{V1}/jobs/{queued['id']}")
         assert cancelled.status_code == 200
@@ -279,8 +284,7 @@ def test_registration_version_bump_beat_and_watch_folder_lead_to_results(
     watch.mkdir()
     d.env_extra["STRATA_JOBS__WATCH_DIR"] = str(watch)
     try:
-        d.start_api()
-        d.start_worker()
+        d.start_api(workers=1)
         # 1. registering a model leads to its results, with no further action
         model = d.register(MODEL)
         job = wait_for("a job for the new model", lambda: d.client.get(
@@ -350,8 +354,7 @@ def test_jobs_and_models_from_the_shell() -> None:
         added = strata(d, "models", "add", str(folder))
         assert added.returncode == 0, added.stderr
         assert "registered my-checkpoint" in added.stdout
-        d.start_api()
-        d.start_worker()
+        d.start_api(workers=1)
         named = strata(d, "models", "add", MODEL, "--name", "two-layers")
         assert named.returncode == 0, named.stderr
         listed = strata(d, "models", "list")
@@ -387,8 +390,8 @@ def test_jobs_and_models_from_the_shell() -> None:
 def test_jobs_are_routed_through_named_queues() -> None:
     d = deploy("filesystem")
     try:
+        d.add_model(MODEL)
         d.start_api()
-        d.register(MODEL)
         big = d._spawn("worker-big", ["worker", "--device", "cpu", "--queues", "big-gpu",
                                       "--name", "big"])
         d.workers.append(big)

@@ -16,6 +16,9 @@ import pytest
 from tests.integration.jobs_harness import LONG, SMALL, Deployment, make_broker
 from tests.serving import wait_for
 
+# Each test builds its own deployment: parallel runs deal them out one by one.
+pytestmark = pytest.mark.spread
+
 MODEL = "zoo:tiny-2l-s0"
 
 
@@ -78,10 +81,10 @@ WAYS = {
 def test_no_process_outlives_strata_serve(way: str) -> None:
     d = Deployment(make_broker("filesystem"))
     try:
+        d.add_model(MODEL)
         d.start_api(local_worker=True)
         assert d.api is not None
         serve = d.api.pid
-        d.register(MODEL)
         job = d.submit("tiny-2l-s0", **LONG).json()
         d.wait_progress(job["id"], at_least=0.02, timeout=180)  # a pool child is computing
 
@@ -115,9 +118,9 @@ def test_a_dead_pool_child_is_replaced_and_reaped() -> None:
     # job-queue lock (billiard's synchronous pool, which Celery uses for a polled transport).
     d = Deployment(make_broker("redis"))
     try:
-        d.start_api()
-        worker = d.start_worker()
-        d.register(MODEL)
+        d.add_model(MODEL)
+        d.start_api(workers=1)
+        worker = d.workers[0]
         first = pool_child(worker.pid)
         wait_for("the pool child to be warm", lambda: f"pool process {first} is warm"
                  in d.log("worker-0"), timeout=90)
@@ -138,6 +141,7 @@ def test_a_dead_pool_child_is_replaced_and_reaped() -> None:
 def test_a_worker_alone_stops_on_sigterm_within_its_budget() -> None:
     d = Deployment(make_broker("filesystem"))
     try:
+        d.add_model(MODEL)
         d.start_api()
         # idle (its pool child may still be warming up): a clean exit, within the budget
         idle = d._spawn("worker-0", ["worker", "--device", "cpu", "--warm-shutdown-s", "5"])
@@ -153,7 +157,6 @@ def test_a_worker_alone_stops_on_sigterm_within_its_budget() -> None:
         proc = d._spawn("worker-1", ["worker", "--device", "cpu", "--warm-shutdown-s",
                                      str(budget)])
         d.workers.append(proc)
-        d.register(MODEL)
         job = d.submit("tiny-2l-s0", **{**LONG, "n_sequences": 96}).json()  # 2 x LONG
         d.wait_progress(job["id"], at_least=0.02, timeout=180)
         pool = children(proc.pid)
