@@ -18,6 +18,9 @@ from kombu import Exchange, Queue
 from service.jobs.broker import COMPUTE_QUEUE, COMPUTE_TASK, OPS_QUEUE, RECONCILE_TASK
 from service.settings import Settings, get_settings
 
+# How long a new pool process may take to report that it is up (see `make_app`).
+PROC_ALIVE_TIMEOUT_S = 120.0
+
 
 def broker_options(settings: Settings) -> tuple[str, dict[str, Any]]:
     """The broker URL and transport options of these settings."""
@@ -81,6 +84,10 @@ def make_app(settings: Settings, *, create_broker_dir: bool = False) -> Celery:
         task_serializer="json",
         accept_content=["json"],
         worker_prefetch_multiplier=1,
+        # A new pool process reports "up" after its warm-up (`tasks._warm_child`: a model load,
+        # the TransformerLens import, ~6 s of CPU). Celery's default of 4 s killed and replaced
+        # it on a busy machine, over and over, so the worker never took a job again.
+        worker_proc_alive_timeout=PROC_ALIVE_TIMEOUT_S,
         worker_max_tasks_per_child=settings.worker.max_tasks_per_child,
         worker_max_memory_per_child=settings.worker.max_memory_mb * 1024 or None,
         task_soft_time_limit=settings.worker.soft_time_limit_s,

@@ -187,18 +187,21 @@ def _env(db: Path, tmp: Path) -> dict[str, str]:
             "STRATA_DATA_DIR": str(tmp / "state")}
 
 
-def store_stability(env: dict[str, str]) -> None:
-    """`strata stability --store` for the refit family tiny-4l, run in this process."""
+def store_stability(env: dict[str, str], members: tuple[str, ...] = ("zoo:tiny-4l-s0",
+                                                                     "zoo:tiny-4l-s1")) -> None:
+    """`strata stability --store` for a refit family (its members' sources), run in this
+    process with `env` as its environment."""
     from click.testing import CliRunner
 
     from service.cli import main
     from service.settings import get_settings
 
+    family = [arg for member in members for arg in ("--family", member)]
     get_settings.cache_clear()
     try:
-        result = CliRunner().invoke(main, [
-            "stability", "--family", "zoo:tiny-4l-s0", "--family", "zoo:tiny-4l-s1",
-            "--n-prompts", "3", "--prompt-len", "12", "--n-null", "1", "--store"], env=env)
+        result = CliRunner().invoke(main, ["stability", *family, "--n-prompts", "3",
+                                           "--prompt-len", "12", "--n-null", "1", "--store"],
+                                    env=env)
     finally:
         get_settings.cache_clear()
     assert result.exit_code == 0, result.output

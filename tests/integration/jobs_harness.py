@@ -235,6 +235,10 @@ class Deployment:
         for proc in [*self.workers, *([self.beat] if self.beat else []),
                      *([self.api] if self.api else [])]:
             self.kill(proc)
+        # The processes' last words, on the test's stdout: pytest shows them if it failed.
+        for path in sorted((self.tmp / "logs").glob("*.log")):
+            print(f"--- {path.name} (last 4000 characters)\n"
+                  f"{path.read_text(errors='replace')[-4000:]}")
         self.client.close()
         self.broker.close()
         shutil.rmtree(self.tmp, ignore_errors=True)

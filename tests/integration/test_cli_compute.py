@@ -78,17 +78,20 @@ def test_compute_writes_every_format_with_the_same_rows(tmp_path: Path) -> None:
 def test_compute_store_keeps_the_per_sequence_means(tmp_path: Path) -> None:
     """`strata compute --store`: the run's per-sequence means land in the store beside its
     records (what a bootstrap over sequences reads back)."""
+    from service.settings import get_settings
     from service.store import Store
     from service.store import repositories as repo
 
     db = tmp_path / "s.duckdb"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "STRATA_DATABASE": str(db),
-           "STRATA_DATA_DIR": str(tmp_path / "state")}
-    proc = subprocess.run([sys.executable, "-m", "service.cli", "compute", "--model", MODEL,
-                           "--n-sequences", "4", "--seq-len", "16", "--metrics",
-                           "intervention", "--store", "--quiet"],
-                          capture_output=True, text=True, env=env, timeout=600)
-    assert proc.returncode == 0, proc.stderr
+    env = {"STRATA_DATABASE": str(db), "STRATA_DATA_DIR": str(tmp_path / "state")}
+    get_settings.cache_clear()  # in this process, with this environment
+    try:
+        result = CliRunner().invoke(main, ["compute", "--model", MODEL, "--n-sequences", "4",
+                                           "--seq-len", "16", "--metrics", "intervention",
+                                           "--store", "--quiet"], env=env)
+    finally:
+        get_settings.cache_clear()
+    assert result.exit_code == 0, result.output
     with Store.open(db, threads=1) as store, store.read() as conn:
         [run] = repo.list_runs(conn)
         means = repo.sequence_means(conn, run.id, ["intervention.swap_minus_drop_kl"])

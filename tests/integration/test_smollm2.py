@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import polars as pl
@@ -126,15 +124,22 @@ def test_it_is_a_working_language_model(smollm2: LoadedModel) -> None:
 
 
 def test_compute_store_and_register(gguf_file: Path, data_dir: Path, tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from service.cli import main
+    from service.settings import get_settings
+
     db, out = tmp_path / "s.duckdb", tmp_path / "r.parquet"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "STRATA_DATABASE": str(db),
-           "STRATA_DATA_DIR": str(data_dir)}
-    proc = subprocess.run(
-        [sys.executable, "-m", "service.cli", "compute", "--model", str(gguf_file),
-         "--metrics", "intervention,logit_lens", "--n-sequences", "2", "--seq-len", "24",
-         "--out", str(out), "--store", "--quiet"],
-        capture_output=True, text=True, env=env, timeout=1200)
-    assert proc.returncode == 0, proc.stderr
+    env = {"HF_HUB_OFFLINE": "1", "STRATA_DATABASE": str(db), "STRATA_DATA_DIR": str(data_dir)}
+    get_settings.cache_clear()  # `strata compute`, in this process, with this environment
+    try:
+        ran = CliRunner().invoke(main, [
+            "compute", "--model", str(gguf_file), "--metrics", "intervention,logit_lens",
+            "--n-sequences", "2", "--seq-len", "24", "--out", str(out), "--store", "--quiet"],
+            env=env)
+    finally:
+        get_settings.cache_clear()
+    assert ran.exit_code == 0, ran.output
     frame = pl.read_parquet(out)
     drop = frame.filter((pl.col("metric") == "intervention.kl") & (pl.col("component") == "drop"))
     assert drop["layer"].to_list() == list(range(30))

@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +25,7 @@ from compute.metrics.base import EngineOptions
 from compute.models import resolve_model_spec
 from compute.run import RunConfig, RunResult, compute_run
 from compute.tokens import TokenSpec
-from tests.integration.api_server import arrow_body
+from tests.integration.api_server import arrow_body, store_stability
 from tests.serving import start_service
 
 KEY = "dashboard-key-0123456789"
@@ -81,19 +80,14 @@ def service_env(db: Path) -> dict[str, str]:
 
 
 def start_web_service() -> Service:
-    """Store a refit family's stability (CLI), start `strata serve`, and deliver the two zoo
-    runs over HTTP with POST /api/v1/runs/ingest, as a worker would."""
+    """Store a refit family's stability (the CLI, in this process), start `strata serve`, and
+    deliver the two zoo runs over HTTP with POST /api/v1/runs/ingest, as a worker would."""
     tmp = Path(tempfile.mkdtemp(prefix="strata-dashboard-"))
     db = tmp / "strata.duckdb"
     env = service_env(db)
-    stability = subprocess.Popen(
-        [sys.executable, "-m", "service.cli", "stability", "--family", "zoo:fam4l-adamw-s0",
-         "--family", "zoo:fam4l-adamw-s1", "--n-prompts", "3", "--prompt-len", "12",
-         "--n-null", "1", "--store"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    store_stability(env, ("zoo:fam4l-adamw-s0", "zoo:fam4l-adamw-s1"))
     np.save(tmp / "tokens.npy", np.random.default_rng(0).integers(1, 4000, (4, 24)))
     results = {name: zoo_result(name, tmp / "tokens.npy") for name in MODELS}
-    out, _ = stability.communicate(timeout=600)
-    assert stability.returncode == 0, out.decode()
     served = start_service(env, log=tmp / "serve.log", inherit=False)
     service = Service(served.base, served.proc, served.log, tmp, results)
     for result in results.values():
