@@ -100,15 +100,26 @@ def screenshot(driver: Any, name: str) -> Path:
 
 def select_models(driver: Any, names: list[str]) -> None:
     """Pick models the way a user does: search, tick."""
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
+
+    def ticked(name: str) -> bool:
+        """Tick `name`'s box; False while it is not listed, or was redrawn under the click
+        (the list is rebuilt when the models change: find it again)."""
+        try:
+            boxes = driver.find_elements(
+                By.CSS_SELECTOR, f'#model-list li[data-model-name="{name}"] input')
+            if boxes and not boxes[0].is_selected():
+                boxes[0].click()
+            return bool(boxes) and boxes[0].is_selected()
+        except StaleElementReferenceException:
+            return False
 
     search = driver.find_element(By.ID, "model-search")
     for name in names:
         search.clear()
         search.send_keys(name)
-        box = wait_for(driver, lambda n=name: driver.find_elements(
-            By.CSS_SELECTOR, f'#model-list li[data-model-name="{n}"] input'), what=name)
-        box[0].click()
+        wait_for(driver, lambda n=name: ticked(n), what=name)
     search.clear()
     search.send_keys(" ")
 
