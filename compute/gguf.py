@@ -30,7 +30,7 @@ import logging
 import os
 import shutil
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from compute.errors import ModelLoadError
@@ -93,12 +93,46 @@ def file_sha256(path: Path) -> str:
 
 
 def inspect_gguf(path: Path, sha256: str | None = None) -> GGUFInfo:
-    """Read and check a GGUF file's header; raise `ModelLoadError` for a file Strata cannot use."""
-    import gguf
+    """Read and check a GGUF file's header; raise `ModelLoadError` for a file Strata cannot use.
 
+    With `sha256` (a run's revision), a file whose bytes no longer match is refused. A file whose
+    bytes were already dequantized into the cache is not parsed again: its header was checked
+    then, and the cached record says what it held (parsing the header of a file with a 49,152-token
+    vocabulary takes seconds; hashing it, a tenth of that)."""
     path = Path(path)
     if not path.is_file():
         raise ModelLoadError(f"{path}: no such GGUF file")
+    digest = file_sha256(path)
+    if sha256 is not None and digest != sha256:
+        raise ModelLoadError(
+            f"{path}: the file changed after the run was specified (its sha256 is now "
+            f"{digest[:16]}..., the run's {sha256[:16]}...); register or specify it again"
+        )
+    cached = _cached_info(digest)
+    if cached is not None:
+        return replace(cached, file=path.name)
+    return _read_header(path, digest)
+
+
+def _cached_info(sha256: str) -> GGUFInfo | None:
+    """What the checkpoint dequantized from these exact bytes recorded, if there is one."""
+    provenance = _cache_target(sha256) / PROVENANCE_FILE
+    try:
+        record = json.loads(provenance.read_text())
+        record.pop("format", None)
+        info = GGUFInfo(**record)
+    except (OSError, ValueError, TypeError):
+        return None
+    return info if info.sha256 == sha256 else None
+
+
+def _cache_target(sha256: str) -> Path:
+    return cache_dir().resolve() / sha256[:32]
+
+
+def _read_header(path: Path, sha256: str) -> GGUFInfo:
+    import gguf
+
     try:
         reader = gguf.GGUFReader(str(path), "r")
     except Exception as exc:  # the reader's own parse errors: ValueError, struct/index errors
@@ -149,7 +183,7 @@ def inspect_gguf(path: Path, sha256: str | None = None) -> GGUFInfo:
     name = field("general.name")
     return GGUFInfo(
         file=path.name,
-        sha256=sha256 or file_sha256(path),
+        sha256=sha256,
         architecture=arch,
         quantization=quantization,
         tensor_types=dict(counts),
@@ -177,7 +211,7 @@ def dequantized_checkpoint(path: Path, sha256: str | None = None) -> tuple[Path,
     """
     path = Path(path).resolve()
     info = inspect_gguf(path, sha256)
-    target = cache_dir().resolve() / info.sha256[:32]
+    target = _cache_target(info.sha256)
     if (target / PROVENANCE_FILE).is_file():
         return target, info
     target.parent.mkdir(parents=True, exist_ok=True)

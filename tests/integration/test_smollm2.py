@@ -81,6 +81,10 @@ def test_the_file_is_read_as_what_it_is(gguf_file: Path, smollm2: LoadedModel) -
     assert cfg.normalization_type == "RMSPre"
     assert smollm2.d_vocab_real == 49_152
     assert smollm2.fast_path
+    # Once dequantized, the file's header is not parsed again: what the cache recorded for
+    # these bytes is what a fresh read of the header says.
+    sha = strata_gguf.file_sha256(gguf_file)
+    assert strata_gguf.inspect_gguf(gguf_file) == strata_gguf._read_header(gguf_file, sha)
     # Tied embeddings: before processing W_U = W_E^T. Folding the final RMSNorm's gain g and
     # centering over the vocabulary make row i of W_U equal to g_i (W_E[:, i] - its mean).
     w_e, w_u = smollm2.model.embed.W_E.detach().double(), smollm2.w_u().double()

@@ -73,6 +73,15 @@ def test_a_truncated_file_is_refused(tmp_path: Path) -> None:
         strata_gguf.inspect_gguf(cut)
 
 
+def test_a_file_that_changed_after_its_run_was_specified_is_refused(tmp_path: Path) -> None:
+    path = write_gguf(tmp_path / "m.gguf")
+    spec = resolve_model_spec(str(path))
+    assert spec.revision == "sha256:" + strata_gguf.file_sha256(path)
+    write_gguf(path, n_tensors=3)  # new bytes under the same name
+    with pytest.raises(ModelLoadError, match="the file changed after the run was specified"):
+        strata_gguf.inspect_gguf(path, spec.revision.removeprefix("sha256:"))
+
+
 def test_a_missing_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(ModelLoadError, match="no such GGUF file"):
         resolve_model_spec(str(tmp_path / "absent.gguf"))
