@@ -2,9 +2,13 @@
 same setup), starts the service on the one-machine default — API, a local worker and beat on
 Celery's filesystem broker, DuckDB — registers the zoo models on first start and computes them.
 The test waits until zoo results are queryable over HTTP, checks that a local worker killed
-with SIGKILL is started again, then stops the service and checks every process it started is
-gone. The default run is made small through the environment (STRATA_JOBS__*), the one thing
-that differs from a person's first run."""
+with SIGKILL is started again, then stops the service with Ctrl-C and checks every process it
+started is gone. The default run is made small through the environment (STRATA_JOBS__*), the
+one thing that differs from a person's first run.
+
+The console of that first start carries Strata's own lines only. What libraries say
+(TransformerLens loading each model, kombu's warning about the filesystem broker's URL,
+uvicorn's start-up lines) goes to the log file, at its own level."""
 
 from __future__ import annotations
 
@@ -20,6 +24,8 @@ from tests.integration.jobs_harness import V1
 from tests.serving import free_port, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
+CHATTER = ["Loading model config from local directory", "No hostname was supplied",
+           "Changing model dtype", "Loading weights", "Uvicorn running on"]
 
 
 def readme_commands() -> list[str]:
@@ -43,7 +49,7 @@ def test_readme_opens_with_the_service_and_the_tests() -> None:
     assert second in (ROOT / ".ci" / "run").read_text()  # CI runs the README's test command
 
 
-def test_first_command_serves_zoo_results_and_stops_cleanly(tmp_path: Path) -> None:
+def test_first_command_serves_zoo_results_quietly_and_stops_cleanly(tmp_path: Path) -> None:
     first, _ = readme_commands()
     port = free_port()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
@@ -53,9 +59,10 @@ def test_first_command_serves_zoo_results_and_stops_cleanly(tmp_path: Path) -> N
            "STRATA_JOBS__FAMILIES": '["intervention", "logit_lens"]',
            "STRATA_JOBS__N_SEQUENCES": "2", "STRATA_JOBS__SEQ_LEN": "16",
            "STRATA_WORKER__HEARTBEAT_S": "1", "STRATA_JOBS__PROGRESS_LOG_S": "2"}
-    env.pop("STRATA_API_KEYS", None)
-    env.pop("STRATA_API_KEY", None)
-    env.pop("STRATA_BROKER_URL", None)
+    for name in ("STRATA_API_KEYS", "STRATA_API_KEY", "STRATA_BROKER_URL",
+                 "HF_HUB_DISABLE_PROGRESS_BARS"):
+        env.pop(name, None)
+    state = tmp_path / "state"
     log = tmp_path / "console.log"
     with log.open("wb") as sink:
         proc = subprocess.Popen(["bash", "-c", first], cwd=ROOT, env=env, stdout=sink,
@@ -99,7 +106,7 @@ def test_first_command_serves_zoo_results_and_stops_cleanly(tmp_path: Path) -> N
         wait_for("the local worker to be started again", restarted, timeout=120, every=1)
         worker_pids.update(w["pid"] for w in client.get(f"{V1}/workers").json())
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)  # Ctrl-C in the terminal reaches the whole group
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in the terminal reaches the whole group
         try:
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
@@ -108,3 +115,23 @@ def test_first_command_serves_zoo_results_and_stops_cleanly(tmp_path: Path) -> N
         client.close()
     wait_for("every process the service started to stop",
              lambda: not any(alive(pid) for pid in worker_pids), timeout=30)
+    assert_console_is_stratas(log.read_text(), state / "logs" / "api.log", tmp_path, port)
+
+
+def assert_console_is_stratas(console: str, api_log: Path, tmp_path: Path, port: int) -> None:
+    """What the service printed (after setup.sh's own lines) is Strata's; the libraries' lines
+    are in the API's log file."""
+    text = console[console.index("Strata: serving"):]
+    for line in CHATTER:
+        assert line not in text, f"{line!r} on the console:\n{text}"
+    assert f"Strata: serving {tmp_path / 'strata.duckdb'} on http://127.0.0.1:{port}" in text
+    assert f"logs:      {(tmp_path / 'state').resolve() / 'logs'}" in text
+    logged = api_log.read_text()
+    assert logged.count("Loading model config from local directory") >= 3
+    assert "WARNING kombu.connection: No hostname was supplied" in logged
+    assert "Uvicorn running on" in logged
+    assert "Changing model dtype" in logged  # TransformerLens's print(), kept in the file
+    # every console line is Strata's: its announcement, its log records, its progress
+    for line in text.splitlines():
+        assert (line.startswith(("Strata: ", "  ", "first start: ", "jobs: ", "INFO strata.",
+                                 "WARNING strata.", "ERROR ", "Aborted!"))), line
