@@ -18,6 +18,7 @@ import hashlib
 import importlib
 import inspect
 import json
+import os
 import subprocess
 import sys
 import warnings
@@ -110,8 +111,18 @@ def _extract_documents() -> list[str]:
     return unique
 
 
-@functools.lru_cache(maxsize=1)
-def _builtin_documents() -> tuple[str, ...]:
+def _cache_file() -> Path:
+    """Where the built-in corpus of this interpreter is kept once extracted: the user's cache
+    folder, named by what decides the text (the interpreter's version and standard library, and
+    this module's own source, which holds the module list and the extraction)."""
+    key = hashlib.sha256(
+        "\0".join([sys.version, sys.base_prefix, Path(__file__).read_text("utf-8")]).encode()
+    ).hexdigest()[:24]
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return root / "strata" / "corpus" / f"{BUILTIN_CORPUS_NAME}-{key}.json"
+
+
+def _extract_in_fresh_interpreter() -> list[str]:
     # Libraries monkeypatch the standard library (transformers adds methods to logging.Logger,
     # others wrap inspect functions), so extracting in this process would make the corpus depend
     # on what happens to be imported. A fresh isolated interpreter sees only the standard library.
@@ -132,7 +143,30 @@ def _builtin_documents() -> tuple[str, ...]:
     except (OSError, subprocess.CalledProcessError) as exc:
         detail = getattr(exc, "stderr", "") or str(exc)
         raise TokenSpecError(f"could not build the built-in corpus: {detail[-500:]}") from exc
-    return tuple(json.loads(result.stdout))
+    return list(json.loads(result.stdout))
+
+
+@functools.lru_cache(maxsize=1)
+def _builtin_documents() -> tuple[str, ...]:
+    """Extracted once per interpreter and kept in the user's cache folder (every worker and
+    command would otherwise start a fresh interpreter for it); a cache that cannot be read or
+    written is only slower."""
+    path = _cache_file()
+    try:
+        cached = json.loads(path.read_text("utf-8"))
+        if isinstance(cached, list) and cached and all(isinstance(d, str) for d in cached):
+            return tuple(cached)
+    except (OSError, ValueError):
+        pass
+    documents = _extract_in_fresh_interpreter()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
+        partial.write_text(json.dumps(documents), "utf-8")
+        partial.replace(path)  # atomic: a reader sees the whole file or none
+    except OSError:
+        pass
+    return tuple(documents)
 
 
 def builtin_corpus_documents() -> list[str]:

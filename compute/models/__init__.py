@@ -13,7 +13,13 @@ layer the metrics talk to. This package is the only place that boots Transformer
 
 from compute.models.loaded import BlockRun, LoadedModel, load_model
 from compute.models.processing import AppliedProcessing, effective_processing
-from compute.models.sources import SOURCES, ModelSource, resolve_model_spec, zoo_names
+from compute.models.sources import (
+    SOURCES,
+    ModelSource,
+    import_engine,
+    resolve_model_spec,
+    zoo_names,
+)
 from compute.models.spec import TORCH_DTYPES, DType, ModelSpec, Processing
 
 __all__ = [
@@ -27,6 +33,7 @@ __all__ = [
     "ModelSpec",
     "Processing",
     "effective_processing",
+    "import_engine",
     "load_model",
     "resolve_model_spec",
     "zoo_names",

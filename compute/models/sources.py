@@ -48,6 +48,17 @@ class ModelSource(Protocol):
         ...
 
 
+def import_engine() -> None:
+    """Import what loading any model needs (TransformerLens, its loaders and weight
+    processing, transformers' auto classes) without loading one: a worker does this before its
+    pool forks, so that every pool process starts with them (imports only; no torch op runs).
+    """
+    import transformer_lens
+    import transformer_lens.loading_from_pretrained
+    import transformer_lens.weight_processing  # noqa: F401
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
+
+
 def _hooked_transformer() -> Any:
     from transformer_lens import HookedTransformer
 

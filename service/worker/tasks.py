@@ -10,7 +10,7 @@ import threading
 from celery import signals
 
 from service.client.errors import ApiError, UnreachableError
-from service.jobs.broker import COMPUTE_TASK, RECONCILE_TASK
+from service.jobs.broker import COMPUTE_TASK, OPS_QUEUE, RECONCILE_TASK
 from service.settings import get_settings
 from service.worker.app import app
 from service.worker.cache import process_cache
@@ -53,31 +53,52 @@ def reconcile() -> list[int]:
         return api.reconcile()
 
 
+def _computes(worker: object) -> bool:
+    """Whether this worker consumes a compute queue (`strata beat` consumes only `ops`, whose
+    reconcile task is one HTTP call: it needs no engine)."""
+    running = getattr(worker, "app", app)
+    queues = set(running.amqp.queues.consume_from or {})
+    return not queues or queues != {OPS_QUEUE}
+
+
 @signals.worker_init.connect
 def _preload(sender: object = None, **_: object) -> None:
     """Import the engine before the pool forks: every child (a fresh one after each recycling
-    too) starts with torch and TransformerLens loaded instead of spending seconds on its first
-    job. Quiet the per-request log of the HTTP client."""
+    too) starts with torch, transformers and TransformerLens loaded instead of spending seconds
+    of its own importing them. Quiet the per-request log of the HTTP client."""
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    if not _computes(sender):
+        return
     import compute.run  # noqa: F401
     import service.exports  # noqa: F401
     from compute.corpus import builtin_corpus_documents
+    from compute.models import import_engine
 
-    # Pure Python, cached, inherited by every child. No torch work happens here: a parent
-    # that has run torch's thread pools before forking leaves its children deadlocked.
+    # Imports only, and pure Python, cached, inherited by every child. No torch work happens
+    # here: a parent that has run torch's thread pools before forking leaves its children
+    # deadlocked.
+    import_engine()
     builtin_corpus_documents()
 
 
 @signals.worker_process_init.connect
 def _warm_child(**_: object) -> None:
     """In each pool process, before it takes a job: the first model load of a process
-    initialises much of transformers and TransformerLens (~3 s); a tiny zoo model pays for it
-    here instead of the first job."""
-    from compute.models import load_model, resolve_model_spec, zoo_names
+    initialises the rest of transformers and TransformerLens; a tiny zoo model pays for it
+    here instead of the first job, and stays in the process's model cache (a job on it then
+    loads nothing)."""
+    from compute.models import resolve_model_spec, zoo_names
 
+    settings = get_settings()
     if "tiny-2l-s0" in zoo_names():
         try:
-            load_model(resolve_model_spec("zoo:tiny-2l-s0"), "cpu")
+            spec = resolve_model_spec("zoo:tiny-2l-s0")
+            if settings.worker.device == "cpu":
+                process_cache(settings.worker.model_cache_size).get(spec, "cpu")
+            else:  # the cache is for the worker's device; warm up on the CPU beside it
+                from compute.models import load_model
+
+                load_model(spec, "cpu")
         except Exception as exc:  # a warm-up only: the worker works without it
             log.warning("warm-up load failed: %s", exc)
     log.info("pool process %d is warm", os.getpid())

@@ -5,27 +5,29 @@ string parameter get a 4xx or an empty answer, never an error and never data."""
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Any
 from urllib.parse import quote
 
-import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.errors import Unsatisfiable
-from schemathesis import GenerationMode
-from schemathesis.checks import not_a_server_error
-from schemathesis.specs.openapi.checks import (
-    content_type_conformance,
-    response_schema_conformance,
-    status_code_conformance,
-)
 
 from tests.integration.api_server import KEY, V1, Api
 
 
-@schemathesis.serializer("application/vnd.apache.arrow.stream")
-def _arrow_body(ctx: Any, value: Any) -> bytes:
-    """Generated ingest bodies (random strings) go out as bytes: the server must refuse them."""
-    return value if isinstance(value, bytes) else str(value).encode()
+@functools.cache
+def _schemathesis() -> Any:
+    """schemathesis, imported where it is used (with Faker it costs each test process seconds
+    of collection), its Arrow serializer registered once."""
+    import schemathesis
+
+    @schemathesis.serializer("application/vnd.apache.arrow.stream")
+    def _arrow_body(ctx: Any, value: Any) -> bytes:
+        """Generated ingest bodies (random strings) go out as bytes: the server must refuse
+        them."""
+        return value if isinstance(value, bytes) else str(value).encode()
+
+    return schemathesis
 
 
 HOSTILE = [
@@ -39,17 +41,25 @@ HOSTILE = [
 def test_schema_fuzz_finds_no_server_error(server: Api) -> None:
     """Every operation, with generated valid and invalid input, with a valid write key: no 5xx,
     and every answer matches the schema (status, content type, body)."""
+    schemathesis = _schemathesis()
     schema = schemathesis.openapi.from_url(f"{server.base}/schema/openapi.json")
     schema.config.base_url = server.base
     operations = [result.ok() for result in schema.get_all_operations()]
     assert len(operations) >= 15
     for operation in operations:
-        _fuzz(operation, GenerationMode.POSITIVE, server.base)
+        _fuzz(operation, schemathesis.GenerationMode.POSITIVE, server.base)
         with contextlib.suppress(Unsatisfiable):  # nothing to make invalid: no input
-            _fuzz(operation, GenerationMode.NEGATIVE, server.base)
+            _fuzz(operation, schemathesis.GenerationMode.NEGATIVE, server.base)
 
 
-def _fuzz(operation: Any, mode: GenerationMode, base: str) -> None:
+def _fuzz(operation: Any, mode: Any, base: str) -> None:
+    from schemathesis.checks import not_a_server_error
+    from schemathesis.specs.openapi.checks import (
+        content_type_conformance,
+        response_schema_conformance,
+        status_code_conformance,
+    )
+
     @given(case=operation.as_strategy(generation_mode=mode))
     @settings(max_examples=8, deadline=None, derandomize=True, database=None,
               phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))

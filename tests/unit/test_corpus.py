@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -40,9 +41,33 @@ def test_builtin_corpus_ignores_monkeypatching(monkeypatch: pytest.MonkeyPatch) 
         """A method some library bolted onto Logger."""
 
     monkeypatch.setattr(logging.Logger, "shout", shout, raising=False)
+    fresh = corpus._extract_in_fresh_interpreter()  # what a cache miss stores
+    assert documents_fingerprint(fresh) == before
+
+
+def test_builtin_corpus_is_cached_per_interpreter(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Extracted once, kept in the user's cache folder, read back as it was written; a damaged
+    cache file is extracted again and replaced."""
+    import compute.corpus as corpus
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    want = builtin_corpus_documents()
     corpus._builtin_documents.cache_clear()
     try:
-        assert corpus_fingerprint(builtin_corpus_text()) == before
+        assert not corpus._cache_file().exists()
+        assert builtin_corpus_documents() == want  # a miss: extracted, then stored
+        path = corpus._cache_file()
+        assert path.parent.parent == tmp_path / "strata"
+        assert json.loads(path.read_text("utf-8")) == want
+        assert [p.name for p in path.parent.iterdir()] == [path.name]  # no partial file left
+        path.write_text(json.dumps(["only this"]), "utf-8")
+        corpus._builtin_documents.cache_clear()
+        assert builtin_corpus_documents() == ["only this"]  # a hit reads the file
+        path.write_text("{not json", "utf-8")
+        corpus._builtin_documents.cache_clear()
+        assert builtin_corpus_documents() == want  # damaged: extracted again
+        assert json.loads(path.read_text("utf-8")) == want
     finally:
         corpus._builtin_documents.cache_clear()
 
