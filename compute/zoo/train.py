@@ -27,20 +27,12 @@ import platform
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
 import transformers
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-from transformers import (
-    GPT2Config,
-    GPT2LMHeadModel,
-    GPTNeoXConfig,
-    GPTNeoXForCausalLM,
-    PreTrainedModel,
-    PreTrainedTokenizerFast,
-)
 
 from compute.corpus import (
     BUILTIN_CORPUS_NAME,
@@ -55,6 +47,15 @@ from compute.zoo.tokenizer import (
     save_zoo_tokenizer,
     train_bpe_tokenizer,
 )
+
+if TYPE_CHECKING:  # the model classes are imported where a model is built (importing
+    # transformers' GPT-2 modules costs seconds, and most users of this module build none)
+    from transformers import (
+        GPT2Config,
+        GPTNeoXConfig,
+        PreTrainedModel,
+        PreTrainedTokenizerFast,
+    )
 
 ZOO_METADATA_FILE = "strata_zoo.json"
 VALIDATION_FRACTION = 0.05
@@ -124,6 +125,9 @@ class ZooModelConfig(BaseModel):
 
 def gpt2_config(cfg: ZooModelConfig) -> GPT2Config:
     """The Hugging Face configuration of a zoo model (no dropout, tied embeddings)."""
+
+    from transformers import GPT2Config
+
     return GPT2Config(
         vocab_size=cfg.vocab_size,
         n_positions=cfg.n_ctx,
@@ -157,6 +161,9 @@ def token_stream(tokenizer: PreTrainedTokenizerFast, documents: Sequence[str]) -
 
 def neox_config(cfg: ZooModelConfig) -> GPTNeoXConfig:
     """The Hugging Face configuration of a rotary zoo model (GPT-NeoX, sequential residual)."""
+
+    from transformers import GPTNeoXConfig
+
     return GPTNeoXConfig(
         vocab_size=cfg.vocab_size,
         hidden_size=cfg.d_model,
@@ -182,6 +189,9 @@ def neox_config(cfg: ZooModelConfig) -> GPTNeoXConfig:
 
 def new_model(cfg: ZooModelConfig) -> PreTrainedModel:
     """A freshly initialised zoo model of the configured architecture."""
+
+    from transformers import GPT2LMHeadModel, GPTNeoXForCausalLM
+
     if cfg.positional == "rotary":
         return GPTNeoXForCausalLM(neox_config(cfg))
     return GPT2LMHeadModel(gpt2_config(cfg))
