@@ -93,9 +93,10 @@ def test_the_file_is_read_as_what_it_is(gguf_file: Path, smollm2: LoadedModel) -
     assert cos.abs().min().item() > 0.9999
 
 
-@pytest.mark.parametrize("blocks", ["fast", "transformer_lens"])
-def test_forward_matches_hugging_face(gguf_file: Path, smollm2: LoadedModel,
-                                      blocks: str) -> None:
+@pytest.fixture(scope="module")
+def hf_log_probs(gguf_file: Path, smollm2: LoadedModel) -> tuple[torch.Tensor, torch.Tensor]:
+    """Seeded tokens and the Hugging Face model's log-probabilities on them (the reference both
+    of Strata's forwards are held to; the model is loaded once)."""
     from transformers import AutoModelForCausalLM
 
     checkpoint, _ = strata_gguf.dequantized_checkpoint(gguf_file)
@@ -103,13 +104,21 @@ def test_forward_matches_hugging_face(gguf_file: Path, smollm2: LoadedModel,
     gen = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, smollm2.d_vocab_real, (2, 48), generator=gen)
     tokens[:, 0] = smollm2.bos_token_id
+    with torch.inference_mode():
+        theirs = hf(tokens).logits.double().log_softmax(-1)
+    return tokens, theirs
+
+
+@pytest.mark.parametrize("blocks", ["fast", "transformer_lens"])
+def test_forward_matches_hugging_face(smollm2: LoadedModel,
+                                      hf_log_probs: tuple[torch.Tensor, torch.Tensor],
+                                      blocks: str) -> None:
+    tokens, theirs = hf_log_probs
     smollm2._ctx["fast_path"] = blocks == "fast"
     try:
         ours = strata_log_probs(smollm2, tokens)
     finally:
         smollm2._ctx.pop("fast_path")
-    with torch.inference_mode():
-        theirs = hf(tokens).logits.double().log_softmax(-1)
     diff = (ours - theirs).abs().max().item()
     assert diff < TOL, f"{blocks} blocks: max |log p difference| {diff:.2e}"
 
