@@ -1,5 +1,10 @@
 """Planted-structure models: positive controls whose answers are known because they were built in.
 
+(Longer than the ~500 lines a module should have, on purpose: the shared basis, the two
+constructions and the registry read as one derivation, and each construction's weights are
+checked against the answer written next to them; split, a reader would follow the basis across
+files to check a single head.)
+
 The reference tests prove that the engine computes each formula exactly; these models check that
 the formulas detect what they are meant to detect. Each model is built by code from explicit
 weights (deterministic, a few MB, built in well under a second), registered as a zoo model

@@ -16,7 +16,7 @@ from litestar.connection import ASGIConnection
 from litestar.handlers.base import BaseRouteHandler
 from litestar.openapi.spec import SecurityScheme
 
-from service.api.errors import ForbiddenError, UnauthorizedError
+from service.api.errors import ForbiddenHttpError, UnauthorizedHttpError
 from service.settings import Settings
 
 API_KEY_HEADER = "X-API-Key"
@@ -59,17 +59,17 @@ def presented_key(connection: ASGIConnection[Any, Any, Any, Any]) -> str | None:
 def check_key(connection: ASGIConnection[Any, Any, Any, Any], settings: Settings) -> None:
     keys = settings.write_keys()
     if not keys:
-        raise ForbiddenError(
+        raise ForbiddenHttpError(
             "this service accepts no API keys (STRATA_API_KEYS is empty), so it "
             "takes no writes and, with private reads, no reads"
         )
     key = presented_key(connection)
     if key is None:
-        raise UnauthorizedError(
+        raise UnauthorizedHttpError(
             f"this needs an API key in the {API_KEY_HEADER} header", headers=_CHALLENGE
         )
     if not key_is_valid(key, keys):
-        raise UnauthorizedError("the API key is not valid", headers=_CHALLENGE)
+        raise UnauthorizedHttpError("the API key is not valid", headers=_CHALLENGE)
 
 
 def _settings(connection: ASGIConnection[Any, Any, Any, Any]) -> Settings:

@@ -1,17 +1,17 @@
 """Errors of the HTTP API, and the one place where every error becomes a response.
 
     StrataError                       (compute.errors)
-    └── HttpError                     refused by the API; carries its HTTP status
-        ├── BadRequestError     400   a parameter the schema cannot check is malformed
-        ├── UnauthorizedError        401   no API key, or a wrong one
-        ├── ForbiddenError           403   writes are switched off (no keys configured)
-        ├── NotFoundError            404   no such model, run or family; no results for it
-        ├── NotAcceptableError       406   none of the formats the client accepts
-        ├── ConflictError            409   the request contradicts what is stored
-        ├── PayloadTooLargeError     413   an ingest body over the configured size
-        ├── UnprocessableError       422   well-formed but meaningless (unknown metric, source, ...)
-        ├── TooManyRequestsError     429   over a rate limit; `Retry-After` says when to retry
-        └── ServiceUnavailableError  503   a part of the service it needs is not running
+    └── HttpError                      refused by the API; carries its HTTP status
+        ├── BadRequestHttpError          400  a parameter the schema cannot check is malformed
+        ├── UnauthorizedHttpError        401  no API key, or a wrong one
+        ├── ForbiddenHttpError           403  writes are switched off (no keys configured)
+        ├── NotFoundHttpError            404  no such model, run or family; no results for it
+        ├── NotAcceptableHttpError       406  none of the formats the client accepts
+        ├── ConflictHttpError            409  the request contradicts what is stored
+        ├── PayloadTooLargeHttpError     413  an ingest body over the configured size
+        ├── UnprocessableHttpError       422  well-formed but meaningless (unknown metric, ...)
+        ├── TooManyRequestsHttpError     429  over a rate limit; `Retry-After` says when
+        └── ServiceUnavailableHttpError  503  a part of the service it needs is not running
 
 Every error answer has one body, `{"error": <code>, "detail": <what to fix>, "status": <int>}`
 (`ErrorBody`). Other exceptions are mapped in `exception_handlers`: Litestar's own HTTP
@@ -49,43 +49,43 @@ class HttpError(StrataError):
         self.headers = headers or {}
 
 
-class BadRequestError(HttpError):
+class BadRequestHttpError(HttpError):
     status = 400
 
 
-class UnauthorizedError(HttpError):
+class UnauthorizedHttpError(HttpError):
     status = 401
 
 
-class ForbiddenError(HttpError):
+class ForbiddenHttpError(HttpError):
     status = 403
 
 
-class NotFoundError(HttpError):
+class NotFoundHttpError(HttpError):
     status = 404
 
 
-class NotAcceptableError(HttpError):
+class NotAcceptableHttpError(HttpError):
     status = 406
 
 
-class ConflictError(HttpError):
+class ConflictHttpError(HttpError):
     status = 409
 
 
-class PayloadTooLargeError(HttpError):
+class PayloadTooLargeHttpError(HttpError):
     status = 413
 
 
-class UnprocessableError(HttpError):
+class UnprocessableHttpError(HttpError):
     status = 422
 
 
-class TooManyRequestsError(HttpError):
+class TooManyRequestsHttpError(HttpError):
     status = 429
 
 
-class ServiceUnavailableError(HttpError):
+class ServiceUnavailableHttpError(HttpError):
     status = 503
 
 

@@ -20,7 +20,7 @@ import msgspec
 import polars as pl
 import pyarrow as pa
 
-from service.api.errors import NotAcceptableError
+from service.api.errors import NotAcceptableHttpError
 from service.exports import FORMATS
 
 FormatName = Literal["json", "csv", "parquet", "arrow"]
@@ -62,7 +62,7 @@ def negotiate(format_param: str | None, accept: str | None) -> str:
             specific = 0 if "*" in media else 1
             offers.append((quality + specific * 1e-3, -position, name))
     if not offers:
-        raise NotAcceptableError(
+        raise NotAcceptableHttpError(
             f"none of the accepted types ({accept[:200]}) is offered; this "
             "endpoint answers " + ", ".join(MEDIA_TYPES.values())
         )

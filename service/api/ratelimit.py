@@ -34,7 +34,7 @@ from litestar.middleware import ASGIMiddleware
 from litestar.types import ASGIApp, Receive, Scope, Send
 
 from service.api.auth import key_is_valid, presented_key
-from service.api.errors import TooManyRequestsError
+from service.api.errors import TooManyRequestsHttpError
 from service.settings import Settings
 
 NO_RATE_LIMIT = "no_rate_limit"
@@ -104,7 +104,7 @@ class RateLimitMiddleware(ASGIMiddleware):
                 if who.startswith("key:")
                 else "writes from this address without a valid API key"
             )
-            raise TooManyRequestsError(
+            raise TooManyRequestsHttpError(
                 f"too many {what}: at most {item.amount} per {item.GRANULARITY.name}; try "
                 f"again in {wait} s (Retry-After)",
                 headers={

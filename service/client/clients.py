@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from urllib.parse import quote
 
 import httpx
+import msgspec
 import polars as pl
 import pyarrow as pa
 
@@ -20,6 +21,7 @@ from service.api.schemas.health import Health
 from service.api.schemas.jobs import Job, JobPage
 from service.api.schemas.models import Model, ModelDetail, ModelPage
 from service.api.schemas.runs import Run, RunPage
+from service.api.schemas.stages import ModelStages
 from service.client.errors import JobFailedError, WaitTimeoutError
 from service.client.frames import frame_of
 from service.client.transport import NO_RETRY, READS, RetryPolicy, Transport, decode
@@ -302,26 +304,28 @@ class BaseClient(ABC, Generic[FrameT]):
                 metric_version=metric_version,
             ),
         )
+        # the boundaries travel in the answer's context, decoded with the API's own schema
+        found = msgspec.convert(self.last_context.get("models", []), list[ModelStages])
         rows = [
             {
-                "model": m["name"],
-                "model_id": m["id"],
-                "run_id": m["run_id"],
-                "boundary": b["boundary"],
-                "ends_stage": b["ends_stage"],
-                "found": b["found"],
-                "layer": b["layer"],
-                "relative_depth": b["relative_depth"],
-                "clear": b.get("clear"),
-                "sharpness": b.get("sharpness"),
-                "interval_low": (b.get("interval") or [None, None])[0],
-                "interval_high": (b.get("interval") or [None, None])[1],
-                "interval_level": b.get("interval_level"),
-                "rule": b["rule"],
-                "evidence": json.dumps(b["evidence"], sort_keys=True),
+                "model": m.name,
+                "model_id": m.id,
+                "run_id": m.run_id,
+                "boundary": b.boundary,
+                "ends_stage": b.ends_stage,
+                "found": b.found,
+                "layer": b.layer,
+                "relative_depth": b.relative_depth,
+                "clear": b.clear,
+                "sharpness": b.sharpness,
+                "interval_low": b.interval[0] if b.interval else None,
+                "interval_high": b.interval[1] if b.interval else None,
+                "interval_level": b.interval_level,
+                "rule": b.rule,
+                "evidence": json.dumps(b.evidence, sort_keys=True),
             }
-            for m in self.last_context.get("models", [])
-            for b in m["boundaries"]
+            for m in found
+            for b in m.boundaries
         ]
         schema: Schema = {
             "model": pl.String,

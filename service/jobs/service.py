@@ -11,6 +11,11 @@ methods over HTTP; a message whose dispatch number is not the job's current one 
 so a lost-and-requeued job never runs twice, and results delivered late are stored once
 (ingest is idempotent by configuration hash).
 
+(Longer than the ~500 lines a module should have, on purpose: every transition of the state
+machine above is a method of the one class that holds the lock and the session; split across
+modules, the invariants a transition keeps — one live job per configuration, dispatch numbers,
+held reconciliation jobs — would have to be read in several places at once.)
+
 People's jobs first: a job someone submitted goes to the broker at once; a job reconciliation
 queued (reason `reconcile`) stays in the database, unsent, until its queue has a worker with
 nothing to do — no more messages wait in the broker for a queue than it has workers. A

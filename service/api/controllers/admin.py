@@ -15,7 +15,7 @@ from litestar import Controller, Response, post
 from litestar.openapi.datastructures import ResponseSpec
 
 from service.api.auth import SECURITY, require_write_key
-from service.api.errors import ConflictError, ErrorBody, UnprocessableError, error_response
+from service.api.errors import ConflictHttpError, ErrorBody, UnprocessableHttpError, error_response
 from service.api.respond import ApiContext, errors
 from service.store.backup import BackupError, BackupExistsError, DiskFullError, backup
 
@@ -81,17 +81,17 @@ class AdminController(Controller):
         when the disk is full (nothing is left behind)."""
         path = Path(data.path)
         if not path.is_absolute():
-            raise UnprocessableError(
+            raise UnprocessableHttpError(
                 "path must be absolute (it is a path on the service's machine)"
             )
         try:
             done = await anyio.to_thread.run_sync(lambda: backup(ctx.store, path, keep=data.keep))
         except BackupExistsError as exc:
-            raise ConflictError(str(exc)) from None
+            raise ConflictHttpError(str(exc)) from None
         except DiskFullError as exc:
             return error_response(507, str(exc))  # type: ignore[return-value]
         except BackupError as exc:
-            raise UnprocessableError(str(exc)) from None
+            raise UnprocessableHttpError(str(exc)) from None
         return Response(
             BackupDone(
                 done.path,

@@ -10,7 +10,7 @@ from litestar import Controller, Response, delete, get, post
 from litestar.params import Parameter
 
 from service.api.auth import SECURITY, require_write_key
-from service.api.errors import BadRequestError, ServiceUnavailableError
+from service.api.errors import BadRequestHttpError, ServiceUnavailableHttpError
 from service.api.queries.jobs import job_out, worker_out
 from service.api.ratelimit import NO_RATE_LIMIT
 from service.api.respond import ApiContext, errors
@@ -36,7 +36,7 @@ JobId = Annotated[int, Parameter(ge=1, le=2**62, description="job id")]
 
 def jobs_of(ctx: ApiContext) -> JobService:
     if ctx.jobs is None:
-        raise ServiceUnavailableError("this service runs no job system")
+        raise ServiceUnavailableHttpError("this service runs no job system")
     return ctx.jobs
 
 
@@ -90,7 +90,7 @@ class JobsController(Controller):
     ) -> JobPage:
         """Jobs, newest first, with live progress for running ones."""
         if limit > ctx.settings.api.max_page_size:
-            raise BadRequestError(f"limit is at most {ctx.settings.api.max_page_size}")
+            raise BadRequestHttpError(f"limit is at most {ctx.settings.api.max_page_size}")
         views, total = jobs_of(ctx).page(state=job_state, model=model, limit=limit, offset=offset)
         return JobPage([job_out(v) for v in views], total)
 

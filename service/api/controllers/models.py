@@ -19,7 +19,7 @@ from service.api.controllers.params import (
     RunId,
 )
 from service.api.docs import TabularOperation
-from service.api.errors import BadRequestError
+from service.api.errors import BadRequestHttpError
 from service.api.queries import models_and_runs, results
 from service.api.queries import neurons as neuron_queries
 from service.api.queries import stages as stage_queries
@@ -60,7 +60,7 @@ class ModelsController(Controller):
     ) -> ModelPage:
         """Registered models, by name; filtered, paginated (limit/offset)."""
         if limit > ctx.settings.api.max_page_size:
-            raise BadRequestError(f"limit is at most {ctx.settings.api.max_page_size}")
+            raise BadRequestHttpError(f"limit is at most {ctx.settings.api.max_page_size}")
         return models_and_runs.list_models(
             ctx.store,
             ctx.snapshot(),

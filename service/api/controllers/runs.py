@@ -13,7 +13,7 @@ from litestar.params import Parameter
 from service.api.auth import SECURITY, require_write_key
 from service.api.controllers.jobs import jobs_of
 from service.api.controllers.params import MetricVersion, ModelId
-from service.api.errors import BadRequestError, PayloadTooLargeError
+from service.api.errors import BadRequestHttpError, PayloadTooLargeHttpError
 from service.api.formats import MEDIA_TYPES
 from service.api.queries import ingest as ingest_queries
 from service.api.queries import models_and_runs
@@ -67,9 +67,9 @@ class RunsController(Controller):
     ) -> RunPage:
         """Runs, newest first: status, configuration, timings; filtered, paginated."""
         if limit > ctx.settings.api.max_page_size:
-            raise BadRequestError(f"limit is at most {ctx.settings.api.max_page_size}")
+            raise BadRequestHttpError(f"limit is at most {ctx.settings.api.max_page_size}")
         if status is not None and status not in RUN_STATUSES:
-            raise BadRequestError(f"status is one of {', '.join(RUN_STATUSES)}")
+            raise BadRequestHttpError(f"status is one of {', '.join(RUN_STATUSES)}")
         return models_and_runs.list_runs(
             ctx.store,
             ctx.snapshot(),
@@ -126,7 +126,7 @@ class RunsController(Controller):
         body = await read_limited(request, ctx.settings.api.ingest_max_mb)
         if job_id is not None:
             if run_id is not None:
-                raise BadRequestError("give run_id or job_id, not both")
+                raise BadRequestHttpError("give run_id or job_id, not both")
             jobs = jobs_of(ctx)
             s = await anyio.to_thread.run_sync(
                 lambda: jobs.deliver(ingest_queries.decode(body), job_id)
@@ -145,13 +145,13 @@ async def read_limited(request: Request[Any, Any, Any], max_mb: int) -> bytes:
     limit, chunks, size = max_mb * 2**20, [], 0
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLargeError(
+        raise PayloadTooLargeHttpError(
             f"the body is larger than {max_mb} MiB (STRATA_API__INGEST_MAX_MB)"
         )
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise PayloadTooLargeError(
+            raise PayloadTooLargeHttpError(
                 f"the body is larger than {max_mb} MiB (STRATA_API__INGEST_MAX_MB)"
             )
         chunks.append(chunk)

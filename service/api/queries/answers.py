@@ -16,7 +16,7 @@ import polars as pl
 
 from compute.records import COMPONENTS, unit_of
 from compute.run import METRIC_VERSION, stderr_basis
-from service.api.errors import NotFoundError, UnprocessableError
+from service.api.errors import NotFoundHttpError, UnprocessableHttpError
 from service.api.queries.index import ModelEntry, RunEntry, Snapshot
 from service.api.schemas.common import ModelRef, RunRef
 from service.store.repositories import family_of
@@ -33,7 +33,7 @@ class Answer:
 
 def check_metric(metric: str) -> str:
     if unit_of(metric) is None:
-        raise UnprocessableError(
+        raise UnprocessableHttpError(
             f"unknown metric {metric!r}: names are family.metric as in "
             "docs/metrics.md, e.g. intervention.kl, logit_lens.kl_to_final"
         )
@@ -42,7 +42,7 @@ def check_metric(metric: str) -> str:
 
 def check_component(component: str | None) -> str | None:
     if component is not None and component not in COMPONENTS:
-        raise UnprocessableError(
+        raise UnprocessableHttpError(
             f"unknown component {component!r}; one of " + ", ".join(sorted(COMPONENTS))
         )
     return component
@@ -54,15 +54,15 @@ MAX_MODELS = 100  # models in one cross-model query
 def check_models(models: list[str], example: str) -> list[str]:
     """The model list of a cross-model query: present and at most MAX_MODELS long."""
     if not models:
-        raise UnprocessableError(f"give the models: models={example} (names or ids)")
+        raise UnprocessableHttpError(f"give the models: models={example} (names or ids)")
     if len(models) > MAX_MODELS:
-        raise UnprocessableError(f"at most {MAX_MODELS} models at once")
+        raise UnprocessableHttpError(f"at most {MAX_MODELS} models at once")
     return models
 
 
 def check_layers(layer_min: int | None, layer_max: int | None) -> None:
     if layer_min is not None and layer_max is not None and layer_min > layer_max:
-        raise UnprocessableError(f"layer_min {layer_min} is above layer_max {layer_max}")
+        raise UnprocessableHttpError(f"layer_min {layer_min} is above layer_max {layer_max}")
 
 
 def pick_run(
@@ -79,11 +79,11 @@ def pick_run(
     if run_id is not None:
         run = snap.runs.get(run_id)
         if run is None or run.model_id != model.id:
-            raise NotFoundError(f"model {model.name!r} (id {model.id}) has no run {run_id}")
+            raise NotFoundHttpError(f"model {model.name!r} (id {model.id}) has no run {run_id}")
         if run.status != "succeeded":
-            raise NotFoundError(f"run {run_id} is {run.status}: it has no results to read")
+            raise NotFoundHttpError(f"run {run_id} is {run.status}: it has no results to read")
         if family is not None and family not in run.families:
-            raise NotFoundError(
+            raise NotFoundHttpError(
                 f"run {run_id} did not compute {family} (it computed "
                 f"{', '.join(sorted(run.families))})"
             )
@@ -91,7 +91,7 @@ def pick_run(
     version = metric_version or METRIC_VERSION
     run = snap.current_run(model.id, family=family, metric_version=version)
     if run is None:
-        raise NotFoundError(
+        raise NotFoundHttpError(
             f"model {model.name!r} (id {model.id}) has no succeeded run with "
             f"{what} under metric version {version}"
         )

@@ -32,7 +32,7 @@ import numpy as np
 import polars as pl
 
 from compute.run import METRIC_VERSION, stderr_basis
-from service.api.errors import UnprocessableError
+from service.api.errors import UnprocessableHttpError
 from service.api.queries.answers import (
     Answer,
     check_component,
@@ -232,7 +232,7 @@ def compare(
         rows = reader.rows(found, [metric], component=component)
         present = rows["component"].drop_nulls().unique().to_list()
         if component is None and len(present) > 1:
-            raise UnprocessableError(
+            raise UnprocessableHttpError(
                 f"{metric} has rows for components "
                 f"{', '.join(sorted(present))}"
                 ": choose one with component="

@@ -5,7 +5,7 @@ from __future__ import annotations
 import polars as pl
 
 from compute.run import METRIC_VERSION
-from service.api.errors import NotFoundError, UnprocessableError
+from service.api.errors import NotFoundHttpError, UnprocessableHttpError
 from service.api.queries.answers import Answer, check_layers, check_metric, model_ref, run_ref
 from service.api.queries.cache import Reader
 from service.api.queries.index import Snapshot
@@ -48,7 +48,7 @@ def get_family(reader: Reader, snap: Snapshot, name: str) -> Family:
         family = repo.family_by_name(conn, name)
         if family is None:
             known = ", ".join(f.name for f in repo.list_families(conn)) or "none stored yet"
-            raise NotFoundError(
+            raise NotFoundHttpError(
                 f"no refit family {name!r} (known: {known}); `strata stability --store` stores one"
             )
         members = repo.family_members(conn, family.id)
@@ -70,14 +70,14 @@ def stability(
     if metric is not None:
         check_metric(metric)
         if metric not in STABILITY_METRICS:
-            raise UnprocessableError(
+            raise UnprocessableHttpError(
                 f"{metric} is not a stability metric; one of " + ", ".join(STABILITY_METRICS)
             )
     check_layers(layer_min, layer_max)
     family = get_family(reader, snap, name)
     run = snap.stability_run(name, metric_version or METRIC_VERSION)
     if run is None:
-        raise NotFoundError(
+        raise NotFoundHttpError(
             f"refit family {name!r} has no stored stability run under this metric version"
         )
     metrics = [metric] if metric else list(STABILITY_METRICS)

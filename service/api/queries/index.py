@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from compute.run import METRIC_VERSION
-from service.api.errors import NotFoundError
+from service.api.errors import NotFoundHttpError
 from service.store import Store
 from service.store import repositories as repo
 
@@ -69,7 +69,7 @@ class Snapshot:
         if model_id is not None:
             entry = self.models.get(model_id)
             if entry is None or ref not in (entry.name, str(entry.id)):
-                raise NotFoundError(
+                raise NotFoundHttpError(
                     f"there is no model {ref!r} with id {model_id}" + self._same_name_hint(ref)
                 )
             return entry
@@ -80,7 +80,7 @@ class Snapshot:
             return self.models[ids[-1]]
         close = difflib.get_close_matches(ref, list(self.by_name), n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
-        raise NotFoundError(
+        raise NotFoundHttpError(
             f"no model is registered as {ref!r}{hint} (GET /api/v1/models lists them)"
         )
 

@@ -28,7 +28,7 @@ import pyarrow.ipc as ipc
 from pydantic import ValidationError
 
 from compute.run import NEURON_TOKENS_SCHEMA, SEQUENCE_MEANS_SCHEMA, RunConfig, RunResult
-from service.api.errors import NotFoundError, UnprocessableError
+from service.api.errors import NotFoundHttpError, UnprocessableHttpError
 from service.api.schemas.runs import IngestSummary
 from service.store import Store
 from service.store.errors import RunNotFoundError
@@ -55,19 +55,22 @@ def _read_stream(source: pa.BufferReader, what: str) -> pa.Table:
         with ipc.open_stream(source) as reader:
             return reader.read_all()
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as exc:
-        raise UnprocessableError(f"the {what} are not an Arrow IPC stream: {exc}") from None
+        raise UnprocessableHttpError(f"the {what} are not an Arrow IPC stream: {exc}") from None
 
 
 def decode(body: bytes) -> RunResult:
-    """The `RunResult` an ingest body carries. Raises `UnprocessableError` naming the problem."""
+    """The `RunResult` an ingest body carries. Raises `UnprocessableHttpError` naming the
+    problem."""
     if not body:
-        raise UnprocessableError("the body is empty: send the run's records as an Arrow IPC stream")
+        raise UnprocessableHttpError(
+            "the body is empty: send the run's records as an Arrow IPC stream"
+        )
     source = pa.BufferReader(pa.py_buffer(body))
     records = _read_stream(source, "records")
     side: dict[str, pa.Table] = {}
     while source.tell() < len(body):
         if len(side) == 2:
-            raise UnprocessableError("the body holds more than three Arrow streams")
+            raise UnprocessableHttpError("the body holds more than three Arrow streams")
         table = _read_stream(source, f"side table (stream {len(side) + 2})")
         kind = (
             "sequence_means"
@@ -77,19 +80,19 @@ def decode(body: bytes) -> RunResult:
             else None
         )
         if kind is None:
-            raise UnprocessableError(
+            raise UnprocessableHttpError(
                 f"stream {len(side) + 2} is neither neuron tokens (a 'neuron_class' column) nor "
                 f"per-sequence means (a 'sequence' column); its columns: "
                 f"{', '.join(table.column_names)}"
             )
         if kind in side:
-            raise UnprocessableError(f"the body holds {kind} twice")
+            raise UnprocessableHttpError(f"the body holds {kind} twice")
         side[kind] = table
     tokens = side.get("neuron_tokens", NEURON_TOKENS_SCHEMA.empty_table())
     means = side.get("sequence_means", SEQUENCE_MEANS_SCHEMA.empty_table())
     raw = (records.schema.metadata or {}).get(METADATA_KEY)
     if raw is None:
-        raise UnprocessableError(
+        raise UnprocessableHttpError(
             "the records' schema metadata has no 'strata' key with the run's "
             "configuration (write them with `strata compute --out run.arrow`)"
         )
@@ -97,13 +100,13 @@ def decode(body: bytes) -> RunResult:
         meta = msgspec.json.decode(raw, type=RunMetadata)
         config = RunConfig.model_validate(meta.config)
     except msgspec.ValidationError as exc:
-        raise UnprocessableError(f"the run metadata is malformed: {exc}") from None
+        raise UnprocessableHttpError(f"the run metadata is malformed: {exc}") from None
     except msgspec.DecodeError as exc:
-        raise UnprocessableError(f"the run metadata is not JSON: {exc}") from None
+        raise UnprocessableHttpError(f"the run metadata is not JSON: {exc}") from None
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
-        raise UnprocessableError(
+        raise UnprocessableHttpError(
             f"the run configuration is malformed: {where}: {first['msg']}"
         ) from None
     return RunResult(
@@ -125,4 +128,4 @@ def ingest(store: Store, body: bytes, run_id: int | None) -> IngestSummary:
     try:
         return ingest_result(store, result, run_id=run_id)
     except RunNotFoundError as exc:
-        raise NotFoundError(str(exc)) from None
+        raise NotFoundHttpError(str(exc)) from None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from compute.run import METRIC_VERSION, stderr_basis
-from service.api.errors import NotFoundError
+from service.api.errors import NotFoundHttpError
 from service.api.queries.index import Snapshot
 from service.api.schemas.models import AppliedProcessing, Model, ModelDetail, ModelPage
 from service.api.schemas.runs import Run, RunPage, Timings
@@ -88,7 +88,7 @@ def get_model(store: Store, snap: Snapshot, ref: str, model_id: int | None) -> M
     with store.read() as conn:
         model = repo.get_model(conn, entry.id)
         if model is None:  # registered and removed since the snapshot: cannot happen today
-            raise NotFoundError(f"model {ref!r} is gone")
+            raise NotFoundHttpError(f"model {ref!r} is gone")
         families = repo.model_families(conn, [entry.id]).get(entry.id, [])
         n_runs = repo.count_runs(conn, model_id=entry.id)
     current = snap.current_run(entry.id, metric_version=METRIC_VERSION)
@@ -144,7 +144,7 @@ def list_runs(
 ) -> RunPage:
     owner = snap.model(model, model_id).id if model is not None else model_id
     if owner is not None and owner not in snap.models:
-        raise NotFoundError(f"no model with id {owner}")
+        raise NotFoundHttpError(f"no model with id {owner}")
     with store.read() as conn:
         runs = repo.list_runs(
             conn,
@@ -168,5 +168,5 @@ def get_run(store: Store, snap: Snapshot, run_id: int) -> Run:
     with store.read() as conn:
         run = repo.get_run(conn, run_id)
     if run is None:
-        raise NotFoundError(f"there is no run {run_id} (GET /api/v1/runs lists them)")
+        raise NotFoundHttpError(f"there is no run {run_id} (GET /api/v1/runs lists them)")
     return run_out(run, snap.models[run.model_id].name if run.model_id in snap.models else "?")

@@ -6,7 +6,7 @@ import polars as pl
 
 from compute.records import unit_of
 from compute.run import stderr_basis
-from service.api.errors import UnprocessableError
+from service.api.errors import UnprocessableHttpError
 from service.api.queries.answers import (
     Answer,
     check_component,
@@ -58,7 +58,7 @@ def _per_layer_run(
     check_component(component)
     check_layers(layer_min, layer_max)
     if metric in PER_NEURON_METRICS:
-        raise UnprocessableError(f"{metric} is per neuron: {per_neuron}")
+        raise UnprocessableHttpError(f"{metric} is per neuron: {per_neuron}")
     model = snap.model(model_ref_, model_id)
     run = pick_run(
         snap,
@@ -126,7 +126,7 @@ def head_rows(
     check_layers(layer_min, layer_max)
     family = family_needed(metric)
     if family not in PER_HEAD_FAMILIES:
-        raise UnprocessableError(
+        raise UnprocessableHttpError(
             f"{metric} has no per-head rows; per-head metrics are heads.* and attention.*"
         )
     model = snap.model(model_ref_, model_id)
@@ -171,7 +171,7 @@ def sequence_rows(
         per_neuron="it has no per-sequence means",
     )
     if stderr_basis(run.metric_version) == "token":
-        raise UnprocessableError(
+        raise UnprocessableHttpError(
             f"run {run.id} is of metric version 1, which kept no per-sequence means; its errors "
             "are token-level (stderr_basis: token)"
         )

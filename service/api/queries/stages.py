@@ -24,7 +24,7 @@ import polars as pl
 
 from compute.run import METRIC_VERSION
 from compute.stages import STAGE_NAMES
-from service.api.errors import UnprocessableError
+from service.api.errors import UnprocessableHttpError
 from service.api.queries.answers import (
     Answer,
     check_component,
@@ -209,7 +209,7 @@ def stages(
         )
         present = values["component"].drop_nulls().unique().to_list()
         if component is None and len(present) > 1:
-            raise UnprocessableError(
+            raise UnprocessableHttpError(
                 f"{metric} has rows for components "
                 f"{', '.join(sorted(present))}"
                 ": choose one with component="
