@@ -222,10 +222,10 @@ def register_zoo(store: Any, settings: Settings) -> None:
     import sqlalchemy as sa
 
     from service.store.registration import Registration, register
-    from service.store.tables import RegisteredModel
+    from service.store.tables import RegisteredModelRow
 
     with store.read() as conn:
-        if conn.execute(sa.select(sa.func.count()).select_from(RegisteredModel)).scalar():
+        if conn.execute(sa.select(sa.func.count()).select_from(RegisteredModelRow)).scalar():
             return
     from compute.models import zoo_names
 

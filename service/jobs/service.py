@@ -48,7 +48,7 @@ from service.settings import Settings
 from service.store import Store, job_rows
 from service.store.errors import IngestError
 from service.store.ingest import ingest_result
-from service.store.tables import FINAL_STATES, JOB_STATES, JobRow, RegisteredModel, utcnow
+from service.store.tables import FINAL_STATES, JOB_STATES, JobRow, RegisteredModelRow, utcnow
 
 log = logging.getLogger("strata.jobs")
 
@@ -102,7 +102,7 @@ class JobService:
         live = self.board.live(job.id) if job.state == "running" else None
         if names is None:  # one job: its model's name only
             with self.store.read() as conn, Session(bind=conn) as session:
-                model = session.get(RegisteredModel, job.model_id)
+                model = session.get(RegisteredModelRow, job.model_id)
                 names = {job.model_id: model.name} if model is not None else {}
         return JobView(job, live, names.get(job.model_id, str(job.model_id)))
 
@@ -188,7 +188,7 @@ class JobService:
     def worker_window(self) -> float:
         return max(6 * self.settings.worker.heartbeat_s, 60.0)
 
-    def configure(self, request: JobRequest) -> tuple[RegisteredModel, RunConfig]:
+    def configure(self, request: JobRequest) -> tuple[RegisteredModelRow, RunConfig]:
         """The model and run configuration a request means; `SpecError` naming what is wrong."""
         with self.store.read() as conn, Session(bind=conn, expire_on_commit=False) as session:
             model = job_rows.model(session, request.model)
@@ -224,7 +224,7 @@ class JobService:
         return self.view(job), new
 
     def _create(
-        self, model: RegisteredModel, config: RunConfig, request: JobRequest, reason: str
+        self, model: RegisteredModelRow, config: RunConfig, request: JobRequest, reason: str
     ) -> tuple[JobRow, bool]:
         config_hash, version = config.config_hash(), config.metric_version
         with self.store.write() as conn, Session(bind=conn, expire_on_commit=False) as session:

@@ -37,7 +37,7 @@ from service.store.tables import (
     NEURON_TOKEN_COLUMNS,
     RESULT_COLUMNS,
     SEQUENCE_MEAN_COLUMNS,
-    Run,
+    RunRow,
     StageBoundary,
     utcnow,
 )
@@ -86,7 +86,9 @@ def ingest_result(
         model = register_model(session, result.config.model, info)
         tokens = register_token_source(session, result.config.tokens)
         if run is None:
-            run = Run(config_hash=result.config_hash, metric_version=result.config.metric_version)
+            run = RunRow(
+                config_hash=result.config_hash, metric_version=result.config.metric_version
+            )
             session.add(run)
         _describe(run, result, model.id, tokens.id, rows)
         session.flush()
@@ -118,11 +120,11 @@ def ingest_result(
         return summary
 
 
-def _target_run(session: Session, result: RunResult, run_id: int | None) -> Run | None:
+def _target_run(session: Session, result: RunResult, run_id: int | None) -> RunRow | None:
     """The stored run these results belong to (None: a new run)."""
     version = result.config.metric_version
     if run_id is not None:
-        run = session.get(Run, run_id)
+        run = session.get(RunRow, run_id)
         if run is None:
             raise RunNotFoundError(f"run {run_id} does not exist")
         if (run.config_hash, run.metric_version) != (result.config_hash, version):
@@ -136,7 +138,7 @@ def _target_run(session: Session, result: RunResult, run_id: int | None) -> Run 
 
 
 def _describe(
-    run: Run, result: RunResult, model_id: int, token_source_id: int, rows: PreparedRows
+    run: RunRow, result: RunResult, model_id: int, token_source_id: int, rows: PreparedRows
 ) -> None:
     now = utcnow()
     run.model_id, run.token_source_id = model_id, token_source_id

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from service.store.tables import LIVE_STATES, JobRow, RegisteredModel, Run, TokenSource
+from service.store.tables import LIVE_STATES, JobRow, RegisteredModelRow, RunRow, TokenSource
 
 
 def get(session: Session, job_id: int) -> JobRow | None:
@@ -38,36 +38,36 @@ def latest_for(
     return session.scalars(query.order_by(JobRow.id.desc()).limit(1)).first()
 
 
-def succeeded_run(session: Session, config_hash: str, metric_version: str) -> Run | None:
+def succeeded_run(session: Session, config_hash: str, metric_version: str) -> RunRow | None:
     return session.scalars(
-        sa.select(Run).where(
-            Run.config_hash == config_hash,
-            Run.metric_version == metric_version,
-            Run.status == "succeeded",
+        sa.select(RunRow).where(
+            RunRow.config_hash == config_hash,
+            RunRow.metric_version == metric_version,
+            RunRow.status == "succeeded",
         )
     ).first()
 
 
-def model(session: Session, ref: str) -> RegisteredModel | None:
+def model(session: Session, ref: str) -> RegisteredModelRow | None:
     """A registered model by id, or by name (the latest registration of that name)."""
     if ref.isdigit():
-        found = session.get(RegisteredModel, int(ref))
+        found = session.get(RegisteredModelRow, int(ref))
         if found is not None:
             return found
     return session.scalars(
-        sa.select(RegisteredModel)
-        .where(RegisteredModel.name == ref)
-        .order_by(RegisteredModel.id.desc())
+        sa.select(RegisteredModelRow)
+        .where(RegisteredModelRow.name == ref)
+        .order_by(RegisteredModelRow.id.desc())
         .limit(1)
     ).first()
 
 
 def model_names(session: Session) -> dict[int, str]:
-    return dict(session.execute(sa.select(RegisteredModel.id, RegisteredModel.name)).all())
+    return dict(session.execute(sa.select(RegisteredModelRow.id, RegisteredModelRow.name)).all())
 
 
-def all_models(session: Session) -> list[RegisteredModel]:
-    return list(session.scalars(sa.select(RegisteredModel).order_by(RegisteredModel.id)))
+def all_models(session: Session) -> list[RegisteredModelRow]:
+    return list(session.scalars(sa.select(RegisteredModelRow).order_by(RegisteredModelRow.id)))
 
 
 def token_source(session: Session, ref: str) -> TokenSource | None:

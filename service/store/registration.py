@@ -38,7 +38,7 @@ from service.store.registry import (
     register_model,
 )
 from service.store.rows import ModelInfo, parse_model_info
-from service.store.tables import RegisteredModel
+from service.store.tables import RegisteredModelRow
 
 
 @dataclass(frozen=True)
@@ -138,7 +138,7 @@ def register(
     *,
     checkpoint_roots: Sequence[Path],
     load_max_mb: float,
-) -> tuple[RegisteredModel, bool]:
+) -> tuple[RegisteredModelRow, bool]:
     """The registered model and whether it is new. An identical registration (same source,
     processing, revision and name) is answered with the existing model; the same model under
     another name is a `ModelConflictError`. Checkpoint directories and GGUF files must lie under

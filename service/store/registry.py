@@ -14,7 +14,7 @@ from compute.models import ModelSpec
 from compute.tokens import TokenSpec
 from service.store.errors import IngestError
 from service.store.rows import ModelInfo
-from service.store.tables import RegisteredModel, TokenSource
+from service.store.tables import RegisteredModelRow, TokenSource
 
 # Architecture numbers that must agree between a registered model and new results for it.
 _SHAPE = ("n_layers", "d_model", "n_heads", "d_mlp", "d_vocab", "d_vocab_real", "n_ctx", "n_params")
@@ -51,16 +51,16 @@ def default_model_name(spec: ModelSpec) -> str:
     return spec.name
 
 
-def find_model(session: Session, spec: ModelSpec) -> RegisteredModel | None:
+def find_model(session: Session, spec: ModelSpec) -> RegisteredModelRow | None:
     """The model registered for `spec` (same identity: spec without dtype), if any."""
     return session.scalars(
-        sa.select(RegisteredModel).where(RegisteredModel.spec_hash == model_spec_hash(spec))
+        sa.select(RegisteredModelRow).where(RegisteredModelRow.spec_hash == model_spec_hash(spec))
     ).one_or_none()
 
 
 def register_model(
     session: Session, spec: ModelSpec, info: ModelInfo | None, *, name: str | None = None
-) -> RegisteredModel:
+) -> RegisteredModelRow:
     """The registered model for `spec`, created if new (under `name`, default the spec's name);
     its numbers filled from `info`.
 
@@ -69,7 +69,7 @@ def register_model(
     """
     model = find_model(session, spec)
     if model is None:
-        model = RegisteredModel(
+        model = RegisteredModelRow(
             spec_hash=model_spec_hash(spec),
             name=name or default_model_name(spec),
             source=spec.source,
@@ -83,7 +83,7 @@ def register_model(
     return model
 
 
-def fill_known_numbers(model: RegisteredModel, numbers: dict[str, Any]) -> None:
+def fill_known_numbers(model: RegisteredModelRow, numbers: dict[str, Any]) -> None:
     """Fill the numbers known before the model is loaded (from its configuration alone, e.g.
     n_layers); the rest stay unknown until results arrive. `numbers` keys are column names."""
     for key, value in numbers.items():
@@ -92,7 +92,7 @@ def fill_known_numbers(model: RegisteredModel, numbers: dict[str, Any]) -> None:
         setattr(model, key, value)
 
 
-def _fill_numbers(model: RegisteredModel, info: ModelInfo) -> None:
+def _fill_numbers(model: RegisteredModelRow, info: ModelInfo) -> None:
     # Numbers registered before any results (from a configuration alone) may be partial:
     # compare those that are known.
     known = [k for k in _SHAPE if getattr(model, k) is not None]

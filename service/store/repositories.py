@@ -24,8 +24,8 @@ from service.store.db import raw_connection
 from service.store.tables import (
     RefitFamily,
     RefitFamilyMember,
-    RegisteredModel,
-    Run,
+    RegisteredModelRow,
+    RunRow,
 )
 
 NeuronClass = Literal["prediction", "suppression", "partition"]
@@ -61,35 +61,37 @@ def filter_models(
     max_layers: int | None = None,
     limit: int = 100,
     offset: int = 0,
-) -> tuple[list[RegisteredModel], int]:
+) -> tuple[list[RegisteredModelRow], int]:
     """A page of models (by name, then id) matching every filter given, and how many match.
 
     `refit_family`: members of that refit family; `architecture`: case-insensitive equality;
     `min_layers` / `max_layers`: inclusive bounds (models whose layer count is not known yet
     match neither).
     """
-    query = sa.select(RegisteredModel)
+    query = sa.select(RegisteredModelRow)
     if source is not None:
-        query = query.where(RegisteredModel.source == source)
+        query = query.where(RegisteredModelRow.source == source)
     if name is not None:
-        query = query.where(RegisteredModel.name == name)
+        query = query.where(RegisteredModelRow.name == name)
     if architecture is not None:
-        query = query.where(sa.func.lower(RegisteredModel.architecture) == architecture.lower())
+        query = query.where(sa.func.lower(RegisteredModelRow.architecture) == architecture.lower())
     if min_layers is not None:
-        query = query.where(RegisteredModel.n_layers >= min_layers)
+        query = query.where(RegisteredModelRow.n_layers >= min_layers)
     if max_layers is not None:
-        query = query.where(RegisteredModel.n_layers <= max_layers)
+        query = query.where(RegisteredModelRow.n_layers <= max_layers)
     if refit_family is not None:
         members = (
             sa.select(RefitFamilyMember.model_id)
             .join(RefitFamily, RefitFamily.id == RefitFamilyMember.family_id)
             .where(RefitFamily.name == refit_family)
         )
-        query = query.where(RegisteredModel.id.in_(members))
+        query = query.where(RegisteredModelRow.id.in_(members))
     with Session(bind=conn) as session:
         total = session.scalar(sa.select(sa.func.count()).select_from(query.subquery())) or 0
         page = session.scalars(
-            query.order_by(RegisteredModel.name, RegisteredModel.id).limit(limit).offset(offset)
+            query.order_by(RegisteredModelRow.name, RegisteredModelRow.id)
+            .limit(limit)
+            .offset(offset)
         )
         return list(page), int(total)
 
@@ -110,14 +112,14 @@ def model_families(conn: sa.Connection, model_ids: Sequence[int]) -> dict[int, l
     return out
 
 
-def get_model(conn: sa.Connection, model_id: int) -> RegisteredModel | None:
+def get_model(conn: sa.Connection, model_id: int) -> RegisteredModelRow | None:
     with Session(bind=conn) as session:
-        return session.get(RegisteredModel, model_id)
+        return session.get(RegisteredModelRow, model_id)
 
 
-def get_run(conn: sa.Connection, run_id: int) -> Run | None:
+def get_run(conn: sa.Connection, run_id: int) -> RunRow | None:
     with Session(bind=conn) as session:
-        return session.get(Run, run_id)
+        return session.get(RunRow, run_id)
 
 
 def _run_filters(
@@ -128,14 +130,14 @@ def _run_filters(
     family: str | None,
 ) -> sa.Select[Any]:
     if model_id is not None:
-        query = query.where(Run.model_id == model_id)
+        query = query.where(RunRow.model_id == model_id)
     if status is not None:
-        query = query.where(Run.status == status)
+        query = query.where(RunRow.status == status)
     if metric_version is not None:
-        query = query.where(Run.metric_version == metric_version)
+        query = query.where(RunRow.metric_version == metric_version)
     if family is not None:
         query = query.where(
-            sa.func.list_contains(sa.cast(Run.families, sa.ARRAY(sa.String)), family)
+            sa.func.list_contains(sa.cast(RunRow.families, sa.ARRAY(sa.String)), family)
         )
     return query
 
@@ -149,11 +151,11 @@ def list_runs(
     family: str | None = None,
     limit: int = 100,
     offset: int = 0,
-) -> list[Run]:
+) -> list[RunRow]:
     """Runs, newest first, matching every filter given (`family`: computed that family)."""
-    query = _run_filters(sa.select(Run), model_id, status, metric_version, family)
+    query = _run_filters(sa.select(RunRow), model_id, status, metric_version, family)
     with Session(bind=conn) as session:
-        return list(session.scalars(query.order_by(Run.id.desc()).limit(limit).offset(offset)))
+        return list(session.scalars(query.order_by(RunRow.id.desc()).limit(limit).offset(offset)))
 
 
 def count_runs(
@@ -165,7 +167,7 @@ def count_runs(
     family: str | None = None,
 ) -> int:
     query = _run_filters(
-        sa.select(sa.func.count()).select_from(Run), model_id, status, metric_version, family
+        sa.select(sa.func.count()).select_from(RunRow), model_id, status, metric_version, family
     )
     return int(conn.execute(query).scalar() or 0)
 
@@ -379,13 +381,13 @@ def list_families(conn: sa.Connection) -> list[RefitFamily]:
         return list(session.scalars(sa.select(RefitFamily).order_by(RefitFamily.name)))
 
 
-def family_members(conn: sa.Connection, family_id: int) -> list[RegisteredModel]:
+def family_members(conn: sa.Connection, family_id: int) -> list[RegisteredModelRow]:
     with Session(bind=conn) as session:
         return list(
             session.scalars(
-                sa.select(RegisteredModel)
-                .join(RefitFamilyMember, RefitFamilyMember.model_id == RegisteredModel.id)
+                sa.select(RegisteredModelRow)
+                .join(RefitFamilyMember, RefitFamilyMember.model_id == RegisteredModelRow.id)
                 .where(RefitFamilyMember.family_id == family_id)
-                .order_by(RegisteredModel.id)
+                .order_by(RegisteredModelRow.id)
             )
         )

@@ -15,23 +15,25 @@ from compute.run import CODE_VERSION, RunConfig
 from service.store.db import Store
 from service.store.errors import RunNotFoundError, StoreError
 from service.store.registry import register_model, register_token_source
-from service.store.tables import Run, utcnow
+from service.store.tables import RunRow, utcnow
 
 
-def find_run(session: Session, config_hash: str, metric_version: str) -> Run | None:
+def find_run(session: Session, config_hash: str, metric_version: str) -> RunRow | None:
     return session.scalars(
-        sa.select(Run).where(Run.config_hash == config_hash, Run.metric_version == metric_version)
+        sa.select(RunRow).where(
+            RunRow.config_hash == config_hash, RunRow.metric_version == metric_version
+        )
     ).one_or_none()
 
 
-def enqueue(store: Store, config: RunConfig) -> Run:
+def enqueue(store: Store, config: RunConfig) -> RunRow:
     """The run for `config`: the stored one if any (a failed one is re-queued), else a new one."""
     with store.write() as conn, Session(bind=conn, expire_on_commit=False) as session:
         run = find_run(session, config.config_hash(), config.metric_version)
         if run is None:
             model = register_model(session, config.model, None)
             tokens = register_token_source(session, config.tokens)
-            run = Run(
+            run = RunRow(
                 model_id=model.id,
                 token_source_id=tokens.id,
                 config_hash=config.config_hash(),
@@ -53,7 +55,9 @@ def enqueue(store: Store, config: RunConfig) -> Run:
 
 def _update(store: Store, run_id: int, **values: object) -> None:
     with store.write() as conn:
-        updated = conn.execute(sa.update(Run).where(Run.id == run_id).values(**values)).rowcount
+        updated = conn.execute(
+            sa.update(RunRow).where(RunRow.id == run_id).values(**values)
+        ).rowcount
     if not updated:
         raise RunNotFoundError(f"run {run_id} does not exist")
 

@@ -40,7 +40,7 @@ from service.store.tables import (
     RESULT_COLUMNS,
     RefitFamily,
     RefitFamilyMember,
-    Run,
+    RunRow,
     utcnow,
 )
 
@@ -121,7 +121,7 @@ def ingest_stability(store: Store, result: StabilityResult) -> StabilitySummary:
         run = find_run(session, config_hash, METRIC_VERSION)
         replaced = run is not None and run.n_records is not None
         if run is None:
-            run = Run(config_hash=config_hash, metric_version=METRIC_VERSION)
+            run = RunRow(config_hash=config_hash, metric_version=METRIC_VERSION)
             session.add(run)
         now = utcnow()
         run.model_id, run.token_source_id = anchor.id, tokens.id

@@ -11,8 +11,7 @@ from service.api.schemas.models import AppliedProcessing, Model, ModelDetail, Mo
 from service.api.schemas.runs import Run, RunPage, Timings
 from service.store import Store
 from service.store import repositories as repo
-from service.store.tables import RegisteredModel
-from service.store.tables import Run as RunRow
+from service.store.tables import RegisteredModelRow, RunRow
 
 
 def utc(value: datetime | None) -> datetime | None:
@@ -20,7 +19,9 @@ def utc(value: datetime | None) -> datetime | None:
     return None if value is None else value.replace(tzinfo=UTC)
 
 
-def model_out(model: RegisteredModel, families: list[str], current_runs: dict[str, int]) -> Model:
+def model_out(
+    model: RegisteredModelRow, families: list[str], current_runs: dict[str, int]
+) -> Model:
     return Model(
         id=model.id,
         name=model.name,

@@ -1,8 +1,9 @@
 """The store's tables, one module each, on one declarative `Base` (its metadata is the schema
 that the migrations must produce; `tests/integration/test_store_migrations.py` checks they do).
 
-`JobRow` (`jobs`) and `NeuronStatsRow` (`neurons`) end in `Row` because `Job` and `NeuronRow` name
-the API's schemas of the same things (`service.api.schemas`)."""
+`JobRow` (`jobs`), `RunRow` (`runs`), `RegisteredModelRow` (`models`) and `NeuronStatsRow`
+(`neurons`) end in `Row` because `Job`, `Run`, `Model` and `NeuronRow` name the API's schemas of
+the same things (`service.api.schemas`), and "model" alone would also mean an ML model."""
 
 from service.store.tables.base import Base, utcnow
 from service.store.tables.family import RefitFamily, RefitFamilyMember
@@ -13,9 +14,9 @@ from service.store.tables.neuron import (
     NeuronStatsRow,
     NeuronToken,
 )
-from service.store.tables.registered_model import RegisteredModel
+from service.store.tables.registered_model import RegisteredModelRow
 from service.store.tables.result import RESULT_COLUMNS, Result
-from service.store.tables.run import RUN_STATUSES, Run, RunStatus
+from service.store.tables.run import RUN_STATUSES, RunRow, RunStatus
 from service.store.tables.sequence_mean import SEQUENCE_MEAN_COLUMNS, SequenceMean
 from service.store.tables.stage import StageBoundary
 from service.store.tables.token_source import TokenSource
@@ -36,9 +37,9 @@ __all__ = [
     "NeuronToken",
     "RefitFamily",
     "RefitFamilyMember",
-    "RegisteredModel",
+    "RegisteredModelRow",
     "Result",
-    "Run",
+    "RunRow",
     "RunStatus",
     "SequenceMean",
     "StageBoundary",

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 from service.store.tables.base import Base, utcnow
 
 
-class RegisteredModel(Base):
+class RegisteredModelRow(Base):
     __tablename__ = "models"
 
     id: Mapped[int] = mapped_column(sa.BigInteger, sa.Sequence("models_id_seq"), primary_key=True)

@@ -20,7 +20,7 @@ RunStatus = Literal["queued", "running", "succeeded", "failed"]
 RUN_STATUSES: tuple[str, ...] = ("queued", "running", "succeeded", "failed")
 
 
-class Run(Base):
+class RunRow(Base):
     __tablename__ = "runs"
     __table_args__ = (
         sa.UniqueConstraint("config_hash", "metric_version"),
