@@ -121,3 +121,31 @@ def start_service(env: Mapping[str, str], *, log: Path, args: Sequence[str] = ()
     served = spawn_service(env, log=log, args=args, port=port, inherit=inherit,
                            new_session=new_session)
     return wait_healthy(served, timeout)
+
+
+def run_strata(args: Sequence[str], env: Mapping[str, str]) -> Any:
+    """A `strata` command run in this process (click's runner) with `env` added to its
+    environment, and its result (`exit_code`, `output`). The settings are read afresh for it
+    and again after it, so neither it nor the tests after it see another command's settings.
+    A command of its own process would only add another torch import."""
+    from click.testing import CliRunner
+
+    from service.cli import main
+    from service.settings import get_settings
+
+    get_settings.cache_clear()
+    try:
+        return CliRunner().invoke(main, list(args), env=dict(env))
+    finally:
+        get_settings.cache_clear()
+
+
+def settings_from_env(env: Mapping[str, str]) -> Any:
+    """The `Settings` a process with exactly this environment reads (so a test that needs both
+    writes its configuration once, as an environment)."""
+    from unittest import mock
+
+    from service.settings import Settings
+
+    with mock.patch.dict(os.environ, dict(env), clear=True):
+        return Settings()

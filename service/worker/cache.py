@@ -6,9 +6,10 @@ from __future__ import annotations
 import gc
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from compute.models import LoadedModel, ModelSpec
+if TYPE_CHECKING:  # annotations only: `strata beat` imports this module and needs no torch
+    from compute.models import LoadedModel, ModelSpec
 
 
 class ModelCache:

@@ -13,14 +13,16 @@ import logging
 import threading
 import traceback
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from compute.engine import Progress
 from compute.errors import StrataError
 from service.client.errors import ApiError, UnreachableError
 from service.settings import Settings
 from service.worker.cache import ModelCache
 from service.worker.client import ApiClient
+
+if TYPE_CHECKING:  # annotations only: `strata beat` imports this module and needs no torch
+    from compute.engine import Progress
 
 log = logging.getLogger("strata.worker")
 

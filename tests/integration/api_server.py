@@ -30,7 +30,7 @@ import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import numpy as np
@@ -48,7 +48,7 @@ from service.settings import Settings
 from service.store import Store
 from service.store.migrate import ensure_current
 from tests.integration.synthetic import variant
-from tests.serving import free_port, wait_for
+from tests.serving import free_port, run_strata, settings_from_env, wait_for
 
 KEY = "test-key-0123456789"
 V1 = "/api/v1"
@@ -166,17 +166,14 @@ class Api:
 
 
 def settings_for(db: Path, tmp: Path) -> Settings:
-    """The server's settings (as `_env` gives them to a `strata serve` process)."""
-    return Settings(
-        database=db, api_keys=f"{KEY}, {OTHER_KEY}", data_dir=tmp / "state",
-        api={"checkpoint_roots": [tmp / "checkpoints"], "cors_origins": [CORS_ORIGIN],  # type: ignore[arg-type]
-             "ingest_max_mb": INGEST_MAX_MB, "duckdb_threads": 1},
-        # No worker, no reconciliation: these tests read what they seeded, nothing more.
-        jobs={"reconcile": False, "register_zoo": False})  # type: ignore[arg-type]
+    """The server's settings: what `_env` gives a `strata serve` process."""
+    return cast(Settings, settings_from_env(_env(db, tmp)))
 
 
 def _env(db: Path, tmp: Path) -> dict[str, str]:
-    """The same settings as a process environment (a `strata` command run beside the server)."""
+    """The server's configuration as a process environment (a `strata` command run beside the
+    server reads it; `settings_for` is the same, read). No worker, no reconciliation: these
+    tests read what they seeded, nothing more."""
     return {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
             "STRATA_DATABASE": str(db), "STRATA_API_KEYS": f"{KEY}, {OTHER_KEY}",
             "STRATA_API__CHECKPOINT_ROOTS": f'["{tmp / "checkpoints"}"]',
@@ -191,19 +188,9 @@ def store_stability(env: dict[str, str], members: tuple[str, ...] = ("zoo:tiny-4
                                                                      "zoo:tiny-4l-s1")) -> None:
     """`strata stability --store` for a refit family (its members' sources), run in this
     process with `env` as its environment."""
-    from click.testing import CliRunner
-
-    from service.cli import main
-    from service.settings import get_settings
-
     family = [arg for member in members for arg in ("--family", member)]
-    get_settings.cache_clear()
-    try:
-        result = CliRunner().invoke(main, ["stability", *family, "--n-prompts", "3",
-                                           "--prompt-len", "12", "--n-null", "1", "--store"],
-                                    env=env)
-    finally:
-        get_settings.cache_clear()
+    result = run_strata(["stability", *family, "--n-prompts", "3", "--prompt-len", "12",
+                         "--n-null", "1", "--store"], env)
     assert result.exit_code == 0, result.output
 
 

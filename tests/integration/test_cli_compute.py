@@ -17,6 +17,7 @@ from click.testing import CliRunner
 from compute.models import zoo_names
 from compute.records import RECORD_COLUMNS
 from service.cli import main
+from tests.serving import run_strata
 
 MODEL = "zoo:tiny-2l-s0"
 pytestmark = pytest.mark.skipif("tiny-2l-s0" not in zoo_names(), reason="zoo model not built")
@@ -78,19 +79,13 @@ def test_compute_writes_every_format_with_the_same_rows(tmp_path: Path) -> None:
 def test_compute_store_keeps_the_per_sequence_means(tmp_path: Path) -> None:
     """`strata compute --store`: the run's per-sequence means land in the store beside its
     records (what a bootstrap over sequences reads back)."""
-    from service.settings import get_settings
     from service.store import Store
     from service.store import repositories as repo
 
     db = tmp_path / "s.duckdb"
     env = {"STRATA_DATABASE": str(db), "STRATA_DATA_DIR": str(tmp_path / "state")}
-    get_settings.cache_clear()  # in this process, with this environment
-    try:
-        result = CliRunner().invoke(main, ["compute", "--model", MODEL, "--n-sequences", "4",
-                                           "--seq-len", "16", "--metrics", "intervention",
-                                           "--store", "--quiet"], env=env)
-    finally:
-        get_settings.cache_clear()
+    result = run_strata(["compute", "--model", MODEL, "--n-sequences", "4", "--seq-len", "16",
+                         "--metrics", "intervention", "--store", "--quiet"], env)
     assert result.exit_code == 0, result.output
     with Store.open(db, threads=1) as store, store.read() as conn:
         [run] = repo.list_runs(conn)

@@ -28,6 +28,7 @@ from compute.models import LoadedModel, load_model, resolve_model_spec
 from service.api.app import create_app
 from service.settings import ApiSettings, Settings
 from service.store import Store
+from tests.serving import run_strata
 from tests.unit.test_hf_forward import strata_log_probs
 
 FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -137,21 +138,11 @@ def test_it_is_a_working_language_model(smollm2: LoadedModel) -> None:
 
 
 def test_compute_store_and_register(gguf_file: Path, data_dir: Path, tmp_path: Path) -> None:
-    from click.testing import CliRunner
-
-    from service.cli import main
-    from service.settings import get_settings
-
     db, out = tmp_path / "s.duckdb", tmp_path / "r.parquet"
     env = {"HF_HUB_OFFLINE": "1", "STRATA_DATABASE": str(db), "STRATA_DATA_DIR": str(data_dir)}
-    get_settings.cache_clear()  # `strata compute`, in this process, with this environment
-    try:
-        ran = CliRunner().invoke(main, [
-            "compute", "--model", str(gguf_file), "--metrics", "intervention,logit_lens",
-            "--n-sequences", "2", "--seq-len", "24", "--out", str(out), "--store", "--quiet"],
-            env=env)
-    finally:
-        get_settings.cache_clear()
+    ran = run_strata(["compute", "--model", str(gguf_file), "--metrics", "intervention,logit_lens",
+                      "--n-sequences", "2", "--seq-len", "24", "--out", str(out), "--store",
+                      "--quiet"], env)
     assert ran.exit_code == 0, ran.output
     frame = pl.read_parquet(out)
     drop = frame.filter((pl.col("metric") == "intervention.kl") & (pl.col("component") == "drop"))

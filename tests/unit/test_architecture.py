@@ -202,3 +202,16 @@ def test_the_client_loads_without_compute_torch_or_transformer_lens(module: str)
                           cwd=ROOT, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "", f"{module} loads {done.stdout.strip()}"
+
+
+def test_beat_loads_no_engine() -> None:
+    """`strata beat` (a Celery worker of the `ops` queue) imports the tasks module; its one
+    task is an HTTP call, so nothing of torch or TransformerLens may load with it (it did,
+    through the model cache's annotations: ~2 s of CPU at every start)."""
+    probe = ("import sys, service.worker.tasks\n"
+             f"print(','.join(sorted(m for m in sys.modules if m.split('.')[0] in "
+             f"{sorted(MODELS - {'compute'})!r})))")  # compute.errors is light
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          cwd=ROOT, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "", f"service.worker.tasks loads {done.stdout.strip()}"
