@@ -545,7 +545,8 @@ class JobService:
     def reconcile(self, *, reason: str = "reconcile") -> list[int]:
         """Queue the default run of every registered model that lacks it under the current
         metric version, once: a model whose default run was ever queued (even if it failed or
-        was cancelled) is not queued again. Returns the new job ids. Serialised: two
+        was cancelled) is not queued again, cheapest model first (held jobs are sent oldest
+        first, so the first results arrive soonest). Returns the new job ids. Serialised: two
         reconciliations never queue one configuration twice."""
         queued: list[int] = []
         if not self.settings.jobs.reconcile:  # off: only what is submitted is computed
@@ -554,7 +555,7 @@ class JobService:
             with self.store.read() as conn, Session(bind=conn, expire_on_commit=False) as session:
                 models = job_rows.all_models(session)
                 session.expunge_all()
-            for model in models:
+            for model in sorted(models, key=_default_run_cost):
                 if self._stopping.is_set():
                     break
                 try:
@@ -577,3 +578,11 @@ class JobService:
             log.info("reconcile queued jobs %s", queued)
             self.release_background()
         return queued
+
+
+def _default_run_cost(model: RegisteredModelRow) -> tuple[float, int]:
+    """How much a model's default run costs, roughly: each layer's interventions run a forward
+    pass, which scales with the parameters (unknown numbers sort last; ties by id)."""
+    if model.n_params is None or model.n_layers is None:
+        return (float("inf"), model.id)
+    return (float(model.n_params) * model.n_layers, model.id)

@@ -292,6 +292,27 @@ def test_token_level_runs_of_version_1_are_recomputed_under_version_2(tmp_path: 
         assert jobs.http.post(f"{V1}/jobs/reconcile").json()["queued"] == []  # once
 
 
+def test_reconciliation_queues_the_cheapest_model_first(tmp_path: Path) -> None:
+    """Models registered largest first (into the store, as a first start registers the zoo)
+    are queued by one reconciliation smallest first: held jobs go out oldest first, so the
+    cheapest model's results come first."""
+    from service.store.registration import Registration, register
+
+    with open_jobs(tmp_path, reconcile=True, reconcile_interval_s=3600) as jobs:
+        jobs.service.stop()  # waits for tiny-2l-s0's own background reconciliation
+        jobs.service._stopping.clear()  # ... and lets the next one run
+        for source in ("zoo:demo-4l", "zoo:planted-stages", "zoo:tiny-4l-s0"):
+            register(jobs.store, Registration(source), checkpoint_roots=[],
+                     load_max_mb=1024)
+        queued = jobs.service.reconcile()
+        models = {m["name"]: m for m in jobs.http.get(f"{V1}/models").json()["items"]}
+        order = [jobs.job(j)["model"] for j in sorted(queued)]
+        assert sorted(order) == ["demo-4l", "planted-stages", "tiny-4l-s0"]
+        cost = [models[m]["n_params"] * models[m]["n_layers"] for m in order]
+        assert cost == sorted(cost), list(zip(order, cost, strict=True))
+        assert len(set(cost)) == 3  # three different sizes: the order is the rule's
+
+
 def test_racing_reconciliations_queue_each_model_once(tmp_path: Path) -> None:
     with open_jobs(tmp_path, reconcile=True, reconcile_interval_s=3600) as jobs:
         stored = jobs.http.post(f"{V1}/runs/ingest", content=old_version_body("0"),
