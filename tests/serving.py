@@ -20,9 +20,12 @@ import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
+
+if TYPE_CHECKING:  # annotations only: the helpers below import the service when called
+    from service.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -140,7 +143,7 @@ def run_strata(args: Sequence[str], env: Mapping[str, str]) -> Any:
         get_settings.cache_clear()
 
 
-def settings_from_env(env: Mapping[str, str]) -> Any:
+def settings_from_env(env: Mapping[str, str]) -> Settings:
     """The `Settings` a process with exactly this environment reads (so a test that needs both
     writes its configuration once, as an environment)."""
     from unittest import mock

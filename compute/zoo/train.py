@@ -125,7 +125,6 @@ class ZooModelConfig(BaseModel):
 
 def gpt2_config(cfg: ZooModelConfig) -> GPT2Config:
     """The Hugging Face configuration of a zoo model (no dropout, tied embeddings)."""
-
     from transformers import GPT2Config
 
     return GPT2Config(
@@ -161,7 +160,6 @@ def token_stream(tokenizer: PreTrainedTokenizerFast, documents: Sequence[str]) -
 
 def neox_config(cfg: ZooModelConfig) -> GPTNeoXConfig:
     """The Hugging Face configuration of a rotary zoo model (GPT-NeoX, sequential residual)."""
-
     from transformers import GPTNeoXConfig
 
     return GPTNeoXConfig(
@@ -189,7 +187,6 @@ def neox_config(cfg: ZooModelConfig) -> GPTNeoXConfig:
 
 def new_model(cfg: ZooModelConfig) -> PreTrainedModel:
     """A freshly initialised zoo model of the configured architecture."""
-
     from transformers import GPT2LMHeadModel, GPTNeoXForCausalLM
 
     if cfg.positional == "rotary":

@@ -85,8 +85,9 @@ def make_app(settings: Settings, *, create_broker_dir: bool = False) -> Celery:
         accept_content=["json"],
         worker_prefetch_multiplier=1,
         # A new pool process reports "up" after its warm-up (`tasks._warm_child`: a model load,
-        # the TransformerLens import, ~6 s of CPU). Celery's default of 4 s killed and replaced
-        # it on a busy machine, over and over, so the worker never took a job again.
+        # ~0.6 s of CPU, seconds on a busy machine; it was ~6 s while each child still imported
+        # TransformerLens itself). Celery's default of 4 s killed and replaced it on a busy
+        # machine, over and over, so the worker never took a job again.
         worker_proc_alive_timeout=PROC_ALIVE_TIMEOUT_S,
         worker_max_tasks_per_child=settings.worker.max_tasks_per_child,
         worker_max_memory_per_child=settings.worker.max_memory_mb * 1024 or None,

@@ -53,12 +53,10 @@ def reconcile() -> list[int]:
         return api.reconcile()
 
 
-def _computes(worker: object) -> bool:
-    """Whether this worker consumes a compute queue (`strata beat` consumes only `ops`, whose
-    reconcile task is one HTTP call: it needs no engine)."""
-    running = getattr(worker, "app", app)
-    queues = set(running.amqp.queues.consume_from or {})
-    return not queues or queues != {OPS_QUEUE}
+def _queues(worker: object) -> list[str]:
+    """The queues this worker process consumes (`sender` of Celery's worker signals)."""
+    running = getattr(worker, "app", app)  # the app this worker process runs
+    return sorted(running.amqp.queues.consume_from or {})
 
 
 @signals.worker_init.connect
@@ -67,7 +65,7 @@ def _preload(sender: object = None, **_: object) -> None:
     too) starts with torch, transformers and TransformerLens loaded instead of spending seconds
     of its own importing them. Quiet the per-request log of the HTTP client."""
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    if not _computes(sender):
+    if _queues(sender) == [OPS_QUEUE]:  # `strata beat`: its reconcile task is one HTTP call
         return
     import compute.run  # noqa: F401
     import service.exports  # noqa: F401
@@ -110,8 +108,7 @@ def _announce(sender: object = None, **_: object) -> None:
     on (the API refuses jobs for devices no worker has)."""
     settings = get_settings()
     me, api = identity(), client()
-    running = getattr(sender, "app", app)  # the app this worker process runs
-    queues = sorted(running.amqp.queues.consume_from or {})
+    queues = _queues(sender)
 
     def loop() -> None:
         while True:

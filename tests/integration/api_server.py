@@ -30,7 +30,7 @@ import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import httpx
 import numpy as np
@@ -167,7 +167,7 @@ class Api:
 
 def settings_for(db: Path, tmp: Path) -> Settings:
     """The server's settings: what `_env` gives a `strata serve` process."""
-    return cast(Settings, settings_from_env(_env(db, tmp)))
+    return settings_from_env(_env(db, tmp))
 
 
 def _env(db: Path, tmp: Path) -> dict[str, str]:
