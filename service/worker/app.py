@@ -20,6 +20,7 @@ from service.settings import Settings, get_settings
 
 # How long a new pool process may take to report that it is up (see `make_app`).
 PROC_ALIVE_TIMEOUT_S = 120.0
+WORKER_LOST_WAIT_S = 2.0
 
 
 def broker_options(settings: Settings) -> tuple[str, dict[str, Any]]:
@@ -89,6 +90,11 @@ def make_app(settings: Settings, *, create_broker_dir: bool = False) -> Celery:
         # TransformerLens itself). Celery's default of 4 s killed and replaced it on a busy
         # machine, over and over, so the worker never took a job again.
         worker_proc_alive_timeout=PROC_ALIVE_TIMEOUT_S,
+        # How long a dead pool child's job waits for a result it may have sent before it died,
+        # before it counts as lost (and, acknowledged late, is sent again). The result travels
+        # over a local pipe; Celery's 10 s held every crash, and every warm shutdown that
+        # abandons a job, 10 s longer.
+        worker_lost_wait=WORKER_LOST_WAIT_S,
         worker_max_tasks_per_child=settings.worker.max_tasks_per_child,
         worker_max_memory_per_child=settings.worker.max_memory_mb * 1024 or None,
         task_soft_time_limit=settings.worker.soft_time_limit_s,

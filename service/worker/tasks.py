@@ -85,8 +85,15 @@ def _warm_child(**_: object) -> None:
     initialises the rest of transformers and TransformerLens; a tiny zoo model pays for it
     here instead of the first job, and stays in the process's model cache (a job on it then
     loads nothing)."""
+    from celery.worker import state
+
     from compute.models import resolve_model_spec, zoo_names
 
+    if state.should_stop is not None or state.should_terminate is not None:
+        # Forked while the worker shuts down (billiard replaces a child killed by the warm
+        # shutdown's deadline): this child takes no job, so it loads nothing.
+        log.info("pool process %d started during shutdown: no warm-up", os.getpid())
+        return
     settings = get_settings()
     if "tiny-2l-s0" in zoo_names():
         try:

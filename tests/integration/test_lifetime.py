@@ -174,7 +174,10 @@ def test_a_worker_alone_stops_on_sigterm_within_its_budget() -> None:
         took = time.monotonic() - start
         assert took >= budget - 0.5, "the running job was given its budget"
         assert not [p for p in pool if alive(p)], "its pool child went with it"
-        assert "abandoning the running job" in d.log("worker-1")
+        log = d.log("worker-1")
+        assert "abandoning the running job" in log
+        if "ForkPoolWorker-2" in log:  # billiard replaced the killed child while shutting down
+            assert "started during shutdown: no warm-up" in log, log
         assert d.job(job["id"])["state"] in ("running", "queued")
         # nothing lost: the lease expires, another worker finishes the job, once
         d.start_worker()
