@@ -188,8 +188,16 @@ def single_torch_thread() -> Iterator[None]:
 # the session's API server and dashboard service (made once per process), and the machine's
 # RabbitMQ, whose queues a test purges.
 SHARED = {"server": "api-server", "web": "web-service"}
+# xdist hands a process the next group when it is free, in collection order: the longest groups
+# and the modules of long single tests go first (longest first, measured), the many short unit
+# tests last, so that none starts late and runs on alone while the other processes sit idle.
+LONGEST_FIRST = ["tests/integration/test_smollm2.py", "web-service", "api-server",
+                 "tests/integration/test_first_run.py", "tests/integration/test_jobs.py",
+                 "tests/integration/test_lifetime.py", "tests/integration/test_job_priority.py",
+                 "tests/integration/test_faults.py", "rabbitmq"]
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the groups into the test ids
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("xdist_group"):
@@ -202,3 +210,26 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             group = item.nodeid.split("::")[0]
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
+
+    def rank(item: pytest.Item) -> int:
+        marker = item.get_closest_marker("xdist_group")
+        group = marker.args[0] if marker and marker.args else item.nodeid.split("::")[0]
+        return LONGEST_FIRST.index(group) if group in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: each group's tests keep their order
+
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Under `--dist loadgroup`, each grouped test's id carries its group (xdist reads it from
+    there): if not, the groups above were added too late and every module's fixtures would be
+    made in every process."""
+    if not session.config.getoption("loadgroup", False) or not os.environ.get(
+        "PYTEST_XDIST_WORKER"
+    ):
+        return
+    ungrouped = [i.nodeid for i in session.items
+                 if i.get_closest_marker("xdist_group") and "@" not in i.nodeid]
+    if ungrouped:
+        raise pytest.UsageError(f"xdist groups not applied to {len(ungrouped)} tests, e.g. "
+                                f"{ungrouped[0]}")

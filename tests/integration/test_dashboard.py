@@ -98,6 +98,24 @@ def screenshot(driver: Any, name: str) -> Path:
     return path
 
 
+def click(driver: Any, selector: str, what: str) -> None:
+    """Click the element `selector`, found again if the page redrew it under the click (the
+    job list is rebuilt on every poll)."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+
+    def clicked() -> bool:
+        try:
+            found = driver.find_elements(By.CSS_SELECTOR, selector)
+            if found:
+                found[0].click()
+            return bool(found)
+        except StaleElementReferenceException:
+            return False
+
+    wait_for(driver, clicked, what=what)
+
+
 def select_models(driver: Any, names: list[str]) -> None:
     """Pick models the way a user does: search, tick."""
     from selenium.common.exceptions import StaleElementReferenceException
@@ -542,7 +560,7 @@ def test_cancel_a_job_from_the_page(page: Any, service: Service) -> None:
     job = wait_for(page, lambda: page.execute_script(
         "const j = document.querySelector('#jobs li.job[data-own]');"
         "return j && j.querySelector('button.cancel') && j.dataset.jobId"), what="the job")
-    page.find_element(By.CSS_SELECTOR, f"#job-{job} button.cancel").click()
+    click(page, f"#job-{job} button.cancel", "the job's cancel button")
     wait_for(page, lambda: page.execute_script(
         f"return document.getElementById('job-{job}').dataset.state === 'cancelled'"),
         what="the job cancelled")
