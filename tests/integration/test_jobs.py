@@ -32,13 +32,7 @@ def deploy(kind: str, **env: str) -> Deployment:
     return Deployment(make_broker(kind), env_extra=env)
 
 
-@pytest.fixture(params=BROKERS)
-def broker_kind(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-@pytest.fixture
-def running(broker_kind: str) -> Iterator[Deployment]:
+def started(broker_kind: str) -> Iterator[Deployment]:
     """API + one CPU worker on `broker_kind`, with tiny-2l-s0 registered (no reconciliation)."""
     d = deploy(broker_kind)
     try:
@@ -47,6 +41,19 @@ def running(broker_kind: str) -> Iterator[Deployment]:
         yield d
     finally:
         d.close()
+
+
+@pytest.fixture(scope="module", params=BROKERS)
+def running(request: pytest.FixtureRequest) -> Iterator[Deployment]:
+    """`started` on each broker, shared by the two tests that use it (in one process:
+    `RUNNING`): the main path first, then the worker killed mid-job, which ends its use."""
+    yield from started(str(request.param))
+
+
+@pytest.fixture
+def running_alone(broker_kind: str) -> Iterator[Deployment]:
+    """`started` for one test alone."""
+    yield from started(broker_kind)
 
 
 def served_records(d: Deployment, model: str, run_id: int, metrics: list[str]) -> pl.DataFrame:
@@ -114,6 +121,10 @@ def run_main_path(d: Deployment) -> None:
     assert [r["id"] for r in d.runs()] == [done["run_id"]]
 
 
+RUNNING = pytest.mark.xdist_group("test_jobs-running")
+
+
+@RUNNING
 def test_submit_compute_query_equals_cli(running: Deployment) -> None:
     run_main_path(running)
     # force: a second job, which replaces the one run (still one run, same rows)
@@ -151,6 +162,7 @@ def assert_one_complete_run(d: Deployment, job: dict[str, object]) -> None:
         assert len(keys) == len(set(keys)), f"{metric}: duplicated rows"
 
 
+@RUNNING
 def test_worker_killed_mid_job_is_finished_by_another(running: Deployment) -> None:
     d = running
     job = d.submit("tiny-2l-s0", **LONG).json()
@@ -210,11 +222,11 @@ def checkpoint_copy(d: Deployment, name: str) -> Path:
 
 @pytest.mark.parametrize("broker_kind", ["filesystem"])  # the broker plays no part
 def test_unloadable_and_nan_models_fail_with_the_reason_and_store_nothing(
-        running: Deployment) -> None:
+        running_alone: Deployment) -> None:
     import torch
     from safetensors.torch import load_file, save_file
 
-    d = running
+    d = running_alone
     broken = checkpoint_copy(d, "broken")
     d.register(str(broken))
     (broken / "model.safetensors").write_bytes(b"not a safetensors file")  # after registration
