@@ -1,6 +1,7 @@
 """Test-wide setup: nothing may reach the Hugging Face hub."""
 
 import os
+import sys
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
@@ -220,7 +221,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=rank)  # stable: each group's tests keep their order
 
 
-
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Under `--dist loadgroup`, each grouped test's id carries its group (xdist reads it from
     there): if not, the groups above were added too late and every module's fixtures would be
@@ -232,5 +232,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     ungrouped = [i.nodeid for i in session.items
                  if i.get_closest_marker("xdist_group") and "@" not in i.nodeid]
     if ungrouped:
-        raise pytest.UsageError(f"xdist groups not applied to {len(ungrouped)} tests, e.g. "
-                                f"{ungrouped[0]}")
+        message = (f"xdist groups not applied to {len(ungrouped)} tests, e.g. {ungrouped[0]} "
+                   "(see tests/conftest.py)")
+        # xdist reports a worker's failure here only as a crash; its stderr reaches the terminal
+        print(message, file=sys.__stderr__, flush=True)
+        raise pytest.UsageError(message)
