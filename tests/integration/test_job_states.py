@@ -32,6 +32,7 @@ from service.store import Store
 from service.store.migrate import upgrade
 from tests.integration.api_server import arrow_body
 from tests.integration.synthetic import old_version_body
+from tests.serving import wait_for
 
 KEY = "states-key"
 V1 = "/api/v1"
@@ -299,8 +300,11 @@ def test_reconciliation_queues_the_cheapest_model_first(tmp_path: Path) -> None:
     from service.store.registration import Registration, register
 
     with open_jobs(tmp_path, reconcile=True, reconcile_interval_s=3600) as jobs:
-        jobs.service.stop()  # waits for tiny-2l-s0's own background reconciliation
-        jobs.service._stopping.clear()  # ... and lets the next one run
+        # tiny-2l-s0's registration queued its default run in the background: wait for it,
+        # so that the reconciliation below is the one that queues the three models
+        wait_for("tiny-2l-s0's background reconciliation", lambda: [
+            j for j in jobs.http.get(f"{V1}/jobs").json()["items"]
+            if j["model"] == "tiny-2l-s0"], timeout=30)
         for source in ("zoo:demo-4l", "zoo:planted-stages", "zoo:tiny-4l-s0"):
             register(jobs.store, Registration(source), checkpoint_roots=[],
                      load_max_mb=1024)
