@@ -170,6 +170,16 @@ def tiny_factories() -> dict[str, Callable[..., Any]]:
     return {"random": load_random_model, "checkpoint": load_checkpoint, "tokens": random_tokens}
 
 
+@pytest.fixture(scope="session", autouse=True)
+def no_launched_process_outlives_the_session() -> Iterator[None]:
+    """Processes the harnesses forked (tests/launcher.py) that a failed test left running are
+    killed with their sessions when the test session ends."""
+    yield
+    from tests.launcher import kill_leftovers
+
+    kill_leftovers()
+
+
 @pytest.fixture(scope="module")
 def single_torch_thread() -> Iterator[None]:
     """Tiny models run fastest on one thread, and two busy cores make more threads thrash."""

@@ -24,6 +24,10 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from tests.launcher import Forked, forking, launch
+
+Proc = subprocess.Popen[bytes] | Forked  # a process the harness started, by exec or by fork
+
 if TYPE_CHECKING:  # annotations only: the helpers below import the service when called
     from service.settings import Settings
 
@@ -62,7 +66,7 @@ class Served:
 
     base: str
     port: int
-    proc: subprocess.Popen[bytes]
+    proc: Proc
     log: Path
 
     def log_text(self) -> str:
@@ -82,17 +86,22 @@ class Served:
 
 def spawn_service(env: Mapping[str, str], *, log: Path, args: Sequence[str] = (),
                   port: int | None = None, inherit: bool = True,
-                  new_session: bool = False) -> Served:
+                  new_session: bool = False, forked: bool = False) -> Served:
     """Spawn `python -m service.cli serve --port PORT *args` with `os.environ` updated by
     `env` (or `env` alone, without `inherit`) and the hub kept offline; do not wait for it
-    (`wait_healthy`)."""
+    (`wait_healthy`). `forked`: from the tests' warm fork server (tests/launcher.py, in a
+    session of its own) rather than a new interpreter; the benchmarks measure the real start."""
     port = free_port() if port is None else port
     merged = {**(os.environ if inherit else {}), **OFFLINE, **env}
+    argv = ["serve", "--port", str(port), *args]
+    if forked and forking():
+        return Served(f"http://127.0.0.1:{port}", port, launch(argv, merged, log=log, cwd=ROOT),
+                      log)
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("ab") as sink:  # the child keeps its own copy of the descriptor
-        proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--port",
-                                 str(port), *args], cwd=ROOT, env=merged, stdout=sink,
-                                stderr=subprocess.STDOUT, start_new_session=new_session)
+        proc = subprocess.Popen([sys.executable, "-m", "service.cli", *argv], cwd=ROOT,
+                                env=merged, stdout=sink, stderr=subprocess.STDOUT,
+                                start_new_session=new_session)
     return Served(f"http://127.0.0.1:{port}", port, proc, log)
 
 
@@ -119,10 +128,10 @@ def wait_healthy(served: Served, timeout: float = 120) -> Served:
 
 def start_service(env: Mapping[str, str], *, log: Path, args: Sequence[str] = (),
                   port: int | None = None, timeout: float = 120, inherit: bool = True,
-                  new_session: bool = False) -> Served:
+                  new_session: bool = False, forked: bool = False) -> Served:
     """`spawn_service`, then `wait_healthy`: a `strata serve` that answers."""
     served = spawn_service(env, log=log, args=args, port=port, inherit=inherit,
-                           new_session=new_session)
+                           new_session=new_session, forked=forked)
     return wait_healthy(served, timeout)
 
 

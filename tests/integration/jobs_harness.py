@@ -22,7 +22,16 @@ from typing import Any
 
 import httpx
 
-from tests.serving import Served, free_port, spawn_service, wait_for, wait_healthy
+from tests.launcher import forking, launch
+from tests.serving import (
+    ROOT,
+    Proc,
+    Served,
+    free_port,
+    spawn_service,
+    wait_for,
+    wait_healthy,
+)
 
 KEY = "jobs-test-key"
 V1 = "/api/v1"
@@ -145,9 +154,9 @@ class Deployment:
     env_extra: dict[str, str] = field(default_factory=dict)
     tmp: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="strata-jobs-")))
     port: int = field(default_factory=free_port)
-    api: subprocess.Popen[bytes] | None = None
-    workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
-    beat: subprocess.Popen[bytes] | None = None
+    api: Proc | None = None
+    workers: list[Proc] = field(default_factory=list)
+    beat: Proc | None = None
     served: Served | None = None
     client: httpx.Client = field(init=False)
 
@@ -178,10 +187,15 @@ class Deployment:
                 **self.env_extra}
         return {k: v for k, v in env.items() if v != ""}
 
-    def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
-        with (self.tmp / "logs" / f"{name}.log").open("ab") as sink:
+    def _spawn(self, name: str, argv: list[str]) -> Proc:
+        """`strata *argv` in a session of its own, its output in logs/<name>.log: forked from
+        the tests' warm fork server (tests/launcher.py), or exec'd with STRATA_TEST_LAUNCH=exec."""
+        log = self.tmp / "logs" / f"{name}.log"
+        if forking():
+            return launch(argv, self.env(), log=log, cwd=ROOT)
+        with log.open("ab") as sink:
             return subprocess.Popen([sys.executable, "-m", "service.cli", *argv], env=self.env(),
-                                    stdout=sink, stderr=subprocess.STDOUT,
+                                    cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT,
                                     start_new_session=True)
 
     def log(self, name: str) -> str:
@@ -195,7 +209,7 @@ class Deployment:
         self.served = spawn_service(
             self.env(), inherit=False, log=self.tmp / "logs" / "api.log", port=self.port,
             args=["--local-worker" if local_worker else "--no-local-worker"],
-            new_session=True)
+            new_session=True, forked=True)
         self.api = self.served.proc
         started = [self.start_worker(wait=False) for _ in range(workers)]
         wait_healthy(self.served, timeout=90)
@@ -207,14 +221,14 @@ class Deployment:
             self.api.send_signal(signal.SIGTERM)
             self.api.wait(timeout=60)
 
-    def start_worker(self, *, wait: bool = True) -> subprocess.Popen[bytes]:
+    def start_worker(self, *, wait: bool = True) -> Proc:
         proc = self._spawn(f"worker-{len(self.workers)}", ["worker", "--device", "cpu"])
         self.workers.append(proc)
         if wait:
             self.wait_worker(proc)
         return proc
 
-    def wait_worker(self, proc: subprocess.Popen[bytes]) -> None:
+    def wait_worker(self, proc: Proc) -> None:
         """Until the API has heard from the worker `proc`."""
         wait_for("a worker heartbeat", lambda: any(
             w["pid"] for w in self.client.get(f"{V1}/workers").json()
@@ -223,7 +237,7 @@ class Deployment:
     def start_beat(self) -> None:
         self.beat = self._spawn("beat", ["beat"])
 
-    def kill(self, proc: subprocess.Popen[bytes]) -> None:
+    def kill(self, proc: Proc) -> None:
         """SIGKILL a process and everything in its session (a prefork worker's children)."""
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)

@@ -6,7 +6,6 @@ which must go through the service: it cannot open the held file) makes the copy;
 from __future__ import annotations
 
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -17,9 +16,11 @@ import duckdb
 import pytest
 
 from service.store.backup import backups_in
+from tests import launcher
 from tests.integration.api_server import arrow_body
 from tests.integration.jobs_harness import KEY, V1, Deployment, make_broker
 from tests.integration.synthetic import synthetic_result
+from tests.serving import ROOT
 
 LAYERS, NEURONS = 4, 1500  # 6,000 neurons (rows) per run, 24,000 records: ingests take a while
 ARROW = {"Content-Type": "application/vnd.apache.arrow.stream"}
@@ -27,8 +28,7 @@ ARROW = {"Content-Type": "application/vnd.apache.arrow.stream"}
 
 def cli(d: Deployment, *args: str, env: dict[str, str] | None = None
         ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "service.cli", *args], env=env or d.env(),
-                          capture_output=True, text=True, timeout=300)
+    return launcher.run(args, env or d.env(), cwd=ROOT, timeout=300)
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +16,8 @@ from click.testing import CliRunner
 from compute.models import zoo_names
 from compute.records import RECORD_COLUMNS
 from service.cli import main
-from tests.serving import run_strata
+from tests import launcher
+from tests.serving import ROOT, run_strata
 
 MODEL = "zoo:tiny-2l-s0"
 pytestmark = pytest.mark.skipif("tiny-2l-s0" not in zoo_names(), reason="zoo model not built")
@@ -25,8 +25,7 @@ pytestmark = pytest.mark.skipif("tiny-2l-s0" not in zoo_names(), reason="zoo mod
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-m", "service.cli", *args], capture_output=True,
-                          text=True, env=env, timeout=600)
+    return launcher.run(args, env, cwd=ROOT, timeout=600)
 
 
 def test_compute_writes_every_format_with_the_same_rows(tmp_path: Path) -> None:

@@ -26,7 +26,7 @@ from compute.models import resolve_model_spec
 from compute.run import RunConfig, RunResult, compute_run
 from compute.tokens import TokenSpec
 from tests.integration.api_server import arrow_body, store_stability
-from tests.serving import start_service
+from tests.serving import Proc, start_service
 
 KEY = "dashboard-key-0123456789"
 MODELS = {"tiny-2l-s0": 2, "tiny-4l-s0": 4}
@@ -36,7 +36,7 @@ FAMILY = "fam4l-adamw"
 @dataclass
 class Service:
     base: str
-    proc: subprocess.Popen[bytes]
+    proc: Proc
     log: Path
     tmp: Path
     results: dict[str, RunResult] = field(default_factory=dict)
@@ -88,7 +88,7 @@ def start_web_service() -> Service:
     store_stability(env, ("zoo:fam4l-adamw-s0", "zoo:fam4l-adamw-s1"))
     np.save(tmp / "tokens.npy", np.random.default_rng(0).integers(1, 4000, (4, 24)))
     results = {name: zoo_result(name, tmp / "tokens.npy") for name in MODELS}
-    served = start_service(env, log=tmp / "serve.log", inherit=False)
+    served = start_service(env, log=tmp / "serve.log", inherit=False, forked=True)
     service = Service(served.base, served.proc, served.log, tmp, results)
     for result in results.values():
         response = service.client.post(

@@ -6,8 +6,6 @@ model, SmolLM2-135M, is loaded, checked against Hugging Face and computed in
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +15,7 @@ from compute import gguf as strata_gguf
 from compute.errors import ModelLoadError
 from compute.models import resolve_model_spec
 from service.cli.errors import EXIT_LOAD
+from tests.serving import run_strata
 
 
 def write_gguf(path: Path, *, arch: str = "llama", tokenizer: bool = True,
@@ -90,14 +89,9 @@ def test_a_missing_file_is_named(tmp_path: Path) -> None:
 def test_cli_exits_with_the_load_code_and_caches_nothing(tmp_path: Path) -> None:
     bad = write_gguf(tmp_path / "mamba.gguf", arch="mamba")
     out = tmp_path / "out.parquet"
-    proc = subprocess.run(
-        [sys.executable, "-m", "service.cli", "compute", "--model", str(bad), "--out", str(out),
-         "--metrics", "norms", "--quiet"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300,
-        env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin",
-             "STRATA_DATA_DIR": str(tmp_path / "d"),
-             "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
-    assert proc.returncode == EXIT_LOAD, proc.stderr
-    assert "architecture 'mamba'" in proc.stderr
+    ran = run_strata(["compute", "--model", str(bad), "--out", str(out), "--metrics", "norms",
+                      "--quiet"], {"HF_HUB_OFFLINE": "1", "STRATA_DATA_DIR": str(tmp_path / "d")})
+    assert ran.exit_code == EXIT_LOAD, ran.output
+    assert "architecture 'mamba'" in ran.stderr
     assert not out.exists()
     assert not (tmp_path / "d" / "gguf").exists()

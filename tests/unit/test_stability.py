@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import os
 
 import polars as pl
 import pytest
@@ -224,11 +223,10 @@ def test_refits_must_share_the_vocabulary() -> None:
 
 
 def test_cli_refuses_refits_with_another_tokenizer(tmp_path, hf_gpt2_dir) -> None:  # type: ignore[no-untyped-def]
-    """`strata stability` (a real process) exits 2 naming the mismatch, and writes nothing."""
+    """`strata stability` exits 2 naming the mismatch, and writes nothing."""
     import shutil
-    import subprocess
-    import sys
-    from pathlib import Path
+
+    from tests.serving import run_strata
 
     other = tmp_path / "other"
     shutil.copytree(hf_gpt2_dir, other)
@@ -236,15 +234,12 @@ def test_cli_refuses_refits_with_another_tokenizer(tmp_path, hf_gpt2_dir) -> Non
         (other / name).unlink(missing_ok=True)
     _word_tokenizer("v", 90).save_pretrained(other)
     out = tmp_path / "out.json"
-    strata = Path(sys.executable).with_name("strata")
-    proc = subprocess.run([str(strata), "stability", "--family", str(hf_gpt2_dir), "--family",
-                           str(other), "--n-prompts", "2", "--prompt-len", "8", "--n-null", "0",
-                           "--out", str(out)], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1",
-                               "TRANSFORMERS_OFFLINE": "1"})
-    assert proc.returncode == 2, proc.stderr
-    assert "tokenizer" in proc.stderr
-    assert "other" in proc.stderr
+    ran = run_strata(["stability", "--family", str(hf_gpt2_dir), "--family", str(other),
+                      "--n-prompts", "2", "--prompt-len", "8", "--n-null", "0", "--out",
+                      str(out)], {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    assert ran.exit_code == 2, ran.output
+    assert "tokenizer" in ran.stderr
+    assert "other" in ran.stderr
     assert not out.exists()
 
 
