@@ -141,7 +141,7 @@ def test_compute_store_and_register(gguf_file: Path, data_dir: Path, tmp_path: P
     db, out = tmp_path / "s.duckdb", tmp_path / "r.parquet"
     env = {"HF_HUB_OFFLINE": "1", "STRATA_DATABASE": str(db), "STRATA_DATA_DIR": str(data_dir)}
     ran = run_strata(["compute", "--model", str(gguf_file), "--metrics", "intervention,logit_lens",
-                      "--n-sequences", "2", "--seq-len", "24", "--out", str(out), "--store",
+                      "--n-sequences", "2", "--seq-len", "12", "--out", str(out), "--store",
                       "--quiet"], env)
     assert ran.exit_code == 0, ran.output
     frame = pl.read_parquet(out)
