@@ -1,6 +1,7 @@
 """Test-wide setup: nothing may reach the Hugging Face hub."""
 
 import os
+import subprocess
 import sys
 
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -170,10 +171,37 @@ def tiny_factories() -> dict[str, Callable[..., Any]]:
     return {"random": load_random_model, "checkpoint": load_checkpoint, "tokens": random_tokens}
 
 
+# --------------------------------------------------------------------------- the zygote
+# The harnesses fork `strata` processes from one warm interpreter per session (tests/launcher.py).
+# The session's first process starts it while the tests are collected (pytest-xdist's test
+# processes inherit its socket's address); a run of unit tests alone needs none.
+_zygote: subprocess.Popen[bytes] | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _zygote
+    from tests.launcher import SOCKET_ENV, forking, start_zygote
+
+    if os.environ.get("PYTEST_XDIST_WORKER") or os.environ.get(SOCKET_ENV) or not forking():
+        return
+    unit = (Path(__file__).parent / "unit").resolve()
+    paths = [Path(str(a).split("::")[0]).resolve() for a in config.args] or [Path.cwd()]
+    if all(p == unit or unit in p.parents for p in paths):
+        return
+    _zygote = start_zygote()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    from tests.launcher import stop_zygote
+
+    if _zygote is not None:
+        stop_zygote(_zygote)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def no_launched_process_outlives_the_session() -> Iterator[None]:
-    """Processes the harnesses forked (tests/launcher.py) that a failed test left running are
-    killed with their sessions when the test session ends."""
+    """Processes the harnesses forked that a failed test left running are killed with their
+    sessions when the test session ends."""
     yield
     from tests.launcher import kill_leftovers
 

@@ -3,45 +3,49 @@
 A `strata worker` begins by importing torch, transformers and TransformerLens (about 7 CPU-s on
 this project's 2-core CI machine); a `strata serve`, the API's stack (about 3 CPU-s). The
 deployments of the job, fault and lifetime tests start some fifty such processes, and those
-imports were a third of the suite's CPU. So the harnesses start them through multiprocessing's
-fork server instead: one server per test process, started on first use, imports the libraries
-once (imports only: no torch operation runs there, so no thread pool is forked) and forks one
-child per command. The child is the real command: `service.cli.main` with the arguments,
-environment, working folder and log it would have had as `python -m service.cli ...`, in a
-session of its own, exiting as that interpreter would (non-daemon threads joined, atexit
-handlers run, the exit code or the killing signal reported). What is skipped is only the new
-interpreter's start-up. The one path that must show that start-up works, the README's first
-command, is still started by exec (test_first_run.py), and so are the processes that
+imports were a third of the suite's CPU. So the harnesses start them from a fork server (a
+"zygote"): one per test session, started by the session's first process (`start_zygote`, from
+tests/conftest.py) while the tests are collected, imports the libraries once (imports only: no
+torch operation runs there, so no thread pool is forked) and forks one child per command. The
+child is the real command: `service.cli.main` with the arguments, environment, working folder
+and output files it would have had as `python -m service.cli ...`, in a session of its own,
+exiting as that interpreter would (non-daemon threads joined, atexit handlers run; its exit code,
+or minus the signal that killed it, is reported to whoever asked for it). What is skipped is only
+the new interpreter's start-up. The one path that must show that start-up works, the README's
+first command, is still started by exec (test_first_run.py), and so are the processes that
 `strata serve` itself starts.
 
-`STRATA_TEST_LAUNCH=exec` makes every harness start its processes by exec, as before.
+Protocol (a Unix socket, one connection per command): the client sends the command as one JSON
+line; the zygote forks and answers the child's pid as a line, then, when the child has ended, its
+exit code as a line, and closes the connection.
+
+`STRATA_TEST_LAUNCH=exec` makes every harness start its processes by exec instead.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import multiprocessing
+import json
 import os
+import select
+import selectors
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 import traceback
 from collections.abc import Mapping, Sequence
-from multiprocessing.context import ForkServerContext
 from pathlib import Path
 from typing import Any
 
-# What the fork server imports before it forks: the heavy libraries and the project's modules
-# that read no settings when imported (`service.worker.app` builds its Celery app from the
-# settings at import, so it is left to each child).
-PRELOAD = ["tests.launcher_preload"]
-
-_context: ForkServerContext | None = None
-_lock = threading.Lock()
-LAUNCHED: list[Forked] = []  # every process started here, for the session's last clean-up
+ROOT = Path(__file__).resolve().parents[1]
+SOCKET_ENV = "STRATA_TEST_ZYGOTE"  # the zygote's socket, for every process of the session
+LAUNCHED: list[Forked] = []  # every process this test process started, for its last clean-up
 
 
 def forking() -> bool:
@@ -49,34 +53,43 @@ def forking() -> bool:
     return os.environ.get("STRATA_TEST_LAUNCH", "fork") != "exec"
 
 
-def _fork_server() -> ForkServerContext:
-    global _context
-    with _lock:
-        if _context is None:
-            context = multiprocessing.get_context("forkserver")
-            context.set_forkserver_preload(PRELOAD)
-            _context = context
-        return _context
-
-
+# --------------------------------------------------------------------------- the client side
 class Forked:
-    """A command process started by the fork server, with the part of `subprocess.Popen` the
-    tests use: `pid`, `returncode`, `poll`, `wait`, `send_signal`, `terminate`, `kill`."""
+    """A command process forked by the zygote, with the part of `subprocess.Popen` the tests
+    use: `pid`, `returncode`, `poll`, `wait`, `send_signal`, `terminate`, `kill`."""
 
-    def __init__(self, process: Any, argv: Sequence[str]) -> None:
-        self._process = process
+    def __init__(self, conn: socket.socket, argv: Sequence[str]) -> None:
+        self._conn = conn
+        self._answers = conn.makefile("rb")
         self.args = list(argv)
-        self.pid: int = process.pid
+        self.pid = int(self._line("its pid"))
         self.returncode: int | None = None
 
-    def poll(self) -> int | None:
+    def _line(self, what: str) -> str:
+        line = self._answers.readline()
+        if not line:
+            log = Path(os.environ.get(SOCKET_ENV, "")).with_name("zygote.log")
+            said = log.read_text(errors="replace")[-3000:] if log.is_file() else ""
+            raise RuntimeError(f"the tests' zygote (tests/launcher.py) closed before sending "
+                               f"{what} of `strata {' '.join(self.args)}`; its log:\n{said}")
+        return line.decode().strip()
+
+    def _ended(self, timeout: float | None) -> bool:
         if self.returncode is None:
-            self.returncode = self._process.exitcode  # None while it runs
+            ready, _, _ = select.select([self._conn], [], [], timeout)
+            if not ready:
+                return False
+            self.returncode = int(self._line("the exit code"))
+            self._answers.close()
+            self._conn.close()
+        return True
+
+    def poll(self) -> int | None:
+        self._ended(0)
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
-        self._process.join(timeout)
-        if self.poll() is None:
+        if not self._ended(timeout):
             raise subprocess.TimeoutExpired(self.args, timeout or 0)
         assert self.returncode is not None
         return self.returncode
@@ -93,68 +106,35 @@ class Forked:
         self.send_signal(signal.SIGKILL)
 
 
-def _exit_code(exc: SystemExit) -> int:
-    """What the interpreter makes of an uncaught SystemExit."""
-    if exc.code is None:
-        return 0
-    if isinstance(exc.code, int):
-        return exc.code
-    print(exc.code, file=sys.stderr)
-    return 1
-
-
-def _run_command(argv: list[str], env: dict[str, str], cwd: str, log: str, err: str) -> None:
-    """In the forked child: become `python -m service.cli *argv` and never return."""
-    os.setsid()
-    for fd, path in ((1, log), (2, err)):
-        sink = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        os.dup2(sink, fd)
-        os.close(sink)
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
-    os.environ.clear()
-    os.environ.update(env)
-    os.chdir(cwd)
-    sys.argv = [str(Path(cwd) / "service" / "cli" / "__main__.py"), *argv]
-    code = 1
-    try:
-        from service.cli import main
-        from service.settings import get_settings
-
-        get_settings.cache_clear()  # read from this environment, as a new process would
-        main.main(args=argv, prog_name="strata")
-        code = 0
-    except SystemExit as exc:
-        code = _exit_code(exc)
-    except BaseException:
-        traceback.print_exc()
-    try:  # an interpreter's exit: non-daemon threads, then atexit, then the streams
-        threading._shutdown()  # type: ignore[attr-defined]
-        atexit._run_exitfuncs()
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        os._exit(code)
-
-
-def launch(argv: Sequence[str], env: Mapping[str, str], *, log: Path, cwd: Path,
-           stderr: Path | None = None) -> Forked:
-    """Start `strata *argv` (forked from the warm server) with exactly `env`, its output
-    appended to `log` (its standard error to `stderr`, if given), in a session of its own; do
-    not wait for it."""
+def launch(argv: Sequence[str], env: Mapping[str, str], *, log: Path, cwd: Path = ROOT,
+           stderr: Path | None = None, timeout: float = 120) -> Forked:
+    """Start `strata *argv` (forked by the zygote) with exactly `env`, its output appended to
+    `log` (its standard error to `stderr`, if given), in a session of its own; do not wait for
+    it to end."""
+    path = os.environ.get(SOCKET_ENV)
+    if not path:
+        raise RuntimeError(f"{SOCKET_ENV} is not set: the session's zygote was not started "
+                           "(tests/conftest.py starts it; STRATA_TEST_LAUNCH=exec does without)")
     log.parent.mkdir(parents=True, exist_ok=True)
-    process = _fork_server().Process(
-        target=_run_command, name=f"strata {argv[0]}",
-        args=(list(argv), dict(env), str(cwd), str(log), str(stderr or log)))
-    process.start()
-    forked = Forked(process, argv)
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    deadline = time.monotonic() + timeout
+    while True:  # the zygote binds its socket a moment after it starts
+        try:
+            conn.connect(path)
+            break
+        except (FileNotFoundError, ConnectionRefusedError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+    request = {"argv": list(argv), "env": dict(env), "cwd": str(cwd), "out": str(log),
+               "err": str(stderr or log)}
+    conn.sendall(json.dumps(request).encode() + b"\n")
+    forked = Forked(conn, argv)
     LAUNCHED.append(forked)
     return forked
 
 
-def run(argv: Sequence[str], env: Mapping[str, str], *, cwd: Path,
+def run(argv: Sequence[str], env: Mapping[str, str], *, cwd: Path = ROOT,
         timeout: float) -> subprocess.CompletedProcess[str]:
     """`strata *argv` run to its end, as `subprocess.run(..., capture_output=True,
     text=True)` runs `python -m service.cli *argv` (by exec with STRATA_TEST_LAUNCH=exec)."""
@@ -176,12 +156,164 @@ def run(argv: Sequence[str], env: Mapping[str, str], *, cwd: Path,
 
 
 def kill_leftovers() -> None:
-    """SIGKILL the session (process group) of every launched process still running: a test
-    that failed before its clean-up must not leave a worker computing after the suite."""
+    """SIGKILL the session (process group) of every process this test process launched that
+    still runs: a test that failed before its clean-up must not leave a worker computing."""
     for forked in LAUNCHED:
         if forked.poll() is None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(forked.pid, signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
+            with contextlib.suppress(subprocess.TimeoutExpired, RuntimeError):
                 forked.wait(timeout=10)
     LAUNCHED.clear()
+
+
+def start_zygote() -> subprocess.Popen[bytes]:
+    """Start the session's zygote (`python -m tests.launcher SOCKET`, its socket and log in a
+    new temporary folder) and publish its socket in this process's environment (the test
+    processes that pytest-xdist starts inherit it). It starts without OMP_NUM_THREADS, so torch
+    keeps its default thread count, and each child sets its own from its environment. It stops
+    when this process does (`stop_zygote`, or by itself once this process is gone)."""
+    path = Path(tempfile.mkdtemp(prefix="strata-zygote-")) / "socket"
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    with path.with_name("zygote.log").open("ab") as sink:
+        proc = subprocess.Popen([sys.executable, "-m", "tests.launcher", str(path)], cwd=ROOT,
+                                env=env, stdout=sink, stderr=subprocess.STDOUT)
+    os.environ[SOCKET_ENV] = str(path)
+    return proc
+
+
+def stop_zygote(proc: subprocess.Popen[bytes]) -> None:
+    """Stop the zygote `start_zygote` started, and remove its folder."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    folder = Path(os.environ.pop(SOCKET_ENV, "")).parent
+    if folder.name.startswith("strata-zygote-"):
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- the zygote
+def _exit_code(exc: SystemExit) -> int:
+    """What the interpreter makes of an uncaught SystemExit."""
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code
+    print(exc.code, file=sys.stderr)
+    return 1
+
+
+def _become(request: dict[str, Any]) -> None:
+    """In the forked child: become `python -m service.cli *argv` and never return."""
+    os.setsid()
+    for fd, path in ((1, request["out"]), (2, request["err"])):
+        sink = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.dup2(sink, fd)
+        os.close(sink)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    os.environ.clear()
+    os.environ.update(request["env"])
+    os.chdir(request["cwd"])
+    argv = list(request["argv"])
+    sys.argv = [str(ROOT / "service" / "cli" / "__main__.py"), *argv]
+    code = 1
+    try:
+        threads = os.environ.get("OMP_NUM_THREADS", "")
+        if threads.isdigit():  # torch read it when the zygote (started without it) imported it
+            import torch
+
+            torch.set_num_threads(int(threads))
+        from service.cli import main
+
+        main.main(args=argv, prog_name="strata")
+        code = 0
+    except SystemExit as exc:
+        code = _exit_code(exc)
+    except BaseException:
+        traceback.print_exc()
+    try:  # an interpreter's exit: non-daemon threads, then atexit, then the streams
+        threading._shutdown()  # type: ignore[attr-defined]
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
+
+
+def _read_request(conn: socket.socket) -> dict[str, Any]:
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = conn.recv(65536)
+        if not chunk:
+            raise ConnectionError("the client went away before its request ended")
+        data += chunk
+    return dict(json.loads(data))
+
+
+def serve(path: str) -> None:
+    """The zygote's loop: fork a command per connection, report each child's end; exit when
+    the process that started the zygote is gone."""
+    parent = os.getppid()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(64)  # clients wait in the backlog while the libraries are imported
+    import tests.launcher_preload  # noqa: F401
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    waiting: dict[int, socket.socket] = {}
+    selector = selectors.DefaultSelector()
+    selector.register(listener, selectors.EVENT_READ)
+    selector.register(wake_r, selectors.EVENT_READ)
+    while os.getppid() == parent:
+        for key, _ in selector.select(timeout=1.0):
+            if key.fileobj is listener:
+                conn, _ = listener.accept()
+                try:
+                    request = _read_request(conn)
+                except (OSError, ValueError) as exc:
+                    print(f"zygote: bad request: {exc}", file=sys.stderr, flush=True)
+                    conn.close()
+                    continue
+                pid = os.fork()
+                if pid == 0:
+                    selector.close()
+                    listener.close()
+                    for other in waiting.values():
+                        other.close()
+                    signal.set_wakeup_fd(-1)
+                    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                    os.close(wake_r)
+                    os.close(wake_w)
+                    try:
+                        conn.close()
+                        _become(request)
+                    finally:
+                        os._exit(1)
+                with contextlib.suppress(OSError):
+                    conn.sendall(f"{pid}\n".encode())
+                waiting[pid] = conn
+            else:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(wake_r, 4096)
+        while True:  # reap every ended child, and tell its client how it ended
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            conn = waiting.pop(pid, None)
+            if conn is not None:
+                with contextlib.suppress(OSError):
+                    conn.sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
+                conn.close()
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1])
