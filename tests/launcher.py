@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
 import json
 import os
 import select
@@ -261,6 +262,8 @@ def serve(path: str) -> None:
     listener.bind(path)
     listener.listen(64)  # clients wait in the backlog while the libraries are imported
     import tests.launcher_preload  # noqa: F401
+
+    gc.freeze()  # the children's collections skip what every one of them inherits
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
     os.set_blocking(wake_w, False)

@@ -288,3 +288,54 @@ def test_builtin_windows_fingerprint_is_stable(tokenizer) -> None:  # type: igno
     first = windows_fingerprint(_load(spec, tokenizer))
     assert first == windows_fingerprint(_load(spec, tokenizer))
     assert first != windows_fingerprint(_load(spec.model_copy(update={"seed": 3}), tokenizer))
+
+
+def test_token_streams_are_remembered_per_tokenizer_and_documents(
+        tokenizer, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """A process tokenizes the same documents with the same tokenizer once: the remembered
+    stream is what tokenizing again would give (read-only); another tokenizer, other
+    documents, documents split elsewhere or another separator are tokenized afresh."""
+    import compute.tokens as tokens_module
+
+    monkeypatch.setattr(tokens_module, "_STREAMS", type(tokens_module._STREAMS)())
+    calls: list[int] = []
+    real = tokens_module._tokenize_stream
+
+    def counted(tok, documents, separator_id):  # type: ignore[no-untyped-def]
+        calls.append(len(documents))
+        return real(tok, documents, separator_id)
+
+    monkeypatch.setattr(tokens_module, "_tokenize_stream", counted)
+    docs = builtin_corpus_documents()[:50]
+    first = tokens_module.tokenized_stream(tokenizer, docs, BOS)
+    again = tokens_module.tokenized_stream(tokenizer, list(docs), BOS)
+    assert len(calls) == 1
+    assert again is first
+    assert not first.flags.writeable
+    assert np.array_equal(first, real(tokenizer, docs, BOS))  # the reference: no memory
+    other_tokenizer = train_bpe_tokenizer(builtin_corpus_documents()[300:500], vocab_size=VOCAB)
+    other = tokens_module.tokenized_stream(other_tokenizer, docs, BOS)
+    assert np.array_equal(other, real(other_tokenizer, docs, BOS))
+    assert not np.array_equal(other, first)
+    joined = [docs[0] + "\n\n" + docs[1], *docs[2:]]  # the same text, one document fewer
+    assert not np.array_equal(tokens_module.tokenized_stream(tokenizer, joined, BOS), first)
+    assert np.array_equal(tokens_module.tokenized_stream(tokenizer, docs, 1),
+                          real(tokenizer, docs, 1))
+    assert len(calls) == 4
+    # a slow tokenizer (no backend to fingerprint) is never remembered
+    class Slow:
+        def __call__(self, batch, add_special_tokens):  # type: ignore[no-untyped-def]
+            return {"input_ids": [[len(text) % VOCAB] for text in batch]}
+
+    for _ in range(2):
+        assert tokens_module.tokenized_stream(Slow(), docs, BOS).tolist()[:3] == \
+            [len(docs[0]) % VOCAB, BOS, len(docs[1]) % VOCAB]
+    assert len(calls) == 6
+    # a bounded memory: the least recently used stream goes first (the first one here)
+    assert tokens_module.STREAM_CACHE_SIZE == len(tokens_module._STREAMS) == 4
+    tokens_module.tokenized_stream(tokenizer, docs[:10], BOS)
+    assert len(tokens_module._STREAMS) == 4
+    tokens_module.tokenized_stream(other_tokenizer, docs, BOS)  # still remembered
+    assert len(calls) == 7
+    assert np.array_equal(tokens_module.tokenized_stream(tokenizer, docs, BOS), first)
+    assert len(calls) == 8
