@@ -19,7 +19,7 @@ Protocol (a Unix socket, one connection per command): the client sends the comma
 line; the zygote forks and answers the child's pid as a line, then, when the child has ended, its
 exit code as a line, and closes the connection.
 
-`STRATA_TEST_LAUNCH=exec` makes every harness start its processes by exec instead.
+`PYTEST_STRATA_LAUNCH=exec` makes every harness start its processes by exec instead.
 """
 
 from __future__ import annotations
@@ -45,13 +45,13 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-SOCKET_ENV = "STRATA_TEST_ZYGOTE"  # the zygote's socket, for every process of the session
+SOCKET_ENV = "PYTEST_STRATA_ZYGOTE"  # the zygote's socket, for every process of the session
 LAUNCHED: list[Forked] = []  # every process this test process started, for its last clean-up
 
 
 def forking() -> bool:
     """Whether the harnesses fork their processes (the default) or exec them."""
-    return os.environ.get("STRATA_TEST_LAUNCH", "fork") != "exec"
+    return os.environ.get("PYTEST_STRATA_LAUNCH", "fork") != "exec"
 
 
 # --------------------------------------------------------------------------- the client side
@@ -115,7 +115,7 @@ def launch(argv: Sequence[str], env: Mapping[str, str], *, log: Path, cwd: Path 
     path = os.environ.get(SOCKET_ENV)
     if not path:
         raise RuntimeError(f"{SOCKET_ENV} is not set: the session's zygote was not started "
-                           "(tests/conftest.py starts it; STRATA_TEST_LAUNCH=exec does without)")
+                           "(tests/conftest.py starts it; PYTEST_STRATA_LAUNCH=exec does without)")
     log.parent.mkdir(parents=True, exist_ok=True)
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     deadline = time.monotonic() + timeout
@@ -138,7 +138,7 @@ def launch(argv: Sequence[str], env: Mapping[str, str], *, log: Path, cwd: Path 
 def run(argv: Sequence[str], env: Mapping[str, str], *, cwd: Path = ROOT,
         timeout: float) -> subprocess.CompletedProcess[str]:
     """`strata *argv` run to its end, as `subprocess.run(..., capture_output=True,
-    text=True)` runs `python -m service.cli *argv` (by exec with STRATA_TEST_LAUNCH=exec)."""
+    text=True)` runs `python -m service.cli *argv` (by exec with PYTEST_STRATA_LAUNCH=exec)."""
     if not forking():
         return subprocess.run([sys.executable, "-m", "service.cli", *argv], env=dict(env),
                               cwd=cwd, capture_output=True, text=True, timeout=timeout)

@@ -1,4 +1,4 @@
-"""Imported once by the tests' fork server (tests/launcher.py) before it forks `strata`
+"""Imported once by the tests' zygote (tests/launcher.py) before it forks `strata`
 processes: what a worker and the API import first, and nothing that reads the settings (each
 child reads them from its own environment). Imports only, and pure-Python caches: a process that
 has run a torch operation before forking leaves its children's thread pools deadlocked."""

@@ -89,7 +89,7 @@ def spawn_service(env: Mapping[str, str], *, log: Path, args: Sequence[str] = ()
                   new_session: bool = False, forked: bool = False) -> Served:
     """Spawn `python -m service.cli serve --port PORT *args` with `os.environ` updated by
     `env` (or `env` alone, without `inherit`) and the hub kept offline; do not wait for it
-    (`wait_healthy`). `forked`: from the tests' warm fork server (tests/launcher.py, in a
+    (`wait_healthy`). `forked`: by the session's zygote (tests/launcher.py, in a
     session of its own) rather than a new interpreter; the benchmarks measure the real start."""
     port = free_port() if port is None else port
     merged = {**(os.environ if inherit else {}), **OFFLINE, **env}

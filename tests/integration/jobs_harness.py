@@ -188,8 +188,8 @@ class Deployment:
         return {k: v for k, v in env.items() if v != ""}
 
     def _spawn(self, name: str, argv: list[str]) -> Proc:
-        """`strata *argv` in a session of its own, its output in logs/<name>.log: forked from
-        the tests' warm fork server (tests/launcher.py), or exec'd with STRATA_TEST_LAUNCH=exec."""
+        """`strata *argv` in a session of its own, its output in logs/<name>.log: forked by the
+        session's zygote (tests/launcher.py), or exec'd with PYTEST_STRATA_LAUNCH=exec."""
         log = self.tmp / "logs" / f"{name}.log"
         if forking():
             return launch(argv, self.env(), log=log, cwd=ROOT)
