@@ -170,11 +170,18 @@ def validate_tokens(
 
 def _tokenizer_fingerprint(tokenizer: Any) -> str | None:
     """SHA-256 of a fast tokenizer's whole definition (vocabulary, merges, normalizer,
-    pre-tokenizer, added tokens: `backend_tokenizer.to_str()`), or None for a slow one."""
+    pre-tokenizer, added tokens: `backend_tokenizer.to_str()`), its class and the one wrapper
+    option that changes encoding (`split_special_tokens`); None for a slow tokenizer or one
+    whose definition cannot be written out (a custom Python component)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:
         return None
-    return hashlib.sha256(backend.to_str().encode()).hexdigest()
+    try:
+        definition = backend.to_str()
+    except Exception:  # custom components do not serialise: not remembered
+        return None
+    wrapper = f"{type(tokenizer).__qualname__} {getattr(tokenizer, 'split_special_tokens', None)}"
+    return hashlib.sha256(f"{wrapper}\n{definition}".encode()).hexdigest()
 
 
 # The token streams of the last few (tokenizer, documents, separator) a process tokenized: a
@@ -183,6 +190,7 @@ def _tokenizer_fingerprint(tokenizer: Any) -> str | None:
 # change what the next one reads.
 _STREAMS: OrderedDict[tuple[str, str, int], np.ndarray] = OrderedDict()
 STREAM_CACHE_SIZE = 4
+STREAM_CACHE_MAX_BYTES = 64 << 20  # 8M tokens; a larger stream (a big user corpus) is not kept
 _streams_lock = threading.Lock()
 
 
@@ -210,6 +218,8 @@ def tokenized_stream(tokenizer: Any, documents: Sequence[str], separator_id: int
             return _STREAMS[key]
     stream = _tokenize_stream(tokenizer, documents, separator_id)
     stream.flags.writeable = False
+    if stream.nbytes > STREAM_CACHE_MAX_BYTES:
+        return stream
     with _streams_lock:
         _STREAMS[key] = stream
         while len(_STREAMS) > STREAM_CACHE_SIZE:

@@ -55,6 +55,12 @@ def forking() -> bool:
 
 
 # --------------------------------------------------------------------------- the client side
+def _zygote_log() -> str:
+    socket_path = os.environ.get(SOCKET_ENV)
+    log = Path(socket_path).with_name("zygote.log") if socket_path else None
+    return log.read_text(errors="replace")[-3000:] if log and log.is_file() else "(none)"
+
+
 class Forked:
     """A command process forked by the zygote, with the part of `subprocess.Popen` the tests
     use: `pid`, `returncode`, `poll`, `wait`, `send_signal`, `terminate`, `kill`."""
@@ -69,10 +75,9 @@ class Forked:
     def _line(self, what: str) -> str:
         line = self._answers.readline()
         if not line:
-            log = Path(os.environ.get(SOCKET_ENV, "")).with_name("zygote.log")
-            said = log.read_text(errors="replace")[-3000:] if log.is_file() else ""
             raise RuntimeError(f"the tests' zygote (tests/launcher.py) closed before sending "
-                               f"{what} of `strata {' '.join(self.args)}`; its log:\n{said}")
+                               f"{what} of `strata {' '.join(self.args)}`; its log:\n"
+                               f"{_zygote_log()}")
         return line.decode().strip()
 
     def _ended(self, timeout: float | None) -> bool:
@@ -123,10 +128,13 @@ def launch(argv: Sequence[str], env: Mapping[str, str], *, log: Path, cwd: Path 
         try:
             conn.connect(path)
             break
-        except (FileNotFoundError, ConnectionRefusedError):
+        except FileNotFoundError:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.05)
+        except ConnectionRefusedError:  # bound once, listening no more: it is gone
+            raise RuntimeError(f"the tests' zygote (tests/launcher.py) is gone; its log:\n"
+                               f"{_zygote_log()}") from None
     request = {"argv": list(argv), "env": dict(env), "cwd": str(cwd), "out": str(log),
                "err": str(stderr or log)}
     conn.sendall(json.dumps(request).encode() + b"\n")
@@ -160,7 +168,11 @@ def kill_leftovers() -> None:
     """SIGKILL the session (process group) of every process this test process launched that
     still runs: a test that failed before its clean-up must not leave a worker computing."""
     for forked in LAUNCHED:
-        if forked.poll() is None:
+        try:
+            running = forked.poll() is None
+        except RuntimeError:  # the zygote is gone: whether it ended is unknown, so kill it
+            running = True
+        if running:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(forked.pid, signal.SIGKILL)
             with contextlib.suppress(subprocess.TimeoutExpired, RuntimeError):
@@ -177,17 +189,24 @@ def start_zygote() -> subprocess.Popen[bytes]:
     path = Path(tempfile.mkdtemp(prefix="strata-zygote-")) / "socket"
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     with path.with_name("zygote.log").open("ab") as sink:
+        # a session of its own: Ctrl-C on pytest reaches pytest, which stops it at the end
         proc = subprocess.Popen([sys.executable, "-m", "tests.launcher", str(path)], cwd=ROOT,
-                                env=env, stdout=sink, stderr=subprocess.STDOUT)
+                                env=env, stdout=sink, stderr=subprocess.STDOUT,
+                                start_new_session=True)
     os.environ[SOCKET_ENV] = str(path)
     return proc
 
 
 def stop_zygote(proc: subprocess.Popen[bytes]) -> None:
-    """Stop the zygote `start_zygote` started, and remove its folder."""
+    """Stop the zygote `start_zygote` started (it kills what it forked that still runs), and
+    remove its folder."""
     if proc.poll() is None:
-        proc.kill()
-        proc.wait()
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
     folder = Path(os.environ.pop(SOCKET_ENV, "")).parent
     if folder.name.startswith("strata-zygote-"):
         shutil.rmtree(folder, ignore_errors=True)
@@ -255,8 +274,9 @@ def _read_request(conn: socket.socket) -> dict[str, Any]:
 
 
 def serve(path: str) -> None:
-    """The zygote's loop: fork a command per connection, report each child's end; exit when
-    the process that started the zygote is gone."""
+    """The zygote's loop: fork a command per connection, report each child's end. It ends when
+    the process that started it is gone or on SIGTERM, and kills (with their sessions) the
+    children still running then: none outlives the test session."""
     parent = os.getppid()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
@@ -273,6 +293,17 @@ def serve(path: str) -> None:
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ)
     selector.register(wake_r, selectors.EVENT_READ)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        _loop(listener, selector, wake_r, wake_w, waiting, parent)
+    finally:
+        for pid in waiting:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+
+
+def _loop(listener: socket.socket, selector: selectors.BaseSelector, wake_r: int, wake_w: int,
+          waiting: dict[int, socket.socket], parent: int) -> None:
     while os.getppid() == parent:
         for key, _ in selector.select(timeout=1.0):
             if key.fileobj is listener:
@@ -283,7 +314,14 @@ def serve(path: str) -> None:
                     print(f"zygote: bad request: {exc}", file=sys.stderr, flush=True)
                     conn.close()
                     continue
-                pid = os.fork()
+                for stream in (sys.stdout, sys.stderr):  # nothing buffered is copied into it
+                    stream.flush()
+                try:
+                    pid = os.fork()
+                except OSError as exc:  # out of memory or processes: that command fails
+                    print(f"zygote: fork failed: {exc}", file=sys.stderr, flush=True)
+                    conn.close()  # the client is told the zygote closed, with this log
+                    continue
                 if pid == 0:
                     selector.close()
                     listener.close()
@@ -291,6 +329,7 @@ def serve(path: str) -> None:
                         other.close()
                     signal.set_wakeup_fd(-1)
                     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                    signal.signal(signal.SIGTERM, signal.SIG_DFL)
                     os.close(wake_r)
                     os.close(wake_w)
                     try:

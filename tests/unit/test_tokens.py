@@ -339,3 +339,27 @@ def test_token_streams_are_remembered_per_tokenizer_and_documents(
     assert len(calls) == 7
     assert np.array_equal(tokens_module.tokenized_stream(tokenizer, docs, BOS), first)
     assert len(calls) == 8
+
+
+def test_token_stream_keys_see_the_wrapper_and_big_streams_are_not_kept(
+        tokenizer, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """Same tokenizer.json, but special tokens split: another key. A stream over the byte
+    budget is tokenized every time, never kept."""
+    import copy
+
+    import compute.tokens as tokens_module
+
+    splitting = copy.deepcopy(tokenizer)
+    splitting.split_special_tokens = not getattr(tokenizer, "split_special_tokens", False)
+    assert tokens_module._tokenizer_fingerprint(splitting) != \
+        tokens_module._tokenizer_fingerprint(tokenizer)
+    assert tokens_module._tokenizer_fingerprint(copy.deepcopy(tokenizer)) == \
+        tokens_module._tokenizer_fingerprint(tokenizer)
+    monkeypatch.setattr(tokens_module, "_STREAMS", type(tokens_module._STREAMS)())
+    monkeypatch.setattr(tokens_module, "STREAM_CACHE_MAX_BYTES", 1)
+    docs = builtin_corpus_documents()[:5]
+    first = tokens_module.tokenized_stream(tokenizer, docs, BOS)
+    again = tokens_module.tokenized_stream(tokenizer, docs, BOS)
+    assert again is not first
+    assert np.array_equal(again, first)
+    assert len(tokens_module._STREAMS) == 0
