@@ -143,6 +143,21 @@ def launch(argv: Sequence[str], env: Mapping[str, str], *, log: Path, cwd: Path 
     return forked
 
 
+def start(argv: Sequence[str], env: Mapping[str, str], *, log: Path, cwd: Path = ROOT,
+          forked: bool = True, new_session: bool = True) -> subprocess.Popen[bytes] | Forked:
+    """Start `strata *argv` with exactly `env`, its output appended to `log`: forked by the
+    zygote (always in a session of its own), or, with `forked=False` or
+    PYTEST_STRATA_LAUNCH=exec, as `python -m service.cli *argv` (in a session of its own with
+    `new_session`)."""
+    if forked and forking():
+        return launch(argv, env, log=log, cwd=cwd)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as sink:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen([sys.executable, "-m", "service.cli", *argv], cwd=cwd,
+                                env=dict(env), stdout=sink, stderr=subprocess.STDOUT,
+                                start_new_session=new_session)
+
+
 def run(argv: Sequence[str], env: Mapping[str, str], *, cwd: Path = ROOT,
         timeout: float) -> subprocess.CompletedProcess[str]:
     """`strata *argv` run to its end, as `subprocess.run(..., capture_output=True,

@@ -13,7 +13,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -24,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from tests.launcher import Forked, forking, launch
+from tests.launcher import Forked, start
 
 Proc = subprocess.Popen[bytes] | Forked  # a process the harness started, by exec or by fork
 
@@ -93,15 +92,8 @@ def spawn_service(env: Mapping[str, str], *, log: Path, args: Sequence[str] = ()
     session of its own) rather than a new interpreter; the benchmarks measure the real start."""
     port = free_port() if port is None else port
     merged = {**(os.environ if inherit else {}), **OFFLINE, **env}
-    argv = ["serve", "--port", str(port), *args]
-    if forked and forking():
-        return Served(f"http://127.0.0.1:{port}", port, launch(argv, merged, log=log, cwd=ROOT),
-                      log)
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("ab") as sink:  # the child keeps its own copy of the descriptor
-        proc = subprocess.Popen([sys.executable, "-m", "service.cli", *argv], cwd=ROOT,
-                                env=merged, stdout=sink, stderr=subprocess.STDOUT,
-                                start_new_session=new_session)
+    proc = start(["serve", "--port", str(port), *args], merged, log=log, cwd=ROOT,
+                 forked=forked, new_session=new_session)
     return Served(f"http://127.0.0.1:{port}", port, proc, log)
 
 

@@ -14,7 +14,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,16 +21,8 @@ from typing import Any
 
 import httpx
 
-from tests.launcher import forking, launch
-from tests.serving import (
-    ROOT,
-    Proc,
-    Served,
-    free_port,
-    spawn_service,
-    wait_for,
-    wait_healthy,
-)
+from tests.launcher import start
+from tests.serving import Proc, Served, free_port, spawn_service, wait_for, wait_healthy
 
 KEY = "jobs-test-key"
 V1 = "/api/v1"
@@ -190,13 +181,7 @@ class Deployment:
     def _spawn(self, name: str, argv: list[str]) -> Proc:
         """`strata *argv` in a session of its own, its output in logs/<name>.log: forked by the
         session's zygote (tests/launcher.py), or exec'd with PYTEST_STRATA_LAUNCH=exec."""
-        log = self.tmp / "logs" / f"{name}.log"
-        if forking():
-            return launch(argv, self.env(), log=log, cwd=ROOT)
-        with log.open("ab") as sink:
-            return subprocess.Popen([sys.executable, "-m", "service.cli", *argv], env=self.env(),
-                                    cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+        return start(argv, self.env(), log=self.tmp / "logs" / f"{name}.log")
 
     def log(self, name: str) -> str:
         path = self.tmp / "logs" / f"{name}.log"
