@@ -23,14 +23,13 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from tests.launcher import Forked, start
+from tests.launcher import ROOT, Forked, start
 
 Proc = subprocess.Popen[bytes] | Forked  # a process the harness started, by exec or by fork
 
 if TYPE_CHECKING:  # annotations only: the helpers below import the service when called
     from service.settings import Settings
 
-ROOT = Path(__file__).resolve().parents[1]
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 

@@ -9,20 +9,20 @@ import os
 
 from tests import launcher
 from tests.integration.api_server import Api, _env
-from tests.serving import ROOT, free_port
+from tests.serving import free_port
 
 
 def test_server_holds_the_database(server: Api) -> None:
     """While the server runs, its process is the one with the file: the CLI says which."""
     proc = launcher.run(["db", "current"], {**os.environ, "STRATA_DATABASE": str(server.db)},
-                        cwd=ROOT, timeout=120)
+                        timeout=120)
     assert proc.returncode == 5, proc.stderr
     assert f"held by process {os.getpid()}" in proc.stderr
 
 
 def test_a_second_server_is_refused_plainly(server: Api) -> None:
     proc = launcher.run(["serve", "--port", str(free_port())], _env(server.db, server.tmp),
-                        cwd=ROOT, timeout=120)
+                        timeout=120)
     assert proc.returncode == 5, proc.stderr
     assert "held by process" in proc.stderr
     assert "Traceback" not in proc.stderr

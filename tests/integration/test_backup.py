@@ -20,7 +20,6 @@ from tests import launcher
 from tests.integration.api_server import arrow_body
 from tests.integration.jobs_harness import KEY, V1, Deployment, make_broker
 from tests.integration.synthetic import synthetic_result
-from tests.serving import ROOT
 
 LAYERS, NEURONS = 4, 1500  # 6,000 neurons (rows) per run, 24,000 records: ingests take a while
 ARROW = {"Content-Type": "application/vnd.apache.arrow.stream"}
@@ -28,7 +27,7 @@ ARROW = {"Content-Type": "application/vnd.apache.arrow.stream"}
 
 def cli(d: Deployment, *args: str, env: dict[str, str] | None = None
         ) -> subprocess.CompletedProcess[str]:
-    return launcher.run(args, env or d.env(), cwd=ROOT, timeout=300)
+    return launcher.run(args, env or d.env(), timeout=300)
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from compute.models import zoo_names
 from compute.records import RECORD_COLUMNS
 from service.cli import main
 from tests import launcher
-from tests.serving import ROOT, run_strata
+from tests.serving import run_strata
 
 MODEL = "zoo:tiny-2l-s0"
 pytestmark = pytest.mark.skipif("tiny-2l-s0" not in zoo_names(), reason="zoo model not built")
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif("tiny-2l-s0" not in zoo_names(), reason="zoo mod
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    return launcher.run(args, env, cwd=ROOT, timeout=600)
+    return launcher.run(args, env, timeout=600)
 
 
 def test_compute_writes_every_format_with_the_same_rows(tmp_path: Path) -> None:

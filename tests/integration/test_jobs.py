@@ -19,7 +19,7 @@ from compute.run import METRIC_VERSION
 from tests import launcher
 from tests.integration.jobs_harness import LONG, SMALL, V1, Deployment, make_broker
 from tests.integration.synthetic import old_version_body
-from tests.serving import ROOT, wait_for
+from tests.serving import wait_for
 
 # Each test builds its own deployment: parallel runs deal them out one by one.
 pytestmark = pytest.mark.spread
@@ -352,7 +352,7 @@ def checkpoint_source() -> Path:
 # ---------------------------------------------------------------- the shell
 def strata(d: Deployment, *args: str, env: dict[str, str] | None = None
            ) -> subprocess.CompletedProcess[str]:
-    return launcher.run(args, env or d.env(), cwd=ROOT, timeout=300)
+    return launcher.run(args, env or d.env(), timeout=300)
 
 
 def test_jobs_and_models_from_the_shell() -> None:
