@@ -10,6 +10,8 @@ fix. The CLI maps them to exit codes, the service to HTTP statuses; nothing else
     │   ├── TokenSpecError        unreadable tokens, ids out of range, seq_len > n_ctx, ...
     │   └── ModelTooLargeError    the model (estimated from its config) will not fit the device
     ├── ModelLoadError            the source was recognised but loading failed
+    │   └── UnsupportedArchitectureError  a mechanism Strata cannot run exactly (named)
+    │       └── ParityError       Strata's forward differs from Hugging Face's beyond tolerance
     └── ComputeError              the computation itself failed (NaN/inf, shape mismatch)
 """
 
@@ -43,6 +45,16 @@ class ModelTooLargeError(SpecError):
 
 class ModelLoadError(StrataError):
     """A recognised model could not be loaded."""
+
+
+class UnsupportedArchitectureError(ModelLoadError):
+    """The checkpoint's architecture has a mechanism that Strata cannot run exactly; the message
+    names the architecture and the mechanism. Refused at registration and at compute."""
+
+
+class ParityError(UnsupportedArchitectureError):
+    """Strata's clean forward of this model differs from the Hugging Face forward by more than
+    the parity tolerance: it would measure another model."""
 
 
 class ComputeError(StrataError):

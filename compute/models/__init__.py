@@ -4,7 +4,11 @@ layer the metrics talk to. This package is the only place that boots Transformer
   spec        `ModelSpec`, `Processing`: what identifies the weights a run analyses
   sources     the source registry (`SOURCES`): a reference to a spec (`resolve_model_spec`)
               and a spec to weights
-  processing  TransformerLens weight processing, applied one block at a time
+  configs     Hugging Face config -> TransformerLens config where TransformerLens knows an
+              architecture only by its hub names (Gemma, OLMo) or misreads it (Phi)
+  processing  TransformerLens weight processing, applied one block at a time, as far as the
+              architecture allows
+  parity      the parity report: Strata's forward against the Hugging Face forward
   loaded      `LoadedModel`, the operations the metrics are built from, and `load_model`
 
 >>> spec = resolve_model_spec("zoo:tiny-4l-s0")   # doctest: +SKIP
@@ -12,6 +16,7 @@ layer the metrics talk to. This package is the only place that boots Transformer
 """
 
 from compute.models.loaded import BlockRun, LoadedModel, load_model
+from compute.models.parity import PARITY_TOLERANCE, ParityReport
 from compute.models.processing import AppliedProcessing, effective_processing
 from compute.models.sources import (
     SOURCES,
@@ -23,6 +28,7 @@ from compute.models.sources import (
 from compute.models.spec import TORCH_DTYPES, DType, ModelSpec, Processing
 
 __all__ = [
+    "PARITY_TOLERANCE",
     "SOURCES",
     "TORCH_DTYPES",
     "AppliedProcessing",
@@ -31,6 +37,7 @@ __all__ = [
     "LoadedModel",
     "ModelSource",
     "ModelSpec",
+    "ParityReport",
     "Processing",
     "effective_processing",
     "import_engine",

@@ -21,9 +21,11 @@ from torch import Tensor
 from compute import blocks
 from compute.errors import ModelLoadError, StrataError
 from compute.memory import ModelDims, allocator_for_loading, check_fits
+from compute.models import parity
+from compute.models.parity import ParityReport
 from compute.models.processing import AppliedProcessing
-from compute.models.sources import SOURCES
-from compute.models.spec import ModelSpec
+from compute.models.sources import SOURCES, SourceLoad
+from compute.models.spec import TORCH_DTYPES, ModelSpec
 from compute.zoo.paths import zoo_path
 
 
@@ -47,6 +49,7 @@ class LoadedModel:
     tokenizer: Any
     applied: AppliedProcessing
     device: str
+    parity: ParityReport | None = None
     _ctx: dict[str, Any] = field(default_factory=dict)
 
     # ---- architecture numbers
@@ -106,10 +109,14 @@ class LoadedModel:
     def n_params(self) -> int:
         return int(sum(p.numel() for p in self.model.parameters()))
 
+    @property
+    def architecture(self) -> str:
+        return str(self.cfg.original_architecture or "HookedTransformer")
+
     def describe(self) -> dict[str, Any]:
         """Architecture numbers and processing, as stored with a registered model."""
         return {
-            "architecture": str(self.cfg.original_architecture or "HookedTransformer"),
+            "architecture": self.architecture,
             "n_layers": self.n_layers,
             "d_model": self.d_model,
             "n_heads": self.n_heads,
@@ -121,6 +128,7 @@ class LoadedModel:
             "normalization_type": self.cfg.normalization_type,
             "parallel_attn_mlp": bool(self.cfg.parallel_attn_mlp),
             "processing": self.applied.as_dict(),
+            "parity": self.parity.as_dict() if self.parity is not None else None,
         }
 
     # ---- forward pieces
@@ -310,8 +318,26 @@ class LoadedModel:
         self._ctx.pop("fast_weights", None)
 
     # ---- processed weights
-    def w_out(self, layer: int) -> Float[Tensor, "d_mlp d_model"]:
-        return self.model.blocks[layer].mlp.W_out.detach()
+    @property
+    def n_experts(self) -> int:
+        """Experts per MLP layer (1 for a dense MLP)."""
+        return int(getattr(self.cfg, "num_experts", None) or 1)
+
+    @property
+    def n_neurons(self) -> int:
+        """Neurons per MLP layer: d_mlp, or every expert's d_mlp hidden units under a
+        mixture of experts (neuron = expert * d_mlp + unit)."""
+        return self.d_mlp * self.n_experts
+
+    def w_out(self, layer: int) -> Float[Tensor, "n_neurons d_model"]:
+        """Each neuron's output row. Under a mixture of experts the experts' rows are stacked
+        in expert order (TransformerLens keeps an expert's W_out as a Linear's [d_model,
+        d_mlp] weight)."""
+        mlp = self.model.blocks[layer].mlp
+        experts = getattr(mlp, "experts", None)
+        if experts is not None:
+            return torch.cat([e.W_out.weight.detach().T for e in experts])
+        return mlp.W_out.detach()
 
     def w_u(self) -> Float[Tensor, "d_model d_vocab"]:
         return self.model.unembed.W_U.detach()
@@ -342,17 +368,55 @@ def load_model(spec: ModelSpec, device: str = "cpu") -> LoadedModel:
         check_fits(dims, spec.dtype, device, name=spec.name)
     source = SOURCES[spec.source]
     try:
-        model, tokenizer, applied = source.load(spec, device)
+        loaded = source.load(spec, device)
     except StrataError:
         raise
     except Exception as exc:  # a loader's own error (corrupt weights, ...): one type for callers
         raise ModelLoadError(
             f"{spec.name} could not be loaded: {type(exc).__name__}: {exc}"
         ) from exc
+    lm = _measured(spec, loaded, device)
+    parity.check(lm.parity or parity.no_reference(lm, ""), spec.name, lm.architecture)
+    return lm
+
+
+def _measured(spec: ModelSpec, loaded: SourceLoad, device: str) -> LoadedModel:
+    """The loaded model on its device and dtype, with its parity report: measured in float32
+    against the Hugging Face reference, then (at another dtype) the noise floor."""
+    model = loaded.model
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
-    return LoadedModel(spec=spec, model=model, tokenizer=tokenizer, applied=applied, device=device)
+    lm = LoadedModel(spec, model, loaded.tokenizer, loaded.applied, device)
+    reference = loaded.reference
+    if reference is None:
+        lm.parity = parity.no_reference(lm, loaded.no_reference)
+        return lm
+    lm.device = "cpu"
+    diff, float32_log_probs = parity.float32_parity(lm, reference)
+    lm.device = device
+    if device != "cpu":
+        model.to(device, print_details=False)
+    if spec.dtype != "float32":
+        model.to(TORCH_DTYPES[spec.dtype], print_details=False)
+    lm.forget_derived_weights()
+    floor = floor_diff = None
+    if spec.dtype != "float32" or device != "cpu":
+        run_log_probs = parity.strata_log_probs(lm, reference.tokens)
+        if spec.dtype != "float32":
+            floor = parity.noise_floor(float32_log_probs, run_log_probs)
+            floor_diff = float((run_log_probs - reference.log_probs).abs().max())
+    lm.parity = parity.ParityReport(
+        "huggingface",
+        spec.dtype,
+        parity.PARITY_TOLERANCE,
+        int(reference.tokens.numel()),
+        parity.block_paths(lm),
+        diff,
+        floor,
+        floor_diff,
+    )
+    return lm
 
 
 def _dims_before_loading(spec: ModelSpec) -> ModelDims | None:

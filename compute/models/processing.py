@@ -10,7 +10,7 @@ patched to work block by block for the duration of the call (`_processing_block_
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,22 +41,53 @@ class AppliedProcessing:
         }
 
 
-def effective_processing(
-    requested: Processing, normalization_type: str | None
-) -> AppliedProcessing:
-    """Processing that can honestly be applied given the model's normalisation."""
+# Architectures whose blocks normalise a sublayer's output before adding it to the residual
+# stream (TransformerLens's POST_NORM_ARCHITECTURES, written out so the rule is read here).
+POST_NORM_ARCHITECTURES = frozenset({"Olmo2ForCausalLM", "Olmo3ForCausalLM"})
+
+
+def effective_processing(requested: Processing, cfg: Mapping[str, Any] | None) -> AppliedProcessing:
+    """Processing that can honestly be applied to a model with this TransformerLens config
+    (a dict of `HookedTransformerConfig` fields; None: no normalisation at all).
+
+    Each step is kept only where it leaves the model's function unchanged:
+    - LayerNorm folding needs a norm before the weights it folds into: not for post-norm
+      blocks (OLMo 2/3 normalise the sublayer's output), nor for models without a norm;
+    - centering writing weights needs every read of the residual to remove the mean: not for
+      RMSNorm, nor where a write passes through a norm of its own first (post-norm blocks and
+      Gemma 2/3's post-sublayer norms);
+    - centering the unembedding shifts every logit of a position by the same amount, which
+      softmax ignores but a logit soft-cap (Gemma 2) does not;
+    - folding value biases into b_O needs each attention row to sum to one: not with attention
+      sinks (GPT-OSS), whose rows give part of their weight to the sink.
+    """
+    cfg = cfg or {}
     notes: list[str] = []
-    center = requested.center_writing_weights
-    fold = requested.fold_ln
-    if normalization_type is not None and normalization_type.startswith("RMS") and center:
+    norm = cfg.get("normalization_type")
+    architecture = cfg.get("original_architecture")
+    post_norm = architecture in POST_NORM_ARCHITECTURES
+    fold, center = requested.fold_ln, requested.center_writing_weights
+    unembed, values = requested.center_unembed, requested.fold_value_biases
+    if norm is not None and str(norm).startswith("RMS") and center:
         center = False
         notes.append("RMSNorm does not remove the mean: writing weights were not centered")
-    if normalization_type is None and fold:
+    if norm is None and fold:
         fold = False
         notes.append("model has no normalisation: nothing to fold")
-    return AppliedProcessing(
-        fold, center, requested.center_unembed, requested.fold_value_biases, tuple(notes)
-    )
+    if post_norm and fold:
+        fold = False
+        notes.append(f"{architecture} normalises after each sublayer: norms were not folded")
+    if (post_norm or cfg.get("use_normalization_before_and_after")) and center:
+        center = False
+        notes.append("writes pass through a norm of their own: writing weights were not centered")
+    soft_cap = cfg.get("output_logits_soft_cap")
+    if unembed and soft_cap is not None and soft_cap > 0:
+        unembed = False
+        notes.append("a logit soft-cap is not shift-invariant: the unembedding was not centered")
+    if values and cfg.get("use_attention_sinks"):
+        values = False
+        notes.append("attention sinks: rows do not sum to one, value biases were not folded")
+    return AppliedProcessing(fold, center, unembed, values, tuple(notes))
 
 
 def load_state_dict_into(

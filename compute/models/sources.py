@@ -22,12 +22,15 @@ import hashlib
 import json
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
-from compute.errors import ModelLoadError, UnknownModelError
+from compute.errors import ModelLoadError, UnknownModelError, UnsupportedArchitectureError
+from compute.models.configs import converted_config
+from compute.models.parity import ParityReference, hugging_face_reference, parity_tokens
 from compute.models.processing import (
     AppliedProcessing,
     effective_processing,
@@ -38,13 +41,28 @@ from compute.zoo.paths import ZOO_DIR, zoo_path
 from compute.zoo.planted import PLANTED, planted_checksum, planted_weights
 
 
+@dataclass
+class SourceLoad:
+    """What a source hands `load_model`: the processed model, its tokenizer (or None), the
+    processing applied, and the Hugging Face reference for the parity report (None, with the
+    reason, where the model has no Hugging Face original). A model with a reference is built
+    in float32 on the CPU: `load_model` measures parity there, then moves it to the run's
+    device and dtype."""
+
+    model: Any
+    tokenizer: Any
+    applied: AppliedProcessing
+    reference: ParityReference | None = None
+    no_reference: str = ""
+
+
 class ModelSource(Protocol):
     name: str
 
     def recognises(self, ref: str) -> bool: ...
     def canonical_name(self, ref: str) -> str: ...
-    def load(self, spec: ModelSpec, device: str) -> tuple[Any, Any, AppliedProcessing]:
-        """The processed model, its tokenizer (or None), and the processing applied."""
+    def load(self, spec: ModelSpec, device: str) -> SourceLoad:
+        """The processed model and what comes with it."""
         ...
 
 
@@ -80,44 +98,89 @@ class HFDirSource:
     def canonical_name(self, ref: str) -> str:
         return str(Path(ref).resolve())
 
-    def load(self, spec: ModelSpec, device: str) -> tuple[Any, Any, AppliedProcessing]:
+    def load(self, spec: ModelSpec, device: str) -> SourceLoad:
         import transformer_lens.loading_from_pretrained as loading
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         path = spec.name
         with _readable_config(Path(path)) as config_dir:
             try:
-                cfg_dict = loading.convert_hf_model_config(config_dir)
+                cfg_dict = converted_config(config_dir)
+            except UnsupportedArchitectureError as exc:
+                raise UnsupportedArchitectureError(f"{path}: {exc}") from None
             except Exception as exc:
-                raise ModelLoadError(
+                raise UnsupportedArchitectureError(
                     f"{path}: TransformerLens cannot read this checkpoint's config.json ({exc}). "
-                    "Supported: the architectures TransformerLens converts (GPT-2, GPT-NeoX, ...)."
+                    "Supported: the architectures listed in docs/architectures.md."
                 ) from exc
-            applied = effective_processing(spec.processing, cfg_dict.get("normalization_type"))
-            cfg = loading.get_pretrained_model_config(
-                config_dir, fold_ln=applied.fold_ln, device=device, dtype=torch.float32
-            )
+            _refuse_unexact(cfg_dict, path)
+            applied = effective_processing(spec.processing, cfg_dict)
+            with _converted_as(cfg_dict):
+                cfg = loading.get_pretrained_model_config(
+                    config_dir, fold_ln=applied.fold_ln, device="cpu", dtype=torch.float32
+                )
         cfg.model_name = Path(path).name
-        hf_model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        # A checkpoint without tokenizer files is usable with pre-tokenized (.npy) input only.
+        tokenizer = AutoTokenizer.from_pretrained(path) if _has_tokenizer(Path(path)) else None
+        if tokenizer is None:
+            cfg.tokenizer_name = None  # else TransformerLens fetches one by the config's name
+        hf_model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        vocab = min(int(cfg.d_vocab_out), len(tokenizer)) if tokenizer is not None else None
+        bos = _bos(tokenizer)
+        # The parity reference: the Hugging Face model's own forward, run while it is loaded.
+        reference = hugging_face_reference(
+            hf_model, parity_tokens(vocab or int(cfg.d_vocab_out), bos, int(cfg.n_ctx))
+        )
         state_dict = loading.get_pretrained_state_dict(path, cfg, hf_model, dtype=torch.float32)
         # The converted tensors are copies (or views that keep only their own storage alive):
         # free the Hugging Face model now, not at the end of the load.
         del hf_model
         gc.collect()
-        # A checkpoint without tokenizer files is usable with pre-tokenized (.npy) input only.
-        tokenizer = AutoTokenizer.from_pretrained(path) if _has_tokenizer(Path(path)) else None
-        if tokenizer is None:
-            cfg.tokenizer_name = None  # else TransformerLens fetches one by the config's name
-        # The model is built straight in the run's dtype on the run's device, uninitialised
-        # (its pages are never touched before the weights land): the state dict is processed
-        # in float32 on the host and each tensor is cast and copied into place, key by key.
-        # Folding in float32 and casting after keeps low-precision runs accurate.
-        cfg.dtype = TORCH_DTYPES[spec.dtype]
+        # The model is built in float32 on the host, uninitialised (its pages are never touched
+        # before the weights land); the state dict is processed in float32 and each tensor
+        # copied into place, key by key. `load_model` measures parity, then casts the model to
+        # the run's dtype and moves it to the run's device (folding in float32 and casting after
+        # keeps low-precision runs accurate).
         cfg.init_weights = False
         model = _hooked_transformer()(cfg, tokenizer, move_to_device=True)
         load_state_dict_into(model, state_dict, applied)
         del state_dict
-        return model, tokenizer, applied
+        return SourceLoad(model, tokenizer, applied, reference)
+
+
+def _bos(tokenizer: Any) -> int:
+    for attr in ("bos_token_id", "eos_token_id"):
+        value = getattr(tokenizer, attr, None) if tokenizer is not None else None
+        if value is not None:
+            return int(value)
+    return 0
+
+
+# Mechanisms TransformerLens 3.9 converts but runs differently from Hugging Face: refused by
+# name before anything is loaded (the parity check would refuse them anyway, by a number).
+_UNEXACT: tuple[tuple[str, str], ...] = ()
+
+
+def _refuse_unexact(cfg_dict: dict[str, Any], path: str) -> None:
+    architecture = cfg_dict.get("original_architecture")
+    for arch, why in _UNEXACT:
+        if architecture == arch:
+            raise UnsupportedArchitectureError(f"{path}: {arch}: {why}")
+
+
+@contextlib.contextmanager
+def _converted_as(cfg_dict: dict[str, Any]) -> Iterator[None]:
+    """TransformerLens's `get_pretrained_model_config` with its config conversion replaced by
+    `cfg_dict` (built by `compute.models.configs`), so that the rest of its processing — the
+    folded norm's name, the dtype, the defaults — is TransformerLens's own."""
+    import transformer_lens.loading_from_pretrained as loading
+
+    convert = loading.convert_hf_model_config
+    loading.convert_hf_model_config = lambda *_a, **_k: dict(cfg_dict)
+    try:
+        yield
+    finally:
+        loading.convert_hf_model_config = convert
 
 
 def _has_tokenizer(path: Path) -> bool:
@@ -164,7 +227,7 @@ class ZooSource(HFDirSource):
     def canonical_name(self, ref: str) -> str:
         return ref.removeprefix("zoo:")
 
-    def load(self, spec: ModelSpec, device: str) -> tuple[Any, Any, AppliedProcessing]:
+    def load(self, spec: ModelSpec, device: str) -> SourceLoad:
         if _is_planted(spec.name):
             return _load_planted(spec, device)
         path = zoo_path(spec.name)
@@ -186,7 +249,7 @@ class GGUFSource(HFDirSource):
     def canonical_name(self, ref: str) -> str:
         return str(Path(ref).resolve())
 
-    def load(self, spec: ModelSpec, device: str) -> tuple[Any, Any, AppliedProcessing]:
+    def load(self, spec: ModelSpec, device: str) -> SourceLoad:
         from compute.gguf import dequantized_checkpoint
 
         sha = spec.revision.removeprefix("sha256:") if spec.revision else None
@@ -198,29 +261,33 @@ class GGUFSource(HFDirSource):
                 f"{spec.name}: the file is now {info.quantization}, the run "
                 f"asked for {spec.quantization}: the file changed"
             )
-        model, tokenizer, applied = super().load(
-            spec.model_copy(update={"name": str(checkpoint)}), device
-        )
-        model.cfg.model_name = Path(spec.name).stem
-        return model, tokenizer, applied
+        loaded = super().load(spec.model_copy(update={"name": str(checkpoint)}), device)
+        loaded.model.cfg.model_name = Path(spec.name).stem
+        return loaded
 
 
 def _is_planted(name: str) -> bool:
     return name in PLANTED
 
 
-def _load_planted(spec: ModelSpec, device: str) -> tuple[Any, Any, AppliedProcessing]:
+def _load_planted(spec: ModelSpec, device: str) -> SourceLoad:
     """A planted-structure control (`compute.zoo.planted`): built from explicit weights."""
     from transformer_lens import HookedTransformerConfig
 
     fields, state, tokenizer = planted_weights(spec.name)
-    applied = effective_processing(spec.processing, None)
+    applied = effective_processing(spec.processing, fields)
     model = _hooked_transformer()(
         HookedTransformerConfig(**fields, device=device), tokenizer, move_to_device=True
     )
     load_state_dict_into(model, {**model.state_dict(), **state}, applied)
     model.to(TORCH_DTYPES[spec.dtype])
-    return model, tokenizer, applied
+    return SourceLoad(
+        model,
+        tokenizer,
+        applied,
+        no_reference="a planted control built by Strata from explicit "
+        "weights: there is no Hugging Face original to compare with",
+    )
 
 
 class TransformerLensSource:
@@ -242,10 +309,20 @@ class TransformerLensSource:
 
         return str(loading.get_official_model_name(ref))
 
-    def load(self, spec: ModelSpec, device: str) -> tuple[Any, Any, AppliedProcessing]:
+    def load(self, spec: ModelSpec, device: str) -> SourceLoad:
+        from transformers import AutoModelForCausalLM
 
         kwargs = {"revision": spec.revision} if spec.revision else {}
-        applied = effective_processing(spec.processing, _official_normalization(spec.name, kwargs))
+        applied = effective_processing(spec.processing, _official_config(spec.name, kwargs))
+        try:
+            # The Hugging Face original, loaded once: TransformerLens converts it, and its own
+            # forward is the parity reference. Official names that are not Hugging Face models
+            # (TransformerLens's own checkpoints) are loaded by TransformerLens alone.
+            hf_model: Any = AutoModelForCausalLM.from_pretrained(
+                loading_name(spec.name), dtype=torch.float32, **kwargs
+            ).eval()
+        except Exception:
+            hf_model = None
         try:
             model = _hooked_transformer().from_pretrained(
                 spec.name,
@@ -253,8 +330,9 @@ class TransformerLensSource:
                 center_writing_weights=applied.center_writing_weights,
                 center_unembed=applied.center_unembed,
                 fold_value_biases=applied.fold_value_biases,
-                device=device,
-                dtype=TORCH_DTYPES[spec.dtype],
+                device="cpu",
+                dtype=torch.float32,
+                hf_model=hf_model,
                 **kwargs,
             )
         except OSError as exc:
@@ -263,16 +341,35 @@ class TransformerLensSource:
                 "Without network, "
                 "use a local checkpoint directory or a zoo model."
             ) from exc
-        return model, model.tokenizer, applied
+        if hf_model is None:
+            return SourceLoad(
+                model, model.tokenizer, applied, no_reference="not a Hugging Face model"
+            )
+        tokenizer = model.tokenizer
+        vocab = min(int(model.cfg.d_vocab_out), len(tokenizer)) if tokenizer is not None else None
+        tokens = parity_tokens(
+            vocab or int(model.cfg.d_vocab_out), _bos(tokenizer), int(model.cfg.n_ctx)
+        )
+        reference = hugging_face_reference(hf_model, tokens)
+        del hf_model
+        gc.collect()
+        return SourceLoad(model, tokenizer, applied, reference)
 
 
-def _official_normalization(name: str, kwargs: dict[str, Any]) -> str | None:
+def loading_name(name: str) -> str:
+    """The Hugging Face repository of a TransformerLens official name."""
+    import transformer_lens.loading_from_pretrained as loading
+
+    return str(loading.get_official_model_name(name))
+
+
+def _official_config(name: str, kwargs: dict[str, Any]) -> dict[str, Any]:
     import transformer_lens.loading_from_pretrained as loading
 
     try:
-        return loading.get_pretrained_model_config(name, **kwargs).normalization_type
+        return dict(loading.get_pretrained_model_config(name, **kwargs).to_dict())
     except Exception:  # config unavailable (offline); loading the weights will say why
-        return "LN"
+        return {"normalization_type": "LN"}
 
 
 class RandomSource:
@@ -286,13 +383,13 @@ class RandomSource:
     def canonical_name(self, ref: str) -> str:
         return ref
 
-    def load(self, spec: ModelSpec, device: str) -> tuple[Any, Any, AppliedProcessing]:
+    def load(self, spec: ModelSpec, device: str) -> SourceLoad:
         from transformer_lens import HookedTransformerConfig
 
         if spec.architecture is None or spec.seed is None:
             raise ModelLoadError("a random model needs `architecture` and `seed`")
         arch = dict(spec.architecture)
-        applied = effective_processing(spec.processing, arch.get("normalization_type", "LN"))
+        applied = effective_processing(spec.processing, {"normalization_type": "LN", **arch})
         cfg = HookedTransformerConfig(
             **{**arch, "seed": spec.seed, "device": device, "init_weights": True}
         )
@@ -305,7 +402,9 @@ class RandomSource:
             model = _hooked_transformer()(model.cfg, move_to_device=True)
         load_state_dict_into(model, state, applied)
         model.to(TORCH_DTYPES[spec.dtype])
-        return model, None, applied
+        return SourceLoad(
+            model, None, applied, no_reference="random weights: there is no Hugging Face original"
+        )
 
 
 SOURCES: dict[str, ModelSource] = {

@@ -1,0 +1,486 @@
+"""The architecture matrix: one tiny random-weight Hugging Face checkpoint per causal-LM
+architecture that TransformerLens 3.9 converts, built by code from transformers' own config
+classes (nothing is downloaded).
+
+Each `ArchitectureCase` names the config class and its tiny settings (2-3 layers, d_model 64,
+sliding windows of 16 — shorter than the 48-token sequences the tests use, so a model that
+ignored its window would be told apart), the mechanisms it exercises, and what Strata promises
+for it: `exact` (Strata's clean forward matches the Hugging Face forward within `tolerance`
+nats of log-probability, and every metric family runs) or `refused` (registration and
+`strata compute` refuse it, naming the mechanism Strata cannot run exactly).
+
+`build_checkpoint(case, path)` saves the checkpoint with a small word-level tokenizer. Norm
+gains and every bias are randomised, so weight processing has real work to do.
+`tests/unit/test_architectures.py` runs the matrix; `docs/architectures.md` is generated from it
+(`python -m compute.zoo.architectures > docs/architectures.md`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+D_MODEL = 64
+N_HEADS = 4
+D_HEAD = 16
+D_MLP = 128
+VOCAB = 128
+N_CTX = 128
+WINDOW = 16
+SEQ_LEN = 48  # the matrix's test sequences: longer than every sliding window
+
+_COMMON: dict[str, Any] = dict(
+    vocab_size=VOCAB,
+    hidden_size=D_MODEL,
+    num_attention_heads=N_HEADS,
+    intermediate_size=D_MLP,
+    max_position_embeddings=N_CTX,
+    initializer_range=0.2,
+    bos_token_id=0,
+    eos_token_id=0,
+    pad_token_id=0,
+)
+
+
+@dataclass(frozen=True)
+class ArchitectureCase:
+    """One row of the architecture matrix."""
+
+    name: str
+    architecture: str  # the Hugging Face class name in config.json's `architectures`
+    config_class: str  # transformers' config class
+    settings: dict[str, Any]
+    mechanisms: tuple[str, ...]
+    expect: Literal["exact", "refused"] = "exact"
+    # max |Δ log p| against Hugging Face's float32 forward on the matrix's sequences
+    tolerance: float = 1e-4
+    caveat: str = ""
+    n_layers: int = 3
+    model_class: str = "AutoModelForCausalLM"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _llama_like(**over: Any) -> dict[str, Any]:
+    return {
+        **_COMMON,
+        "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-5,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+        **over,
+    }
+
+
+CASES: tuple[ArchitectureCase, ...] = (
+    ArchitectureCase(
+        "gpt2",
+        "GPT2LMHeadModel",
+        "GPT2Config",
+        dict(
+            vocab_size=VOCAB,
+            n_positions=N_CTX,
+            n_embd=D_MODEL,
+            n_head=N_HEADS,
+            bos_token_id=0,
+            eos_token_id=0,
+            initializer_range=0.2,
+        ),
+        ("LayerNorm", "learned positions", "tied embeddings"),
+    ),
+    ArchitectureCase(
+        "gpt-neo",
+        "GPTNeoForCausalLM",
+        "GPTNeoConfig",
+        dict(
+            vocab_size=VOCAB,
+            hidden_size=D_MODEL,
+            num_heads=N_HEADS,
+            attention_types=[[["global", "local"], 1], [["global"], 1]],
+            window_size=WINDOW,
+            max_position_embeddings=N_CTX,
+            bos_token_id=0,
+            eos_token_id=0,
+            initializer_range=0.2,
+        ),
+        ("LayerNorm", "local attention (window 16)", "unscaled attention scores"),
+        extra={"layers_key": "num_layers"},
+    ),
+    ArchitectureCase(
+        "gpt-neox-parallel",
+        "GPTNeoXForCausalLM",
+        "GPTNeoXConfig",
+        {
+            **_COMMON,
+            "rotary_pct": 0.25,
+            "use_parallel_residual": True,
+            "tie_word_embeddings": False,
+        },
+        ("parallel attention + MLP", "partial rotary (1/4)", "LayerNorm"),
+    ),
+    ArchitectureCase(
+        "gpt-neox-sequential",
+        "GPTNeoXForCausalLM",
+        "GPTNeoXConfig",
+        {
+            **_COMMON,
+            "rotary_pct": 0.25,
+            "use_parallel_residual": False,
+            "tie_word_embeddings": False,
+        },
+        ("sequential attention, MLP", "partial rotary (1/4)", "LayerNorm"),
+    ),
+    ArchitectureCase(
+        "gpt-j",
+        "GPTJForCausalLM",
+        "GPTJConfig",
+        dict(
+            vocab_size=VOCAB,
+            n_positions=N_CTX,
+            n_embd=D_MODEL,
+            n_head=N_HEADS,
+            rotary_dim=8,
+            bos_token_id=0,
+            eos_token_id=0,
+            initializer_range=0.2,
+        ),
+        ("parallel attention + MLP", "interleaved partial rotary", "one shared LayerNorm"),
+    ),
+    ArchitectureCase(
+        "opt",
+        "OPTForCausalLM",
+        "OPTConfig",
+        dict(
+            vocab_size=VOCAB,
+            hidden_size=D_MODEL,
+            num_attention_heads=N_HEADS,
+            ffn_dim=D_MLP,
+            max_position_embeddings=N_CTX,
+            word_embed_proj_dim=D_MODEL,
+            bos_token_id=0,
+            eos_token_id=0,
+            pad_token_id=1,
+            init_std=0.2,
+        ),
+        ("LayerNorm", "learned positions (offset 2)", "ReLU"),
+    ),
+    ArchitectureCase(
+        "bloom",
+        "BloomForCausalLM",
+        "BloomConfig",
+        dict(
+            vocab_size=VOCAB,
+            hidden_size=D_MODEL,
+            n_head=N_HEADS,
+            bos_token_id=0,
+            eos_token_id=0,
+            initializer_range=0.2,
+        ),
+        ("ALiBi", "embedding LayerNorm", "LayerNorm"),
+        extra={"layers_key": "n_layer"},
+    ),
+    ArchitectureCase(
+        "llama",
+        "LlamaForCausalLM",
+        "LlamaConfig",
+        _llama_like(tie_word_embeddings=True),
+        ("RMSNorm", "rotary", "grouped-query attention", "SiLU-gated MLP", "tied embeddings"),
+    ),
+    ArchitectureCase(
+        "llama-untied",
+        "LlamaForCausalLM",
+        "LlamaConfig",
+        _llama_like(),
+        ("RMSNorm", "rotary", "grouped-query attention", "SiLU-gated MLP"),
+    ),
+    ArchitectureCase(
+        "llama-3-rope",
+        "LlamaForCausalLM",
+        "LlamaConfig",
+        _llama_like(
+            rope_parameters={
+                "rope_type": "llama3",
+                "rope_theta": 500000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 32,
+            }
+        ),
+        ("RMSNorm", "Llama-3 rope scaling", "grouped-query attention"),
+    ),
+    ArchitectureCase(
+        "mistral",
+        "MistralForCausalLM",
+        "MistralConfig",
+        _llama_like(sliding_window=WINDOW, head_dim=D_HEAD),
+        ("RMSNorm", "rotary", "sliding window (16)", "grouped-query attention"),
+    ),
+    ArchitectureCase(
+        "qwen2",
+        "Qwen2ForCausalLM",
+        "Qwen2Config",
+        _llama_like(),
+        ("RMSNorm", "rotary", "QKV biases", "grouped-query attention"),
+    ),
+    ArchitectureCase(
+        "qwen3",
+        "Qwen3ForCausalLM",
+        "Qwen3Config",
+        _llama_like(head_dim=D_HEAD),
+        ("RMSNorm", "rotary", "qk-norm", "grouped-query attention"),
+    ),
+    ArchitectureCase(
+        "phi",
+        "PhiForCausalLM",
+        "PhiConfig",
+        {
+            **_COMMON,
+            "hidden_act": "gelu_new",
+            "partial_rotary_factor": 0.5,
+            "tie_word_embeddings": False,
+        },
+        (
+            "parallel attention + MLP",
+            "partial rotary (1/2)",
+            "one shared LayerNorm",
+            "biased unembedding",
+        ),
+    ),
+    ArchitectureCase(
+        "phi-3",
+        "Phi3ForCausalLM",
+        "Phi3Config",
+        {**_COMMON, "hidden_act": "silu", "tie_word_embeddings": False, "pad_token_id": 0},
+        ("RMSNorm", "rotary", "fused QKV and gate-up projections"),
+    ),
+    ArchitectureCase(
+        "apertus",
+        "ApertusForCausalLM",
+        "ApertusConfig",
+        _llama_like(
+            hidden_act="xielu", rope_parameters={"rope_type": "default", "rope_theta": 10000.0}
+        ),
+        ("RMSNorm", "rotary", "xIELU MLP (not gated)", "qk-norm"),
+    ),
+    ArchitectureCase(
+        "gemma",
+        "GemmaForCausalLM",
+        "GemmaConfig",
+        _llama_like(
+            head_dim=D_HEAD,
+            hidden_act="gelu_pytorch_tanh",
+            tie_word_embeddings=True,
+            rms_norm_eps=1e-6,
+        ),
+        ("RMSNorm (1 + w)", "embedding scaled by sqrt(d_model)", "GELU-gated MLP"),
+        tolerance=5e-4,
+        caveat="the sqrt(d_model) embedding scale makes every activation larger: float32 "
+        "rounding reaches 1.5e-4 here",
+    ),
+    ArchitectureCase(
+        "gemma-2",
+        "Gemma2ForCausalLM",
+        "Gemma2Config",
+        _llama_like(
+            head_dim=D_HEAD,
+            hidden_activation="gelu_pytorch_tanh",
+            tie_word_embeddings=True,
+            rms_norm_eps=1e-6,
+            query_pre_attn_scalar=24,
+            sliding_window=WINDOW,
+            attn_logit_softcapping=5.0,
+            final_logit_softcapping=3.0,
+        ),
+        (
+            "pre- and post-norms",
+            "attention-score soft-cap",
+            "logit soft-cap",
+            "alternating sliding window (16)",
+            "query_pre_attn_scalar",
+        ),
+    ),
+    ArchitectureCase(
+        "gemma-3",
+        "Gemma3ForCausalLM",
+        "Gemma3TextConfig",
+        _llama_like(
+            head_dim=D_HEAD,
+            hidden_activation="gelu_pytorch_tanh",
+            tie_word_embeddings=True,
+            rms_norm_eps=1e-6,
+            query_pre_attn_scalar=24,
+            sliding_window=WINDOW,
+            layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+            rope_parameters={
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+            },
+        ),
+        ("pre- and post-norms", "qk-norm", "sliding window (16)", "two rope bases"),
+    ),
+    ArchitectureCase(
+        "olmo",
+        "OlmoForCausalLM",
+        "OlmoConfig",
+        {
+            **_COMMON,
+            "hidden_act": "silu",
+            "tie_word_embeddings": False,
+            "clip_qkv": 2.0,
+            "pad_token_id": 1,
+        },
+        ("non-parametric LayerNorm", "QKV clipping", "SiLU-gated MLP"),
+    ),
+    ArchitectureCase(
+        "olmo-2",
+        "Olmo2ForCausalLM",
+        "Olmo2Config",
+        {**_COMMON, "hidden_act": "silu", "tie_word_embeddings": False, "pad_token_id": 1},
+        ("post-norm", "qk-norm (over all heads)", "RMSNorm"),
+    ),
+    ArchitectureCase(
+        "olmo-3",
+        "Olmo3ForCausalLM",
+        "Olmo3Config",
+        {
+            **_COMMON,
+            "hidden_act": "silu",
+            "tie_word_embeddings": False,
+            "pad_token_id": 1,
+            "sliding_window": WINDOW,
+            "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
+        },
+        ("post-norm", "qk-norm (over all heads)", "sliding window (16)"),
+    ),
+    ArchitectureCase(
+        "mixtral",
+        "MixtralForCausalLM",
+        "MixtralConfig",
+        _llama_like(num_local_experts=4, num_experts_per_tok=2, head_dim=D_HEAD),
+        ("mixture of experts (4, top 2)", "RMSNorm", "rotary"),
+    ),
+    ArchitectureCase(
+        "olmoe",
+        "OlmoeForCausalLM",
+        "OlmoeConfig",
+        {
+            **_COMMON,
+            "hidden_act": "silu",
+            "tie_word_embeddings": False,
+            "pad_token_id": 1,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "num_key_value_heads": N_HEADS,
+        },
+        ("mixture of experts (4, top 2)", "qk-norm (over all heads)"),
+    ),
+    ArchitectureCase(
+        "gpt-oss",
+        "GptOssForCausalLM",
+        "GptOssConfig",
+        _llama_like(
+            head_dim=D_HEAD,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            sliding_window=WINDOW,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        ),
+        (
+            "attention sinks",
+            "mixture of experts (4, top 2)",
+            "sliding window (16)",
+            "clamped SwiGLU",
+        ),
+    ),
+)
+
+CASES_BY_NAME: dict[str, ArchitectureCase] = {c.name: c for c in CASES}
+
+
+def word_level_tokenizer(n_tokens: int) -> Any:
+    """A tiny offline tokenizer: id 0 is <|endoftext|> (BOS/EOS/PAD), then w1..w{n-1}."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    special = "<|endoftext|>"
+    vocab = {special: 0, **{f"w{i}": i for i in range(1, n_tokens)}}
+    raw = Tokenizer(models.WordLevel(vocab, unk_token=special))
+    raw.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=raw,
+        bos_token=special,
+        eos_token=special,
+        unk_token=special,
+        pad_token=special,
+    )
+
+
+def randomise_norms_and_biases(model: Any, seed: int) -> None:
+    """Non-trivial norm gains, norm biases and biases (attention sinks included), so weight
+    processing has work to do."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen)
+            if "norm" in name or "ln" in name.split(".")[-2:][0] or "layer_norm" in name:
+                p.copy_(1.0 + 0.5 * noise if name.endswith("weight") else 0.3 * noise)
+            elif name.endswith("bias") or name.endswith("sinks"):
+                p.copy_(0.3 * noise if name.endswith("sinks") else 0.1 * noise)
+
+
+def build_checkpoint(case: ArchitectureCase, path: Path, *, seed: int = 0) -> Path:
+    """Save `case`'s tiny random checkpoint, with a tokenizer, to `path`."""
+    import torch
+    import transformers
+
+    config_cls = getattr(transformers, case.config_class)
+    layers_key = case.extra.get("layers_key", "num_hidden_layers")
+    if case.config_class in ("GPT2Config", "GPTJConfig"):
+        layers_key = "n_layer"
+    settings = {**case.settings, layers_key: case.n_layers}
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        config = config_cls(**settings)
+        config.architectures = [case.architecture]
+        model = getattr(transformers, case.architecture)(config)
+        model.eval()
+        randomise_norms_and_biases(model, seed + 1)
+    model.save_pretrained(path)
+    word_level_tokenizer(VOCAB).save_pretrained(path)
+    return path
+
+
+def markdown_table() -> str:
+    """`docs/architectures.md`: the supported-architectures table, from the matrix."""
+    lines = [
+        "# Supported architectures",
+        "",
+        "Generated from the architecture matrix (`compute/zoo/architectures.py`) by",
+        "`python -m compute.zoo.architectures > docs/architectures.md`; the tests",
+        "(`tests/unit/test_architectures.py`) hold every row to what it says. Each row is a tiny",
+        "random-weight checkpoint built from transformers' own config class, loaded as a user's",
+        "checkpoint folder is. *Exact* means: Strata's clean forward matches the Hugging Face",
+        "model's float32 forward within the tolerance (max |Δ log-probability| over every",
+        f"position and token of 2 × {SEQ_LEN}-token sequences) and every metric family runs",
+        "without a NaN. *Refused* means registration and `strata compute` refuse the model",
+        "with the reason below (HTTP 422, CLI exit 3, nothing stored).",
+        "",
+        "| case | Hugging Face class | mechanisms | Strata | tolerance | caveat |",
+        "|---|---|---|---|---|---|",
+    ]
+    for c in CASES:
+        status = "exact" if c.expect == "exact" else "**refused**"
+        tol = f"{c.tolerance:.0e}" if c.expect == "exact" else "—"
+        lines.append(
+            f"| {c.name} | `{c.architecture}` | {', '.join(c.mechanisms)} | {status} | {tol} "
+            f"| {c.caveat} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown_table(), end="")

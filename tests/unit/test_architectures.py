@@ -1,0 +1,201 @@
+"""The architecture matrix (`compute/zoo/architectures.py`): for every causal-LM architecture
+TransformerLens 3.9 converts, a tiny random checkpoint built by code is loaded as a user's
+checkpoint folder is, and
+
+- Strata's clean forward matches the Hugging Face model's own float32 forward within the case's
+  tolerance (max |Δ log p| over every position and token of 2 x 48 tokens, longer than every
+  sliding window), on the fast blocks and on TransformerLens's blocks where both apply;
+- the parity report the load measured says the same;
+- every metric family runs and no number is NaN or infinite;
+- the weight processing follows the architecture (no norm folding into post-norm blocks, no
+  value-bias folding under attention sinks, no unembedding centering under a logit soft-cap),
+  and a model processed wrongly is refused by its parity check rather than measured;
+- `docs/architectures.md` is the table generated from the matrix.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from compute.errors import ParityError, UnsupportedArchitectureError
+from compute.metrics import DEFAULT_FAMILIES
+from compute.models import LoadedModel, Processing, load_model, resolve_model_spec
+from compute.zoo.architectures import CASES, CASES_BY_NAME, SEQ_LEN, build_checkpoint
+
+pytestmark = pytest.mark.usefixtures("single_torch_thread")
+EXACT = [c.name for c in CASES if c.expect == "exact"]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def matrix_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("matrix")
+
+
+def checkpoint(matrix_dir: Path, name: str) -> Path:
+    path = matrix_dir / name
+    if not (path / "config.json").is_file():
+        build_checkpoint(CASES_BY_NAME[name], path)
+    return path
+
+
+def tokens() -> torch.Tensor:
+    gen = torch.Generator().manual_seed(3)
+    ids = torch.randint(1, 128, (2, SEQ_LEN), generator=gen)
+    ids[:, 0] = 0
+    return ids
+
+
+def strata_log_probs(lm: LoadedModel, ids: torch.Tensor) -> torch.Tensor:
+    with torch.inference_mode():
+        resid = lm.embed(ids)
+        for layer in range(lm.n_layers):
+            resid = lm.run_block(layer, resid).resid
+        return lm.logits(resid).double().log_softmax(-1)
+
+
+def hf_log_probs(path: Path, ids: torch.Tensor) -> torch.Tensor:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.inference_mode():
+        return model(ids).logits.double().log_softmax(-1)
+
+
+@pytest.mark.parametrize("name", EXACT)
+def test_clean_forward_matches_hugging_face(matrix_dir: Path, name: str) -> None:
+    case = CASES_BY_NAME[name]
+    path = checkpoint(matrix_dir, name)
+    lm = load_model(resolve_model_spec(str(path)))
+    assert lm.architecture == case.architecture
+    ids = tokens()
+    theirs = hf_log_probs(path, ids)
+    paths = [True, False] if lm.fast_path else [False]
+    for fast in paths:
+        lm._ctx["fast_path"] = fast
+        diff = (strata_log_probs(lm, ids) - theirs).abs().max().item()
+        where = "fast" if fast else "transformer_lens"
+        assert diff <= case.tolerance, f"{name} ({where} blocks): max |Δ log p| {diff:.2e}"
+    # The parity report measured at load says the model passed, by a number of the same size.
+    lm._ctx.pop("fast_path")
+    assert lm.parity is not None
+    assert lm.parity.reference == "huggingface"
+    assert lm.parity.passed
+    assert lm.parity.max_abs_logprob_diff is not None
+    assert lm.parity.max_abs_logprob_diff <= case.tolerance
+    assert lm.parity.block_paths == (("fast" if lm.fast_path else "transformer_lens"),) * 3
+
+
+@pytest.mark.parametrize("name", EXACT)
+def test_every_family_runs_without_nan(matrix_dir: Path, name: str) -> None:
+    from compute.engine import sweep
+    from compute.metrics.base import EngineOptions
+
+    lm = load_model(resolve_model_spec(str(checkpoint(matrix_dir, name))))
+    opts = EngineOptions(induction_n=8, induction_sequences=2, top_neurons=2, top_tokens=2)
+    result = sweep(lm, tokens()[:, :24], list(DEFAULT_FAMILIES), opts)
+    families = {r.metric.split(".")[0] for r in result.records}
+    assert families == {f.split(".")[0] for f in DEFAULT_FAMILIES}
+    bad = [r for r in result.records if not math.isfinite(r.value)]
+    assert not bad, f"{name}: {len(bad)} non-finite values, e.g. {bad[:3]}"
+    neurons = {r.neuron for r in result.records if r.metric == "neurons.vocab_kurt"}
+    assert len(neurons) == lm.n_neurons  # every expert's units under a mixture of experts
+
+
+PROCESSING_RULES: dict[str, dict[str, bool]] = {
+    # post-norm: nothing folded or centered into weights whose output is normalised
+    "olmo-2": dict(fold_ln=False, center_writing_weights=False),
+    "olmo-3": dict(fold_ln=False, center_writing_weights=False),
+    # attention sinks: rows do not sum to one, so b_V cannot move into b_O
+    "gpt-oss": dict(fold_value_biases=False),
+    # a logit soft-cap is not shift-invariant; the writes pass through post-sublayer norms
+    "gemma-2": dict(center_unembed=False, center_writing_weights=False, fold_ln=True),
+    "gpt2": dict(fold_ln=True, center_writing_weights=True, center_unembed=True,
+                 fold_value_biases=True),
+}
+
+
+@pytest.mark.parametrize("name", list(PROCESSING_RULES))
+def test_processing_follows_the_architecture(matrix_dir: Path, name: str) -> None:
+    lm = load_model(resolve_model_spec(str(checkpoint(matrix_dir, name))))
+    applied = lm.applied.as_dict()
+    for flag, expected in PROCESSING_RULES[name].items():
+        assert applied[flag] is expected, f"{name}: {flag} should be {expected}"
+    if not all(PROCESSING_RULES[name].values()):
+        assert applied["notes"], "a step left out must say why"
+
+
+@pytest.mark.parametrize(
+    ("name", "wrong"),
+    [("olmo-3", dict(fold_ln=True)), ("gpt-oss", dict(fold_value_biases=True))],
+)
+def test_a_model_processed_wrongly_is_refused_by_its_parity(
+    matrix_dir: Path, name: str, wrong: dict[str, bool], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Were the rules above missing, the parity check would catch it: the model is refused
+    with the size of the difference, not measured."""
+    from compute.models import processing, sources
+
+    real = processing.effective_processing
+
+    def careless(requested: Processing, cfg: Any) -> Any:
+        return processing.AppliedProcessing(**{**real(requested, cfg).as_dict(), **wrong,
+                                               "notes": ()})
+
+    monkeypatch.setattr(sources, "effective_processing", careless)
+    with pytest.raises(ParityError, match=r"differs from the Hugging Face model's by"):
+        load_model(resolve_model_spec(str(checkpoint(matrix_dir, name))))
+
+
+def test_a_mechanism_strata_cannot_run_is_refused_by_name(tmp_path: Path) -> None:
+    """Phi with qk-norm: TransformerLens's Phi blocks have none, so the load is refused before
+    any weight is read, naming the architecture and the mechanism."""
+    import transformers
+
+    from compute.zoo.architectures import word_level_tokenizer
+
+    case = CASES_BY_NAME["phi"]
+    config = transformers.PhiConfig(**{**case.settings, "qk_layernorm": True,
+                                       "num_hidden_layers": 2})
+    config.architectures = ["PhiForCausalLM"]
+    transformers.PhiForCausalLM(config).save_pretrained(tmp_path)
+    word_level_tokenizer(128).save_pretrained(tmp_path)
+    with pytest.raises(UnsupportedArchitectureError, match=r"PhiForCausalLM with qk_layernorm"):
+        load_model(resolve_model_spec(str(tmp_path)))
+
+
+def test_bfloat16_load_reports_its_noise_floor(matrix_dir: Path) -> None:
+    """At bfloat16 the report keeps float32's parity (measured before the cast) and adds the
+    noise floor: KL(float32 || bfloat16) of Strata's own forward, small but not zero."""
+    path = str(checkpoint(matrix_dir, "llama"))
+    fp32 = load_model(resolve_model_spec(path))
+    bf16 = load_model(resolve_model_spec(path, dtype="bfloat16"))
+    assert bf16.parity is not None
+    assert fp32.parity is not None
+    assert bf16.parity.max_abs_logprob_diff == pytest.approx(fp32.parity.max_abs_logprob_diff)
+    assert fp32.parity.noise_floor_kl is None
+    assert bf16.parity.noise_floor_kl is not None
+    assert 0.0 < bf16.parity.noise_floor_kl < 0.05
+    assert next(bf16.model.parameters()).dtype == torch.bfloat16
+    # the floor is the KL of the two forwards Strata runs, measured independently here
+    from compute.models.parity import parity_tokens
+
+    ids = parity_tokens(fp32.d_vocab_real, fp32.bos_token_id, fp32.n_ctx)
+    p32, p16 = strata_log_probs(fp32, ids), strata_log_probs(bf16, ids)
+    kl = (p32.exp() * (p32 - p16)).sum(-1).mean().item()
+    assert bf16.parity.noise_floor_kl == pytest.approx(kl, rel=1e-6)
+
+
+def test_the_supported_architectures_doc_is_generated_from_the_matrix() -> None:
+    from compute.zoo.architectures import markdown_table
+
+    doc = ROOT / "docs" / "architectures.md"
+    assert doc.read_text() == markdown_table(), (
+        "docs/architectures.md is stale: python -m compute.zoo.architectures > "
+        "docs/architectures.md"
+    )
