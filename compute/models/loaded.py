@@ -393,7 +393,7 @@ def _measured(spec: ModelSpec, loaded: SourceLoad, device: str) -> LoadedModel:
         lm.parity = parity.no_reference(lm, loaded.no_reference)
         return lm
     lm.device = "cpu"
-    diff, float32_log_probs = parity.float32_parity(lm, reference)
+    diff, kl, float32_log_probs = parity.float32_parity(lm, reference)
     lm.device = device
     if device != "cpu":
         model.to(device, print_details=False)
@@ -404,7 +404,7 @@ def _measured(spec: ModelSpec, loaded: SourceLoad, device: str) -> LoadedModel:
     if spec.dtype != "float32" or device != "cpu":
         run_log_probs = parity.strata_log_probs(lm, reference.tokens)
         if spec.dtype != "float32":
-            floor = parity.noise_floor(float32_log_probs, run_log_probs)
+            floor = parity.mean_kl(float32_log_probs, run_log_probs)
             floor_diff = float((run_log_probs - reference.log_probs).abs().max())
     lm.parity = parity.ParityReport(
         "huggingface",
@@ -413,8 +413,9 @@ def _measured(spec: ModelSpec, loaded: SourceLoad, device: str) -> LoadedModel:
         int(reference.tokens.numel()),
         parity.block_paths(lm),
         diff,
-        floor,
-        floor_diff,
+        kl,
+        noise_floor_kl=floor,
+        noise_floor_max_abs_logprob_diff=floor_diff,
     )
     return lm
 
