@@ -128,6 +128,7 @@ class LoadedModel:
             "normalization_type": self.cfg.normalization_type,
             "parallel_attn_mlp": bool(self.cfg.parallel_attn_mlp),
             "processing": self.applied.as_dict(),
+            "n_experts": self.n_experts,
             "parity": self.parity.as_dict() if self.parity is not None else None,
         }
 

@@ -29,7 +29,7 @@ from service.api.schemas.runs import IngestSummary
 from service.store.boundaries import infer_boundaries, store_boundaries
 from service.store.db import Store, raw_connection
 from service.store.errors import IngestError, RunNotFoundError
-from service.store.registry import register_model, register_token_source
+from service.store.registry import record_parity, register_model, register_token_source
 from service.store.rows import PreparedRows, parse_model_info, prepare_rows
 from service.store.runs import find_run
 from service.store.tables import (
@@ -74,6 +74,11 @@ def ingest_result(
             f"({result.config.config_hash()[:12]}…): results and configuration were mixed up"
         )
     info = parse_model_info(result.model_info)
+    if info.parity is not None and info.parity.get("passed") is False:
+        raise IngestError(
+            "these results come from a model that failed its parity check (Strata's forward "
+            "is not the Hugging Face model's): refused, nothing stored"
+        )
     rows = prepare_rows(result.records, result.neuron_tokens, info, result.sequence_means)
     if result.tokens_evaluated < 0:
         raise IngestError(f"tokens_evaluated is negative ({result.tokens_evaluated})")
@@ -92,6 +97,7 @@ def ingest_result(
             session.add(run)
         _describe(run, result, model.id, tokens.id, rows)
         session.flush()
+        record_parity(session, model, info, run.id)
         raw = raw_connection(conn)
         if replaced:
             delete_run_rows(session, run.id)

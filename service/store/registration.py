@@ -35,6 +35,7 @@ from service.store.registry import (
     default_model_name,
     fill_known_numbers,
     find_model,
+    record_parity,
     register_model,
 )
 from service.store.rows import ModelInfo, parse_model_info
@@ -167,6 +168,8 @@ def register(
                 )
             return existing, False
         model = register_model(session, spec, info, name=name)
+        if info is not None:
+            record_parity(session, model, info)
         if numbers:
             fill_known_numbers(model, numbers)
         session.flush()

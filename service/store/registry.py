@@ -14,7 +14,7 @@ from compute.models import ModelSpec
 from compute.tokens import TokenSpec
 from service.store.errors import IngestError
 from service.store.rows import ModelInfo
-from service.store.tables import RegisteredModelRow, TokenSource
+from service.store.tables import ParityReportRow, RegisteredModelRow, TokenSource
 
 # Architecture numbers that must agree between a registered model and new results for it.
 _SHAPE = ("n_layers", "d_model", "n_heads", "d_mlp", "d_vocab", "d_vocab_real", "n_ctx", "n_params")
@@ -119,6 +119,44 @@ def _fill_numbers(model: RegisteredModelRow, info: ModelInfo) -> None:
     model.center_unembed = applied.center_unembed
     model.fold_value_biases = applied.fold_value_biases
     model.processing_notes = list(applied.notes)
+
+
+def record_parity(
+    session: Session, model: RegisteredModelRow, info: ModelInfo, run_id: int | None = None
+) -> None:
+    """Append what this load of `model` measured (its parity report and experts per layer)."""
+    if info.parity is None:
+        return
+    session.add(
+        ParityReportRow(
+            model_id=model.id,
+            run_id=run_id,
+            dtype=str(info.parity.get("dtype", "float32")),
+            n_experts=info.n_experts,
+            report=info.parity,
+        )
+    )
+
+
+def model_parity(session: Session, model_id: int) -> ParityReportRow | None:
+    """The model's latest float32 report (else its latest report of any dtype)."""
+    rows = session.scalars(
+        sa.select(ParityReportRow)
+        .where(ParityReportRow.model_id == model_id)
+        .order_by((ParityReportRow.dtype == "float32").desc(), ParityReportRow.id.desc())
+        .limit(1)
+    ).all()
+    return rows[0] if rows else None
+
+
+def run_parity(session: Session, run_id: int) -> ParityReportRow | None:
+    rows = session.scalars(
+        sa.select(ParityReportRow)
+        .where(ParityReportRow.run_id == run_id)
+        .order_by(ParityReportRow.id.desc())
+        .limit(1)
+    ).all()
+    return rows[0] if rows else None
 
 
 def register_token_source(session: Session, spec: TokenSpec) -> TokenSource:

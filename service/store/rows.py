@@ -12,6 +12,7 @@ logit-lens points 0..L), duplicate keys, and complete per-neuron moments. The fo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -58,6 +59,14 @@ class ModelInfo(BaseModel):
     normalization_type: str | None
     parallel_attn_mlp: bool
     processing: AppliedProcessingInfo
+    # Experts per MLP layer (1: dense). A neuron is one hidden unit of one expert.
+    n_experts: int = Field(default=1, ge=1)
+    # The parity report measured at load (compute.models.parity); None where not measured.
+    parity: dict[str, Any] | None = None
+
+    @property
+    def n_neurons(self) -> int:
+        return self.d_mlp * self.n_experts
 
 
 def parse_model_info(raw: object) -> ModelInfo:
@@ -128,7 +137,10 @@ def _check_shape(table: pa.Table, info: ModelInfo) -> None:
             f"{info.n_layers} layers (blocks 0..{info.n_layers - 1}; logit_lens points "
             f"0..{info.n_layers})"
         )
-    for column, size, what in (("head", info.n_heads, "heads"), ("neuron", info.d_mlp, "neurons")):
+    for column, size, what in (
+        ("head", info.n_heads, "heads"),
+        ("neuron", info.n_neurons, "neurons"),
+    ):
         values = table.column(column)
         outside = pc.or_(pc.less(values, 0), pc.greater_equal(values, size))
         if pc.any(outside).as_py():
@@ -163,7 +175,7 @@ def _result_rows(table: pa.Table, info: ModelInfo) -> pa.Table:
 
 def _neuron_rows(table: pa.Table, info: ModelInfo) -> tuple[pa.Table, np.ndarray]:
     """One row per neuron from its four moment records; also the mask of neurons present."""
-    slots = info.n_layers * info.d_mlp
+    slots = info.n_layers * info.n_neurons
     if table.num_rows == 0:
         return _neurons_table({}, info), np.zeros(slots, dtype=bool)
     for column in ("layer", "neuron"):
@@ -175,7 +187,7 @@ def _neuron_rows(table: pa.Table, info: ModelInfo) -> tuple[pa.Table, np.ndarray
             )
     code = pc.index_in(table.column("metric"), pa.array(MOMENT_METRICS)).to_numpy()
     neuron_index = (
-        table.column("layer").to_numpy().astype(np.int64) * info.d_mlp
+        table.column("layer").to_numpy().astype(np.int64) * info.n_neurons
         + table.column("neuron").to_numpy()
     )
     slot = neuron_index * len(MOMENTS) + code
@@ -183,8 +195,8 @@ def _neuron_rows(table: pa.Table, info: ModelInfo) -> tuple[pa.Table, np.ndarray
     if (counts > 1).any():
         i, m = np.argwhere(counts > 1)[0]
         raise IngestError(
-            f"duplicate records: {MOMENT_METRICS[m]} of layer {i // info.d_mlp} "
-            f"neuron {i % info.d_mlp} appears {counts[i, m]} times"
+            f"duplicate records: {MOMENT_METRICS[m]} of layer {i // info.n_neurons} "
+            f"neuron {i % info.n_neurons} appears {counts[i, m]} times"
         )
     per_neuron = counts.sum(axis=1)
     partial = (per_neuron > 0) & (per_neuron < len(MOMENTS))
@@ -192,7 +204,7 @@ def _neuron_rows(table: pa.Table, info: ModelInfo) -> tuple[pa.Table, np.ndarray
         i = int(np.argmax(partial))
         missing = [MOMENT_METRICS[m] for m in range(len(MOMENTS)) if counts[i, m] == 0]
         raise IngestError(
-            f"incomplete neuron: layer {i // info.d_mlp} neuron {i % info.d_mlp} "
+            f"incomplete neuron: layer {i // info.n_neurons} neuron {i % info.n_neurons} "
             f"lacks {', '.join(missing)}"
         )
     present = per_neuron == len(MOMENTS)
@@ -204,12 +216,13 @@ def _neuron_rows(table: pa.Table, info: ModelInfo) -> tuple[pa.Table, np.ndarray
     if (n != n[:, :1]).any():
         i = int(np.flatnonzero(present)[np.argmax((n != n[:, :1]).any(axis=1))])
         raise IngestError(
-            f"the moments of layer {i // info.d_mlp} neuron {i % info.d_mlp} have different n"
+            f"the moments of layer {i // info.n_neurons} neuron {i % info.n_neurons} "
+            "have different n"
         )
     index = np.flatnonzero(present)
     columns = {
-        "layer": index // info.d_mlp,
-        "neuron": index % info.d_mlp,
+        "layer": index // info.n_neurons,
+        "neuron": index % info.n_neurons,
         **{m: values[:, k] for k, m in enumerate(MOMENTS)},
         "n": n[:, 0],
     }
@@ -271,7 +284,7 @@ def _token_rows(table: pa.Table | None, info: ModelInfo, present: np.ndarray) ->
             )
     for name, low, high in (
         ("layer", 0, info.n_layers),
-        ("neuron", 0, info.d_mlp),
+        ("neuron", 0, info.n_neurons),
         ("token_id", 0, info.d_vocab),
         ("rank", 0, None),
     ):
@@ -282,14 +295,14 @@ def _token_rows(table: pa.Table | None, info: ModelInfo, present: np.ndarray) ->
                 f"{low}..{'' if high is None else high - 1})"
             )
     index = (
-        table.column("layer").to_numpy().astype(np.int64) * info.d_mlp
+        table.column("layer").to_numpy().astype(np.int64) * info.n_neurons
         + table.column("neuron").to_numpy()
     )
     orphan = ~present[index]
     if orphan.any():
         i = int(index[np.argmax(orphan)])
         raise IngestError(
-            f"neuron tokens for layer {i // info.d_mlp} neuron {i % info.d_mlp}, "
+            f"neuron tokens for layer {i // info.n_neurons} neuron {i % info.n_neurons}, "
             "which has no neurons.vocab_* records"
         )
     frame = pl.DataFrame(table.select(TOKEN_KEY))

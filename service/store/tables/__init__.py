@@ -14,6 +14,7 @@ from service.store.tables.neuron import (
     NeuronStatsRow,
     NeuronToken,
 )
+from service.store.tables.parity import ParityReportRow
 from service.store.tables.registered_model import RegisteredModelRow
 from service.store.tables.result import RESULT_COLUMNS, Result
 from service.store.tables.run import RUN_STATUSES, RunRow, RunStatus
@@ -35,6 +36,7 @@ __all__ = [
     "JobState",
     "NeuronStatsRow",
     "NeuronToken",
+    "ParityReportRow",
     "RefitFamily",
     "RefitFamilyMember",
     "RegisteredModelRow",
