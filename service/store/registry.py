@@ -138,27 +138,6 @@ def record_parity(
     )
 
 
-def model_parity(session: Session, model_id: int) -> ParityReportRow | None:
-    """The model's latest float32 report (else its latest report of any dtype)."""
-    rows = session.scalars(
-        sa.select(ParityReportRow)
-        .where(ParityReportRow.model_id == model_id)
-        .order_by((ParityReportRow.dtype == "float32").desc(), ParityReportRow.id.desc())
-        .limit(1)
-    ).all()
-    return rows[0] if rows else None
-
-
-def run_parity(session: Session, run_id: int) -> ParityReportRow | None:
-    rows = session.scalars(
-        sa.select(ParityReportRow)
-        .where(ParityReportRow.run_id == run_id)
-        .order_by(ParityReportRow.id.desc())
-        .limit(1)
-    ).all()
-    return rows[0] if rows else None
-
-
 def register_token_source(session: Session, spec: TokenSpec) -> TokenSource:
     spec_hash = token_spec_hash(spec)
     source = session.scalars(

@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 from compute.metrics import FAMILIES
 from service.store.db import raw_connection
 from service.store.tables import (
+    ParityReportRow,
     RefitFamily,
     RefitFamilyMember,
     RegisteredModelRow,
@@ -110,6 +111,47 @@ def model_families(conn: sa.Connection, model_ids: Sequence[int]) -> dict[int, l
     for model_id, name in rows:
         out.setdefault(int(model_id), []).append(name)
     return out
+
+
+def model_parity(
+    conn: sa.Connection, model_ids: Sequence[int]
+) -> dict[int, tuple[dict[str, Any], int]]:
+    """model id -> (parity report, experts per layer) of its latest float32 load (else of its
+    latest load at any dtype); models never measured are absent."""
+    if not model_ids:
+        return {}
+    rows = conn.execute(
+        sa.select(ParityReportRow.model_id, ParityReportRow.report, ParityReportRow.n_experts)
+        .where(ParityReportRow.model_id.in_(list(model_ids)))
+        .order_by(
+            ParityReportRow.model_id,
+            (ParityReportRow.dtype == "float32").desc(),
+            ParityReportRow.id.desc(),
+        )
+    ).all()
+    out: dict[int, tuple[dict[str, Any], int]] = {}
+    for model_id, report, n_experts in rows:
+        out.setdefault(int(model_id), (_json(report), int(n_experts)))
+    return out
+
+
+def run_parity(conn: sa.Connection, run_ids: Sequence[int]) -> dict[int, dict[str, Any]]:
+    """run id -> the parity report of that run's own load (runs without one are absent)."""
+    if not run_ids:
+        return {}
+    rows = conn.execute(
+        sa.select(ParityReportRow.run_id, ParityReportRow.report)
+        .where(ParityReportRow.run_id.in_(list(run_ids)))
+        .order_by(ParityReportRow.id.desc())
+    ).all()
+    out: dict[int, dict[str, Any]] = {}
+    for run_id, report in rows:
+        out.setdefault(int(run_id), _json(report))
+    return out
+
+
+def _json(value: Any) -> dict[str, Any]:
+    return dict(json.loads(value) if isinstance(value, str) else value)
 
 
 def get_model(conn: sa.Connection, model_id: int) -> RegisteredModelRow | None:

@@ -180,3 +180,25 @@ def test_runs(server: Api) -> None:
     assert server.get(f"{V1}/runs/999999").status_code == 404
     assert server.get(f"{V1}/runs/abc").status_code == 404
     assert server.get(f"{V1}/runs", params={"status": "done"}).status_code == 400
+
+
+def test_models_and_runs_carry_their_parity_report(server: Api) -> None:
+    """A model loaded from a Hugging Face checkpoint carries the evidence that Strata ran it as
+    Hugging Face does: its float32 parity report, served with the model and with each run."""
+    model = server.get(f"{V1}/models/tiny-2l-s0").json()
+    parity = model["parity"]
+    assert parity["reference"] == "huggingface"
+    assert parity["passed"] is True
+    assert parity["dtype"] == "float32"
+    assert 0 <= parity["max_abs_logprob_diff"] <= parity["tolerance"]
+    assert 0 <= parity["kl_to_reference"] <= parity["kl_tolerance"]
+    assert parity["block_paths"] == ["fast"] * model["n_layers"]
+    assert model["n_experts"] == 1
+    run = server.get(f"{V1}/runs/{model['current_run_id']}").json()
+    assert run["parity"]["max_abs_logprob_diff"] == parity["max_abs_logprob_diff"]
+    listed = server.get(f"{V1}/runs", params={"model": "tiny-2l-s0"}).json()["items"]
+    assert all(r["parity"] is not None for r in listed)
+    # a random-weight model has no Hugging Face original: the report says so, and why
+    rand = server.get(f"{V1}/models/rand-3l").json()
+    assert rand["parity"]["reference"] is None
+    assert "random weights" in rand["parity"]["note"]

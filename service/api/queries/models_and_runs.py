@@ -4,10 +4,18 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+import msgspec
+
 from compute.run import METRIC_VERSION, stderr_basis
 from service.api.errors import NotFoundHttpError
 from service.api.queries.index import Snapshot
-from service.api.schemas.models import AppliedProcessing, Model, ModelDetail, ModelPage
+from service.api.schemas.models import (
+    AppliedProcessing,
+    Model,
+    ModelDetail,
+    ModelPage,
+    ParityReport,
+)
 from service.api.schemas.runs import Run, RunPage, Timings
 from service.store import Store
 from service.store import repositories as repo
@@ -20,7 +28,10 @@ def utc(value: datetime | None) -> datetime | None:
 
 
 def model_out(
-    model: RegisteredModelRow, families: list[str], current_runs: dict[str, int]
+    model: RegisteredModelRow,
+    families: list[str],
+    current_runs: dict[str, int],
+    parity: tuple[dict[str, object], int] | None = None,
 ) -> Model:
     return Model(
         id=model.id,
@@ -49,6 +60,8 @@ def model_out(
         refit_families=families,
         registered_at=utc(model.registered_at),  # type: ignore[arg-type]
         current_runs=current_runs,
+        parity=msgspec.convert(parity[0], ParityReport) if parity else None,
+        n_experts=parity[1] if parity else None,
     )
 
 
@@ -78,7 +91,11 @@ def list_models(
             offset=offset,
         )
         families = repo.model_families(conn, [m.id for m in models])
-    items = [model_out(m, families.get(m.id, []), snap.current_runs(m.id)) for m in models]
+        parity = repo.model_parity(conn, [m.id for m in models])
+    items = [
+        model_out(m, families.get(m.id, []), snap.current_runs(m.id), parity.get(m.id))
+        for m in models
+    ]
     return ModelPage(
         items, total, limit, offset, offset + limit if offset + limit < total else None
     )
@@ -92,8 +109,9 @@ def get_model(store: Store, snap: Snapshot, ref: str, model_id: int | None) -> M
             raise NotFoundHttpError(f"model {ref!r} is gone")
         families = repo.model_families(conn, [entry.id]).get(entry.id, [])
         n_runs = repo.count_runs(conn, model_id=entry.id)
+        parity = repo.model_parity(conn, [entry.id]).get(entry.id)
     current = snap.current_run(entry.id, metric_version=METRIC_VERSION)
-    base = model_out(model, families, snap.current_runs(entry.id))
+    base = model_out(model, families, snap.current_runs(entry.id), parity)
     return ModelDetail(
         **{f: getattr(base, f) for f in base.__struct_fields__},
         n_runs=n_runs,
@@ -102,7 +120,7 @@ def get_model(store: Store, snap: Snapshot, ref: str, model_id: int | None) -> M
     )
 
 
-def run_out(run: RunRow, model_name: str) -> Run:
+def run_out(run: RunRow, model_name: str, parity: dict[str, object] | None = None) -> Run:
     return Run(
         id=run.id,
         model_id=run.model_id,
@@ -128,6 +146,7 @@ def run_out(run: RunRow, model_name: str) -> Run:
             run.wall_s,
         ),
         environment=run.environment,
+        parity=msgspec.convert(parity, ParityReport) if parity else None,
     )
 
 
@@ -159,8 +178,12 @@ def list_runs(
         total = repo.count_runs(
             conn, model_id=owner, status=status, family=family, metric_version=metric_version
         )
+        parity = repo.run_parity(conn, [r.id for r in runs])
     items = [
-        run_out(r, snap.models[r.model_id].name if r.model_id in snap.models else "?") for r in runs
+        run_out(
+            r, snap.models[r.model_id].name if r.model_id in snap.models else "?", parity.get(r.id)
+        )
+        for r in runs
     ]
     return RunPage(items, total, limit, offset, offset + limit if offset + limit < total else None)
 
@@ -168,6 +191,8 @@ def list_runs(
 def get_run(store: Store, snap: Snapshot, run_id: int) -> Run:
     with store.read() as conn:
         run = repo.get_run(conn, run_id)
+        parity = repo.run_parity(conn, [run_id]).get(run_id)
     if run is None:
         raise NotFoundHttpError(f"there is no run {run_id} (GET /api/v1/runs lists them)")
-    return run_out(run, snap.models[run.model_id].name if run.model_id in snap.models else "?")
+    name = snap.models[run.model_id].name if run.model_id in snap.models else "?"
+    return run_out(run, name, parity)

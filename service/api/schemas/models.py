@@ -29,6 +29,26 @@ CurrentRuns = Annotated[
 ]
 
 
+class ParityReport(msgspec.Struct):
+    """Evidence that the model Strata runs is the model given (docs/metrics.md, "Parity"):
+    Strata's forward against the Hugging Face model's own float32 forward on fixed token ids,
+    and below float32 the noise floor. `reference` is null where the model has no Hugging Face
+    original (planted controls, random weights), with the reason in `note`."""
+
+    reference: str | None
+    dtype: str
+    tolerance: float
+    tokens: int
+    block_paths: list[str]
+    max_abs_logprob_diff: float | None
+    kl_to_reference: float | None
+    kl_tolerance: float
+    noise_floor_kl: float | None
+    noise_floor_max_abs_logprob_diff: float | None
+    passed: bool
+    note: str = ""
+
+
 class Model(msgspec.Struct):
     """A registered model: the weights and how they are processed. Architecture numbers are
     null while unknown (registered from a name whose configuration is not available offline).
@@ -54,6 +74,9 @@ class Model(msgspec.Struct):
     processing: AppliedProcessing
     refit_families: list[str]
     registered_at: datetime
+    # The parity report of the model's float32 load; null until it has been loaded.
+    parity: ParityReport | None = None
+    n_experts: int | None = None  # experts per MLP layer (1: dense); null until loaded
     current_runs: CurrentRuns = {}
 
 

@@ -7,6 +7,8 @@ from typing import Any
 
 import msgspec
 
+from service.api.schemas.models import ParityReport
+
 
 class Timings(msgspec.Struct):
     created_at: datetime
@@ -35,6 +37,8 @@ class Run(msgspec.Struct):
     token_source_id: int
     timings: Timings
     environment: dict[str, Any] | None
+    # The parity report of this run's own load, at its dtype (null for runs stored before it).
+    parity: ParityReport | None = None
 
 
 class RunPage(msgspec.Struct):
