@@ -12,8 +12,10 @@ the architectures it covers (`supports`), this module computes the same function
   needs the pattern, and an explicit float32 softmax when one does; GPT-Neo's local layers
   (`attn_type == "local"`) get the same window mask as TransformerLens's (a key is visible
   while q - k < window_size),
-- `F.layer_norm` for LayerNorm / LayerNormPre and `F.gelu(approximate="tanh")` for gelu_new
-  (the same formula as TransformerLens's, fused),
+- `F.layer_norm` for LayerNorm / LayerNormPre, `F.rms_norm` for RMSNorm / RMSNormPre (float32
+  reductions in any dtype, as TransformerLens's) and `F.gelu(approximate="tanh")` for gelu_new
+  (the same formula as TransformerLens's, fused); rotary embeddings by TransformerLens's
+  formula, on the query and key heads of the fused projection at once,
 - gated MLPs (Llama, Mistral, Qwen, OLMo, Gemma) with W_gate and W_in fused into one matmul,
   where TransformerLens's `GatedMLP` makes a transposed copy of both on every call.
 
@@ -106,14 +108,43 @@ def fast_weights(block: Any) -> FastWeights:
 
 
 def norm(module: Any, x: Tensor) -> Tensor:
-    """A TransformerLens norm module applied with PyTorch's fused kernel where one exists."""
-    from transformer_lens.components import LayerNorm, LayerNormPre
+    """A TransformerLens norm module applied with PyTorch's fused kernel.
+
+    RMSNorm: `F.rms_norm`, which reduces in float32 whatever the input's dtype (as
+    TransformerLens's does) without its seven passes: a float32 copy of the whole activation,
+    its square, the mean, the root, the division, the cast back and the scale.
+    """
+    from transformer_lens.components import LayerNorm, LayerNormPre, RMSNorm, RMSNormPre
 
     if isinstance(module, LayerNormPre):
         return F.layer_norm(x, x.shape[-1:], eps=module.eps)
     if isinstance(module, LayerNorm):
         return F.layer_norm(x, x.shape[-1:], module.w, module.b, eps=module.eps)
-    return module(x)  # RMSNorm(Pre): TransformerLens's own (no fused kernel gains much)
+    if isinstance(module, RMSNormPre):
+        return F.rms_norm(x, x.shape[-1:], eps=module.eps)
+    if isinstance(module, RMSNorm):
+        return F.rms_norm(x, x.shape[-1:], module.w, eps=module.eps)
+    return module(x)
+
+
+def rotary(attn: Any, x: Float[Tensor, "batch pos heads d_head"]) -> Tensor:
+    """TransformerLens's rotary embedding (`apply_rotary`), op for op, applied to the query and
+    key heads of the fused projection in one call (TransformerLens's clones and rewrites each
+    of q and k separately). Sequences longer than its tables go to its own method, which
+    extends them."""
+    t = x.shape[1]
+    if t > attn.rotary_cos.shape[0]:
+        return attn.apply_rotary(x)
+    r = int(attn.cfg.rotary_dim)
+    cos, sin = attn.rotary_cos[None, :t, None, :], attn.rotary_sin[None, :t, None, :]
+    x_rot = x[..., :r]
+    if attn.cfg.rotary_adjacent_pairs:  # [x0, x1] -> [-x1, x0] pair by pair
+        flip = torch.stack((-x_rot[..., 1::2], x_rot[..., ::2]), dim=-1).flatten(-2)
+    else:  # halves: [a, b] -> [-b, a]
+        half = r // 2
+        flip = torch.cat((-x_rot[..., half:], x_rot[..., :half]), dim=-1)
+    out = x_rot * cos + flip * sin
+    return out if r == x.shape[-1] else torch.cat((out, x[..., r:]), dim=-1)
 
 
 def mlp(
@@ -134,7 +165,9 @@ def mlp(
     flat = x.reshape(-1, x.shape[-1])
     if w_gate_in is not None:
         gate, linear = (flat @ w_gate_in).chunk(2, dim=-1)
-        post = torch.addcmul(m.b_in, act(gate), linear)
+        # SiLU in place: `gate` is a view of this function's own matmul output.
+        gate = F.silu(gate, inplace=True) if cfg.act_fn == "silu" else act(gate)
+        post = torch.addcmul(m.b_in, gate, linear)
     else:
         post = act(torch.addmm(m.b_in, flat, m.W_in))
     out = torch.addmm(m.b_out, post, m.W_out)
@@ -155,9 +188,11 @@ def attention(
     h, dh = attn.W_Q.shape[0], attn.W_Q.shape[2]
     kv = weights.n_kv_heads
     qkv = torch.addmm(weights.b_qkv, x.reshape(-1, d), weights.w_qkv).view(b, t, h + 2 * kv, dh)
-    q, k, v = qkv.split([h, kv, kv], dim=2)  # [b, t, heads, dh]
     if attn.cfg.positional_embedding_type == "rotary":
-        q, k = attn.apply_rotary(q), attn.apply_rotary(k)
+        q, k = rotary(attn, qkv[:, :, : h + kv]).split([h, kv], dim=2)
+        v = qkv[:, :, h + kv :]
+    else:
+        q, k, v = qkv.split([h, kv, kv], dim=2)  # [b, t, heads, dh]
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [b, heads, t, dh]
     if kv != h:  # each key/value head serves h // kv consecutive query heads
         k, v = k.repeat_interleave(h // kv, dim=1), v.repeat_interleave(h // kv, dim=1)

@@ -405,11 +405,14 @@ def _streamed_logit_stats(
         z = unembed.logit_columns(x, c0, c1).float()
         if keep is not None:
             keep[:, c0:c1] = z
-        chunk_max, chunk_arg = z.max(dim=-1)
+        # amax and a two-level argmax instead of max(dim=-1): on a CPU the reduction that also
+        # returns indices ran 5-16x slower than amax over the same block (not vectorised).
+        chunk_max = z.amax(dim=-1)
+        chunk_arg = first_argmax(z)
         local = (targets - c0).clamp_(0, c1 - c0 - 1)
         z_at = z.gather(-1, local[:, None]).squeeze(-1)
         new_m = chunk_max if c0 == 0 else torch.maximum(m, chunk_max)
-        e = torch.exp(z - new_m[:, None])
+        e = torch.sub(z, new_m[:, None]).exp_()  # one temporary, exponentiated in place
         # Per-block sums in float32, running sums across blocks in float64: no rounding grows
         # with the number of blocks.
         chunk_s = e.sum(dim=-1).to(f64)
@@ -427,6 +430,27 @@ def _streamed_logit_stats(
             z_target = torch.where(targets >= c0, z_at, z_target)
         m = new_m
     return m + s.log(), pz, t / s, top, z_target  # float64 until stored: KL cancels
+
+
+# Width of the sub-blocks of `first_argmax`: a row of 1024 logits is 32 sub-blocks of 32.
+ARGMAX_SUBBLOCK = 32
+
+
+def first_argmax(z: Float[Tensor, "n cols"]) -> Int[Tensor, " n"]:
+    """Per row, the index of the first maximum (what `torch.argmax` returns), in two levels:
+    the vectorised amax of each sub-block of `ARGMAX_SUBBLOCK` columns, the first sub-block
+    holding the row's maximum, then the first maximum within it. The same index as
+    `z.argmax(-1)` (ties included: the first sub-block holding the maximum holds its first
+    occurrence; NaN counts as the maximum, as in argmax), at a fraction of its cost over a
+    [512, 1024] block on a CPU. Elsewhere (whole rows on an accelerator) it is argmax."""
+    n, c = z.shape
+    w = ARGMAX_SUBBLOCK
+    if c % w or c < 2 * w or not z.is_contiguous() or z.device.type != "cpu":
+        return z.argmax(dim=-1)
+    parts = z.view(n, c // w, w)
+    best = parts.amax(dim=-1).argmax(dim=-1)  # [n]: the first sub-block holding the max
+    within = parts.gather(1, best[:, None, None].expand(n, 1, w)).squeeze(1).argmax(dim=-1)
+    return best * w + within
 
 
 def _check_finite(x: Tensor, what: str) -> None:

@@ -17,6 +17,7 @@ from compute.reduce import (
     LogitChunks,
     Reference,
     compare_distributions,
+    first_argmax,
     reference_distribution,
 )
 
@@ -68,8 +69,9 @@ def obvious(u: Unembed, resid: torch.Tensor, ref_logits: torch.Tensor,
 
 
 @pytest.mark.parametrize("chunks", [LogitChunks(1000, 1000), LogitChunks(7, 1000),
-                                    LogitChunks(64, 64), LogitChunks(5, 37), LogitChunks(3, 1)],
-                         ids=["whole", "rows", "blocks", "ragged", "one-column"])
+                                    LogitChunks(64, 64), LogitChunks(5, 37), LogitChunks(3, 1),
+                                    LogitChunks(9, 128)],
+                         ids=["whole", "rows", "blocks", "ragged", "one-column", "sub-blocks"])
 def test_streamed_comparison_equals_the_whole_vocabulary_one(chunks: LogitChunks) -> None:
     d_model, vocab, n, g = 12, 301, 23, 3
     u = Unembed(d_model, vocab, seed=0)
@@ -113,6 +115,41 @@ def test_argmax_ties_across_blocks_take_the_first_and_targets_read_their_own_blo
         expected = -u.b.log_softmax(-1)[targets]
         assert torch.allclose(got.loss[0], expected, atol=1e-6), cols
         assert torch.allclose(got.kl[0], torch.zeros(3), atol=1e-6), cols
+
+
+@pytest.mark.parametrize("cols", [64, 96, 1024, 100])
+def test_two_level_argmax_is_argmax_with_ties_and_nan(cols: int) -> None:
+    """`first_argmax` (amax of 32-column sub-blocks, then argmax within the first holding the
+    maximum) returns torch.argmax's index: ties take the first, across and within sub-blocks,
+    and NaN counts as the maximum. 100 columns (not a multiple of 32) falls back to argmax."""
+    gen = torch.Generator().manual_seed(5)
+    z = torch.randint(-4, 4, (200, cols), generator=gen).float()  # many ties
+    z[0] = 3.0  # every column ties
+    z[1, -1] = 9.0  # the maximum in the last column
+    z[2, [5, cols - 3]] = float("nan")
+    z[3, cols // 2 :] = 7.0  # ties all in later sub-blocks
+    assert torch.equal(first_argmax(z), z.argmax(-1))
+    ones = torch.zeros(4, cols)
+    assert first_argmax(ones).tolist() == [0, 0, 0, 0]
+
+
+def test_argmax_ties_within_and_across_wide_blocks() -> None:
+    """Column blocks wide enough for the two-level argmax: ties across sub-blocks and across
+    column blocks still take the first index, in agreement and in accuracy."""
+    vocab = 256
+    u = Unembed(4, vocab, seed=6)
+    u.w.zero_()
+    bias = torch.zeros(vocab)
+    bias[[40, 70, 200]] = 5.0  # ties: sub-blocks 1 and 2 of block 0, and block 1 (cols 128)
+    u.b.copy_(bias)
+    resid = torch.randn(1, 2, 4)
+    targets = torch.tensor([40, 70])
+    ref = reference_of(bias.expand(2, vocab).clone(), targets, LogitChunks(2, 64))
+    assert ref.argmax.tolist() == [40, 40]
+    for cols in (64, 128, 256):
+        got = compare_distributions(u, resid, ref, chunks=LogitChunks(2, cols))
+        assert got.agree.tolist() == [[1.0, 1.0]], cols
+        assert got.correct.tolist() == [[1.0, 0.0]], cols
 
 
 @pytest.mark.parametrize("chunks", [LogitChunks(8, 300), LogitChunks(3, 7)], ids=["rows", "blocks"])
