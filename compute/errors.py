@@ -54,7 +54,12 @@ class UnsupportedArchitectureError(ModelLoadError):
 
 class ParityError(UnsupportedArchitectureError):
     """Strata's clean forward of this model differs from the Hugging Face forward by more than
-    the parity tolerance: it would measure another model."""
+    the parity tolerance: it would measure another model. `report` is the parity report
+    (`compute.models.parity.ParityReport.as_dict()`)."""
+
+    def __init__(self, message: str, report: dict[str, object] | None = None) -> None:
+        super().__init__(message)
+        self.report = report or {}
 
 
 class ComputeError(StrataError):

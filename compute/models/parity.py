@@ -166,5 +166,6 @@ def check(report: ParityReport, name: str, architecture: str) -> None:
             f"(tolerance {report.kl_tolerance:g}), on {report.tokens} tokens, on the "
             f"{report.block_paths[0] if report.block_paths else '?'} blocks: a run would "
             "measure another model, so it is refused. Run `strata models check` for the "
-            "report; the supported architectures are listed in docs/architectures.md"
+            "report; the supported architectures are listed in docs/architectures.md",
+            report.as_dict(),
         )

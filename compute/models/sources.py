@@ -280,7 +280,7 @@ def _load_planted(spec: ModelSpec, device: str) -> SourceLoad:
         HookedTransformerConfig(**fields, device=device), tokenizer, move_to_device=True
     )
     load_state_dict_into(model, {**model.state_dict(), **state}, applied)
-    model.to(TORCH_DTYPES[spec.dtype])
+    model.to(TORCH_DTYPES[spec.dtype], print_details=False)
     return SourceLoad(
         model,
         tokenizer,
@@ -401,7 +401,7 @@ class RandomSource:
             )
             model = _hooked_transformer()(model.cfg, move_to_device=True)
         load_state_dict_into(model, state, applied)
-        model.to(TORCH_DTYPES[spec.dtype])
+        model.to(TORCH_DTYPES[spec.dtype], print_details=False)
         return SourceLoad(
             model, None, applied, no_reference="random weights: there is no Hugging Face original"
         )

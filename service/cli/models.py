@@ -86,3 +86,62 @@ def list_models(url: str | None) -> None:
     page = call(url, "GET", "/api/v1/models", params={"limit": 500})
     for m in page["items"]:
         click.echo(f"{m['id']}\t{m['name']}\t{m['source']}\tlayers={m['n_layers']}")
+
+
+@models.command("check")
+@click.argument("model")
+@click.option(
+    "--dtype",
+    type=click.Choice(["float32", "bfloat16", "float16"]),
+    default="float32",
+    help="also measure the noise floor of this dtype against float32",
+)
+@click.option("--device", default="cpu", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="print the report as JSON")
+def check(model: str, dtype: str, device: str, as_json: bool) -> None:
+    """Load MODEL (zoo:NAME, a checkpoint folder, a GGUF file, a TransformerLens name) as a run
+    would and print its parity report: Strata's forward against the Hugging Face model's own
+    float32 forward, which path its blocks take, and below float32 the noise floor. Exit 3 if
+    the model is refused (its forward is not Hugging Face's, or a mechanism is unsupported)."""
+    import json
+
+    from compute.errors import ParityError
+    from compute.models import load_model, resolve_model_spec
+
+    try:
+        spec = resolve_model_spec(model, dtype=dtype)  # type: ignore[arg-type]
+        lm = load_model(spec, device)
+        report = lm.parity.as_dict() if lm.parity is not None else {}
+        architecture = lm.architecture
+    except ParityError as exc:
+        if exc.report:
+            click.echo(json.dumps(exc.report, indent=2) if as_json else _report_text(exc.report))
+        fail(str(exc), exit_code_of(exc))
+    except StrataError as exc:
+        fail(str(exc), exit_code_of(exc))
+    if as_json:
+        click.echo(json.dumps({"architecture": architecture, **report}, indent=2))
+    else:
+        click.echo(f"{model}: {architecture}\n" + _report_text(report))
+
+
+def _report_text(report: dict[str, Any]) -> str:
+    if report.get("reference") is None:
+        return f"  no Hugging Face reference: {report.get('note', '')}"
+    paths = sorted(set(report["block_paths"]))
+    lines = [
+        f"  reference        Hugging Face float32 forward, {report['tokens']} tokens",
+        f"  max |Δ log p|    {report['max_abs_logprob_diff']:.3g} nats "
+        f"(tolerance {report['tolerance']:g})",
+        f"  KL(HF || Strata) {report['kl_to_reference']:.3g} nats "
+        f"(tolerance {report['kl_tolerance']:g})",
+        f"  blocks           {len(report['block_paths'])} on the {', '.join(paths)} path",
+    ]
+    if report.get("noise_floor_kl") is not None:
+        lines.append(
+            f"  noise floor      KL(float32 || {report['dtype']}) "
+            f"{report['noise_floor_kl']:.3g} nats; max |Δ log p| "
+            f"{report['noise_floor_max_abs_logprob_diff']:.3g}"
+        )
+    lines.append(f"  parity           {'passed' if report['passed'] else 'FAILED'}")
+    return "\n".join(lines)

@@ -199,3 +199,31 @@ def test_the_supported_architectures_doc_is_generated_from_the_matrix() -> None:
         "docs/architectures.md is stale: python -m compute.zoo.architectures > "
         "docs/architectures.md"
     )
+
+
+def test_strata_models_check_prints_the_report_and_refuses_with_exit_3(
+    matrix_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from compute.models import processing, sources
+    from tests.serving import run_strata
+
+    gpt2 = str(checkpoint(matrix_dir, "gpt2"))
+    ok = run_strata(["models", "check", gpt2, "--dtype", "bfloat16"], {})
+    assert ok.exit_code == 0, ok.output
+    assert "parity           passed" in ok.output
+    assert "noise floor      KL(float32 || bfloat16)" in ok.output
+    as_json = run_strata(["models", "check", gpt2, "--json"], {})
+    assert '"passed": true' in as_json.output
+    # a model processed wrongly: the report is printed, FAILED, and the exit code is 3
+    real = processing.effective_processing
+    monkeypatch.setattr(
+        sources,
+        "effective_processing",
+        lambda req, cfg: processing.AppliedProcessing(
+            **{**real(req, cfg).as_dict(), "fold_ln": True, "notes": ()}
+        ),
+    )
+    bad = run_strata(["models", "check", str(checkpoint(matrix_dir, "olmo-3"))], {})
+    assert bad.exit_code == 3
+    assert "parity           FAILED" in bad.output
+    assert "Olmo3ForCausalLM" in bad.output
