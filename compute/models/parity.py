@@ -32,7 +32,7 @@ metadata (docs/metrics.md, "Parity").
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from jaxtyping import Float, Int
@@ -40,8 +40,22 @@ from torch import Tensor
 
 from compute.errors import ParityError
 
-if TYPE_CHECKING:
-    from compute.models.loaded import LoadedModel
+
+class LoadedModel(Protocol):
+    """What parity needs of `compute.models.loaded.LoadedModel` (named here, not imported:
+    the loaded model imports this module)."""
+
+    spec: Any
+    device: str
+
+    @property
+    def n_layers(self) -> int: ...
+    @property
+    def fast_path(self) -> bool: ...
+    def embed(self, tokens: Tensor) -> Tensor: ...
+    def run_block(self, layer: int, resid: Tensor) -> Any: ...
+    def logits(self, resid: Tensor) -> Tensor: ...
+
 
 PARITY_TOLERANCE = 1e-2  # nats: max |Δ log p| of Strata's float32 forward against Hugging Face's
 PARITY_KL_TOLERANCE = 1e-6  # nats: mean KL(Hugging Face || Strata), both float32

@@ -5,8 +5,8 @@
 Sources (looked up in `SOURCES`, in order):
   zoo               a tiny model that ships with Strata (`compute/zoo/checkpoints/<name>`) or a
                     planted control built by code (`compute.zoo.planted`)
-  hf_dir            a local Hugging Face checkpoint directory (GPT-2, GPT-NeoX, GPT-Neo and
-                    Llama verified against Hugging Face's forward)
+  hf_dir            a local Hugging Face checkpoint directory (every architecture of the
+                    matrix in `compute/zoo/architectures.py`, held to Hugging Face's forward)
   gguf              a llama.cpp GGUF file, dequantized once into a cached checkpoint directory
                     (`compute.gguf`) and then loaded as `hf_dir`
   transformer_lens  a TransformerLens official name (`gpt2`, `pythia-410m-deduped`, ...): needs
