@@ -201,6 +201,11 @@ def test_page_loads_from_this_service_alone(page: Any, service: Service) -> None
     names = page.execute_script(
         "return [...document.querySelectorAll('#model-list li')].map(l => l.dataset.modelName)")
     assert set(MODELS) <= set(names)
+    # each model's parity report in a word: a zoo checkpoint matched the Hugging Face forward
+    badges = page.execute_script(
+        "return Object.fromEntries([...document.querySelectorAll('#model-list li')]"
+        ".map(l => [l.dataset.modelName, l.querySelector('.parity')?.textContent]))")
+    assert badges["tiny-2l-s0"] == "HF \u2713", badges
     resources = page.execute_script(
         "return performance.getEntriesByType('resource').map(r => r.name)")
     assert resources, "the page loaded nothing"

@@ -41,10 +41,27 @@ export function renderModelList() {
     box.addEventListener("change", () => toggleModel(m.id, box.checked));
     return el("li", { "data-model-id": m.id, "data-model-name": m.name, class: hasRuns ? "" : "no-runs" },
       el("label", {}, box, el("span", { class: "name", text: m.name }),
-        el("span", { class: "meta", text: `${m.n_layers ?? "?"}L · ${m.source}${hasRuns ? "" : " · no results"}` })));
+        el("span", { class: "meta", text: `${m.n_layers ?? "?"}L · ${m.source}${hasRuns ? "" : " · no results"}` }),
+        parityBadge(m.parity)));
   }));
   document.getElementById("model-list-more").textContent = matches.length > shown.length
     ? `${matches.length - shown.length} more: refine the search` : "";
+}
+
+/* The model's parity report in a word, with the numbers on hover: "HF ✓" when Strata's forward
+ * matched the Hugging Face forward, "no HF" for models without a Hugging Face original. */
+function parityBadge(parity) {
+  if (!parity) return el("span", { class: "parity unknown", text: "parity ?",
+    title: "not measured yet (the model has not been loaded)" });
+  if (parity.reference === null) return el("span", { class: "parity none", text: "no HF",
+    title: parity.note });
+  const floor = parity.noise_floor_kl === null ? ""
+    : `; ${parity.dtype} noise floor KL ${parity.noise_floor_kl.toPrecision(2)} nats`;
+  const title = `max |Δ log p| ${parity.max_abs_logprob_diff.toPrecision(2)} nats, `
+    + `KL ${parity.kl_to_reference.toPrecision(2)} nats against Hugging Face `
+    + `(${parity.block_paths.length} blocks: ${[...new Set(parity.block_paths)].join(", ")})${floor}`;
+  return el("span", { class: parity.passed ? "parity ok" : "parity failed",
+    text: parity.passed ? "HF ✓" : "HF ✗", title });
 }
 
 function toggleModel(id, on) {
