@@ -9,6 +9,7 @@ per-token outlives its batch, so peak memory depends on the batch size, not the 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -123,6 +124,29 @@ def auto_batch_size(
     return max(1, min(by_logits, by_memory, round(tokens / seq_len)))
 
 
+# Runs of at least this many FLOPs (compute.flops) reduce their logit blocks in one compiled
+# kernel on a CPU (`EngineOptions.fuse_reductions`): compiling costs ~15-30 s once per process
+# (seconds with Inductor's on-disk cache), and an eager [512, 1024] block's seven passes (cast,
+# amax, argmax, subtract, exp, sum, two row dot products) cost as much as its bfloat16 matmul.
+FUSE_MIN_FLOPS = 10e12
+
+
+def fuse_reductions(
+    lm: LoadedModel, n_seq: int, seq_len: int, families: list[Family], opts: EngineOptions
+) -> bool:
+    """Whether comparisons reduce their logit blocks in one compiled kernel: the setting if
+    given, else on a CPU for runs of at least `FUSE_MIN_FLOPS`."""
+    if opts.fuse_reductions is not None:
+        return opts.fuse_reductions
+    if lm.device != "cpu":
+        return False  # not measured on an accelerator, where whole rows are one block
+    from compute.flops import family_flops
+
+    names = [f.name for f in families]
+    per_sequence = family_flops(ModelDims.of(lm), seq_len, names, parallel=lm.parallel)
+    return sum(per_sequence.values()) * n_seq >= FUSE_MIN_FLOPS
+
+
 def sweep(
     lm: LoadedModel,
     tokens: Int[Tensor, "n_sequences seq_len"],
@@ -147,6 +171,8 @@ def sweep(
         f.units_at_finish(lm, opts) for f in families
     )
     chunks = logit_chunks(lm, opts)
+    if fuse_reductions(lm, n_seq, seq_len, families, opts):
+        chunks = dataclasses.replace(chunks, fused=True)
     needs_patterns = any(f.needs_patterns for f in families)
     needs_z = any(f.needs_z for f in families)
     names = frozenset(f.name for f in families)

@@ -289,6 +289,9 @@ class LogitChunks:
 
     rows: int
     cols: int
+    # Reduce each block of a comparison in one compiled kernel (`fused_block_terms`) instead of
+    # eager passes; the reference pass stays eager. Chosen by the engine for long CPU runs.
+    fused: bool = False
 
 
 class Unembedding(Protocol):
@@ -374,6 +377,7 @@ def compare_distributions(
                 ref.probs[rows],
                 ref.targets[rows],
                 chunks.cols,
+                fused=chunks.fused,
             )
             out[0, gi, rows] = (lse - pz - ref.entropy_nats[rows]).clamp_min_(0.0)
             out[1, gi, rows] = (lse - qz) / LN2
@@ -392,32 +396,44 @@ def _streamed_logit_stats(
     cols: int,
     *,
     keep: Float[Tensor, "n vocab"] | None = None,
+    fused: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Per row: logsumexp(z), p.z (meaningless without `probs`), q.z, argmax z (first of ties)
     and z[target], from the logits made `cols` vocabulary columns at a time (float32 logits
     whatever the model's dtype; the running sums in float64). `keep`, if given, receives the
-    logits."""
+    logits. `fused` reduces each block of a comparison in one compiled kernel
+    (`fused_block_terms`: the same float32 per-block sums, in another order)."""
     vocab = unembed.d_vocab
     m = s = t = pz = top = z_target = torch.empty(0)
     f64 = torch.float64
+    kernel = fused_kernel() if fused and probs is not None and keep is None else None
     for c0 in range(0, vocab, cols):
         c1 = min(vocab, c0 + cols)
-        z = unembed.logit_columns(x, c0, c1).float()
-        if keep is not None:
-            keep[:, c0:c1] = z
-        # amax and a two-level argmax instead of max(dim=-1): on a CPU the reduction that also
-        # returns indices ran 5-16x slower than amax over the same block (not vectorised).
-        chunk_max = z.amax(dim=-1)
-        chunk_arg = first_argmax(z)
         local = (targets - c0).clamp_(0, c1 - c0 - 1)
-        z_at = z.gather(-1, local[:, None]).squeeze(-1)
-        new_m = chunk_max if c0 == 0 else torch.maximum(m, chunk_max)
-        e = torch.sub(z, new_m[:, None]).exp_()  # one temporary, exponentiated in place
-        # Per-block sums in float32, running sums across blocks in float64: no rounding grows
-        # with the number of blocks.
-        chunk_s = e.sum(dim=-1).to(f64)
-        chunk_t = torch.linalg.vecdot(e, z).to(f64)
-        chunk_pz = torch.linalg.vecdot(probs[:, c0:c1], z).to(f64) if probs is not None else chunk_s
+        if kernel is not None:
+            assert probs is not None
+            first = m if c0 else torch.full((x.shape[0],), -math.inf, device=x.device)
+            terms = kernel(unembed.logit_columns(x, c0, c1), first, probs[:, c0:c1], local)
+            chunk_max, chunk_arg, z_at, new_m = terms[:4]
+            chunk_s, chunk_t, chunk_pz = (v.to(f64) for v in terms[4:])
+        else:
+            z = unembed.logit_columns(x, c0, c1).float()
+            if keep is not None:
+                keep[:, c0:c1] = z
+            # amax and a two-level argmax instead of max(dim=-1): on a CPU the reduction that
+            # also returns indices ran 5-16x slower than amax over the same block.
+            chunk_max = z.amax(dim=-1)
+            chunk_arg = first_argmax(z)
+            z_at = z.gather(-1, local[:, None]).squeeze(-1)
+            new_m = chunk_max if c0 == 0 else torch.maximum(m, chunk_max)
+            e = torch.sub(z, new_m[:, None]).exp_()  # one temporary, exponentiated in place
+            # Per-block sums in float32, running sums across blocks in float64: no rounding
+            # grows with the number of blocks.
+            chunk_s = e.sum(dim=-1).to(f64)
+            chunk_t = torch.linalg.vecdot(e, z).to(f64)
+            chunk_pz = (
+                torch.linalg.vecdot(probs[:, c0:c1], z).to(f64) if probs is not None else chunk_s
+            )
         if c0 == 0:
             s, t, pz, top, z_target = chunk_s, chunk_t, chunk_pz, chunk_arg, z_at
         else:
@@ -430,6 +446,65 @@ def _streamed_logit_stats(
             z_target = torch.where(targets >= c0, z_at, z_target)
         m = new_m
     return m + s.log(), pz, t / s, top, z_target  # float64 until stored: KL cancels
+
+
+def fused_block_terms(
+    z: Float[Tensor, "n cols"],
+    m_prev: Float[Tensor, " n"],
+    probs: Float[Tensor, "n cols"],
+    local_targets: Int[Tensor, " n"],
+) -> tuple[Tensor, ...]:
+    """One block of a comparison, written to be compiled into one kernel: the block's max, its
+    first argmax, the target's logit (at `local_targets`, clamped into the block), the new
+    running max m = max(m_prev, block max), and the float32 sums of e = exp(z - m), of e z and
+    of p z. The same quantities as the eager loop of `_streamed_logit_stats`, from the logits
+    in float32 whatever the model's dtype."""
+    z = z.float()
+    chunk_max = z.amax(dim=-1)
+    chunk_arg = z.argmax(dim=-1)
+    z_at = z.gather(-1, local_targets[:, None]).squeeze(-1)
+    new_m = torch.maximum(m_prev, chunk_max)
+    e = torch.exp(z - new_m[:, None])
+    return (
+        chunk_max,
+        chunk_arg,
+        z_at,
+        new_m,
+        e.sum(dim=-1),
+        (e * z).sum(dim=-1),
+        (probs * z).sum(dim=-1),
+    )
+
+
+_KERNEL: dict[str, Any] = {}
+
+
+def fused_kernel() -> Any:
+    """`fused_block_terms` compiled by torch.compile (dynamic shapes: one compilation serves
+    every block shape of a dtype; Inductor's on-disk cache serves the next process). Where
+    compiling fails (no C++ compiler, an unsupported platform) the first call says so once and
+    every call runs the eager function: the same quantities either way."""
+    if "fn" in _KERNEL:
+        return _KERNEL["fn"]
+    import torch._inductor.config as inductor
+
+    inductor.compile_threads = 1  # no compile-worker pool inside a worker's pool child
+    compiled = torch.compile(fused_block_terms, dynamic=True, fullgraph=True)
+
+    def first_call(*args: Tensor) -> tuple[Tensor, ...]:
+        try:
+            out = compiled(*args)
+            _KERNEL["fn"] = compiled
+        except Exception as exc:
+            import warnings
+
+            warnings.warn(f"fused logit reductions unavailable, eager instead: {exc}", stacklevel=2)
+            _KERNEL["fn"] = fused_block_terms
+            out = fused_block_terms(*args)
+        return out
+
+    _KERNEL["fn"] = first_call
+    return first_call
 
 
 # Width of the sub-blocks of `first_argmax`: a row of 1024 logits is 32 sub-blocks of 32.

@@ -55,6 +55,12 @@ class EngineOptions(BaseModel):
         ge=1,
         description="MiB of logits made and reduced at once (rows x vocabulary columns); auto",
     )
+    fuse_reductions: bool | None = Field(
+        None,
+        description="reduce each logit block of a comparison in one compiled kernel "
+        "(torch.compile); None = on a CPU when the run's work passes "
+        "compute.engine.FUSE_MIN_FLOPS (compilation costs ~15-30 s once per process)",
+    )
     prev_ks: tuple[int, ...] = (1, 2, 4, 5, 8, 16)
     induction_n: int = Field(64, ge=2)
     induction_sequences: int = Field(32, ge=1)
@@ -71,6 +77,7 @@ PERFORMANCE_OPTIONS = (
     "memory_budget_mb",
     "logits_budget_mb",
     "chunk_mb",
+    "fuse_reductions",
 )
 
 

@@ -89,6 +89,14 @@ CASES: dict[str, Case] = {
     "wide-vocab-chunked": Case(_random(seed=8, n_layers=2, d_model=16, n_heads=2, d_mlp=32,
                                        d_vocab=20_000), n_sequences=2, seq_len=32, batch_size=2,
                                options=dict(logits_budget_mb=8, chunk_mb=1)),
+    # Comparisons reduced by the compiled kernel (compute.reduce.fused_block_terms), as long
+    # CPU runs do; 20,000 columns in ragged blocks of 256 rows.
+    "llama-hf-fused-reductions": Case(_hf("hf_llama_dir"),
+                                      options=dict(fuse_reductions=True)),
+    "wide-vocab-fused-reductions": Case(_random(seed=8, n_layers=2, d_model=16, n_heads=2,
+                                                d_mlp=32, d_vocab=20_000), n_sequences=2,
+                                        seq_len=32, batch_size=2,
+                                        options=dict(chunk_mb=1, fuse_reductions=True)),
     "zoo-tiny-2l-s0": Case(_zoo("tiny-2l-s0"), n_sequences=2, seq_len=24),
     "zoo-tiny-4l-s0": Case(_zoo("tiny-4l-s0"), n_sequences=2, seq_len=24),
 }
