@@ -393,13 +393,18 @@ def _measured(spec: ModelSpec, loaded: SourceLoad, device: str) -> LoadedModel:
     if reference is None:
         lm.parity = parity.no_reference(lm, loaded.no_reference)
         return lm
+    if not bool(torch.isfinite(reference.log_probs).all()):
+        # The weights themselves are broken (the original model's own forward is NaN or
+        # infinite): nothing to compare, and the run fails on its first non-finite number.
+        lm.parity = parity.no_reference(
+            lm, "the Hugging Face model's own forward is not finite: its weights are broken"
+        )
+        _place_for_run(spec, model, device)
+        return lm
     lm.device = "cpu"
     diff, kl, float32_log_probs = parity.float32_parity(lm, reference)
     lm.device = device
-    if device != "cpu":
-        model.to(device, print_details=False)
-    if spec.dtype != "float32":
-        model.to(TORCH_DTYPES[spec.dtype], print_details=False)
+    _place_for_run(spec, model, device)
     lm.forget_derived_weights()
     floor = floor_diff = None
     if spec.dtype != "float32" or device != "cpu":
@@ -419,6 +424,14 @@ def _measured(spec: ModelSpec, loaded: SourceLoad, device: str) -> LoadedModel:
         noise_floor_max_abs_logprob_diff=floor_diff,
     )
     return lm
+
+
+def _place_for_run(spec: ModelSpec, model: Any, device: str) -> None:
+    """Move a model built in float32 on the host to the run's device and dtype."""
+    if device != "cpu":
+        model.to(device, print_details=False)
+    if spec.dtype != "float32":
+        model.to(TORCH_DTYPES[spec.dtype], print_details=False)
 
 
 def _dims_before_loading(spec: ModelSpec) -> ModelDims | None:
