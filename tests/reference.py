@@ -30,7 +30,8 @@ Record conventions shared with the engine (where the definitions leave a choice)
 - `intervention.*`: one row per (kind, layer); the `none` row has layer None.
 - `logit_lens.*`: `layer` is the residual point 0..L.
 - `neurons.vocab_*`: n = number of real vocabulary tokens, stderr None; `n_<class>` /
-  `frac_<class>` per layer with n = d_mlp. A neuron with constant cosines (zero variance) gets
+  `frac_<class>` per layer with n = d_mlp (times the experts under a mixture of experts: a
+  neuron is one unit of one expert, expert by expert). A neuron with constant cosines (zero variance) gets
   skew 0 and kurtosis 0 (scipy would say NaN, which cannot be stored).
 - `attention.*`: per (layer, head) and per layer (head None); the per-layer value at a query is
   the mean over heads. `prev_<k>` only for k <= seq_len-3 (an evaluated
@@ -360,9 +361,24 @@ def unembedding_directions(lm: Any) -> np.ndarray:
     return w_u / np.where(norms == 0, 1.0, norms)
 
 
+def output_rows(lm: Any, layer: int) -> np.ndarray:
+    """[neurons, d_model] float64: each neuron's output weight row. Under a mixture of experts a
+    neuron is one hidden unit of one expert: expert 0's units first, then expert 1's, ..."""
+    mlp = _model(lm).blocks[layer].mlp
+    if hasattr(mlp, "experts"):
+        rows = []
+        for expert in mlp.experts:  # nn.Linear(d_mlp -> d_model): weight is [d_model, d_mlp]
+            weight = expert.W_out.weight.detach().double().cpu().numpy()
+            for unit in range(weight.shape[1]):
+                rows.append(weight[:, unit])
+        return np.stack(rows)
+    return mlp.W_out.detach().double().cpu().numpy()
+
+
 def neuron_cosines(lm: Any, layer: int, u: np.ndarray) -> np.ndarray:
-    """[d_mlp, vocab] float64: cosine of each centered output weight row with each direction."""
-    w = _model(lm).blocks[layer].mlp.W_out.detach().double().cpu().numpy()
+    """[neurons, vocab] float64: cosine of each centered output weight row with each
+    direction."""
+    w = output_rows(lm, layer)
     w = w - w.mean(axis=1, keepdims=True)
     norms = np.linalg.norm(w, axis=1, keepdims=True)
     return (w / np.where(norms == 0, 1.0, norms)) @ u
@@ -427,7 +443,8 @@ def neurons_rows(lm: Any, tokens: torch.Tensor | None = None,
     model = _model(lm)
     if not _has_mlp(model):
         return []
-    vocab, d_mlp = real_vocab(lm), int(model.cfg.d_mlp)
+    vocab = real_vocab(lm)
+    d_mlp = int(model.cfg.d_mlp) * int(getattr(model.cfg, "num_experts", None) or 1)
     null = null_thresholds(lm)
     rows = [_row(f"neurons.null_{name}_q999", value, NULL_DIRECTIONS)
             for name, value in zip(("kurt", "skew", "var"), null, strict=True)]

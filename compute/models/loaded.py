@@ -23,7 +23,7 @@ from compute.errors import ModelLoadError, StrataError
 from compute.memory import ModelDims, allocator_for_loading, check_fits
 from compute.models import parity
 from compute.models.parity import ParityReport
-from compute.models.processing import AppliedProcessing
+from compute.models.processing import POST_NORM_ARCHITECTURES, AppliedProcessing
 from compute.models.sources import SOURCES, SourceLoad
 from compute.models.spec import TORCH_DTYPES, ModelSpec
 from compute.zoo.paths import zoo_path
@@ -240,6 +240,8 @@ class LoadedModel:
             return blocks.mlp(
                 block, self.cfg, blocks.norm(block.ln2, resid), self._fast_weights(layer)
             )
+        if self.post_norm:  # OLMo 2/3: the MLP reads the residual as it is; ln2 follows it
+            return block.apply_mlp(resid)
         return block.apply_mlp(block.ln2(resid))
 
     def head_writes(
@@ -264,9 +266,16 @@ class LoadedModel:
         attention, no grouped or quantised projections)."""
         return self.fast_path or (
             not self.cfg.use_normalization_before_and_after
+            and not self.post_norm
             and not self.cfg.load_in_4bit
             and self.cfg.n_key_value_heads in (None, self.cfg.n_heads)
         )
+
+    @property
+    def post_norm(self) -> bool:
+        """Whether each sublayer's output is normalised before it is added to the residual
+        stream (OLMo 2/3), instead of its input."""
+        return self.cfg.original_architecture in POST_NORM_ARCHITECTURES
 
     @property
     def parallel(self) -> bool:
