@@ -31,8 +31,8 @@ Record conventions shared with the engine (where the definitions leave a choice)
 - `logit_lens.*`: `layer` is the residual point 0..L.
 - `neurons.vocab_*`: n = number of real vocabulary tokens, stderr None; `n_<class>` /
   `frac_<class>` per layer with n = d_mlp (times the experts under a mixture of experts: a
-  neuron is one unit of one expert, expert by expert). A neuron with constant cosines (zero variance) gets
-  skew 0 and kurtosis 0 (scipy would say NaN, which cannot be stored).
+  neuron is one unit of one expert, expert by expert). A neuron with constant cosines (zero
+  variance) gets skew 0 and kurtosis 0 (scipy would say NaN, which cannot be stored).
 - `attention.*`: per (layer, head) and per layer (head None); the per-layer value at a query is
   the mean over heads. `prev_<k>` only for k <= seq_len-3 (an evaluated
   query q > k must exist); `prev_<k>_mean` = prev_<k> / k, stderr / k.
