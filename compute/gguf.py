@@ -13,7 +13,8 @@ says so: the model spec's `source` is `gguf`, its `revision` the file's checksum
 
 Checks, each a `ModelLoadError` naming the file and what to do (nothing is cached on failure):
 - the file is a readable GGUF whose tensors all lie inside it (truncated or corrupt files fail);
-- its `general.architecture` is one TransformerLens can run (`ARCHITECTURES`);
+- its `general.architecture` is one transformers dequantizes and TransformerLens runs
+  (`ARCHITECTURES`; otherwise `UnsupportedArchitectureError`);
 - it carries a tokenizer (`tokenizer.ggml.model` and `tokenizer.ggml.tokens`).
 
 >>> info = inspect_gguf(Path("SmolLM2-135M-Instruct.Q4_1.gguf"))  # doctest: +SKIP
@@ -33,23 +34,28 @@ import tempfile
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from compute.errors import ModelLoadError
+from compute.errors import ModelLoadError, UnsupportedArchitectureError
 
 log = logging.getLogger(__name__)
 
 # GGUF `general.architecture` -> the Hugging Face architecture transformers dequantizes it to,
-# for the architectures TransformerLens also runs. Llama covers Llama, Mistral and SmolLM
-# (llama.cpp writes all three as "llama"); "llama" is verified against Hugging Face's forward on
-# real weights (SmolLM2-135M), the others follow the same path unverified.
+# for the architectures TransformerLens also runs and transformers can dequantize (its
+# GGUF_CONFIG_MAPPING: not Gemma 1, OLMo or Phi 1/2, which are refused by name). Llama covers
+# Llama, Mistral and SmolLM (llama.cpp writes all three as "llama"); "llama" is verified against
+# Hugging Face's forward on real weights (SmolLM2-135M); the others follow the same path, and
+# every load, whatever its source, is held to the dequantized checkpoint's own Hugging Face
+# forward by the parity check (compute.models.parity).
 ARCHITECTURES: dict[str, str] = {
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
-    "gemma": "GemmaForCausalLM",
     "gemma2": "Gemma2ForCausalLM",
+    "gemma3": "Gemma3ForCausalLM",
     "phi3": "Phi3ForCausalLM",
     "gpt2": "GPT2LMHeadModel",
+    "bloom": "BloomForCausalLM",
+    "gpt_oss": "GptOssForCausalLM",
 }
 PROVENANCE_FILE = "strata-gguf.json"
 _HASH_CHUNK = 1 << 22
@@ -165,10 +171,10 @@ def _read_header(path: Path, sha256: str) -> GGUFInfo:
             f"{path}: no general.architecture in the file's metadata; not a model GGUF file"
         )
     if arch not in ARCHITECTURES:
-        raise ModelLoadError(
-            f"{path}: architecture {arch!r} is not one Strata can run from GGUF (TransformerLens "
-            f"runs: {', '.join(sorted(ARCHITECTURES))}); convert the model to a Hugging Face "
-            "checkpoint folder of a supported architecture instead"
+        raise UnsupportedArchitectureError(
+            f"{path}: architecture {arch!r} is not one Strata can run from GGUF (transformers "
+            f"dequantizes, and TransformerLens runs: {', '.join(sorted(ARCHITECTURES))}); use "
+            "the model's Hugging Face checkpoint folder instead (docs/architectures.md)"
         )
     if field("tokenizer.ggml.model") is None or "tokenizer.ggml.tokens" not in reader.fields:
         raise ModelLoadError(
