@@ -48,10 +48,22 @@ class FamilyStability:
 
 
 def expand_family(refs: Sequence[str]) -> list[str]:
-    """The member references: a folder that is not itself a checkpoint stands for the
-    checkpoint folders in it (sorted by name); every other reference stays as given."""
-    expanded: list[str] = []
+    """The member references: a comma-separated list stands for its items (a seed suite such as
+    `EleutherAI/pythia-160m-seed1,EleutherAI/pythia-160m-seed2`; a path that exists is never
+    split), a folder that is not itself a checkpoint for the checkpoint folders in it (sorted by
+    name); every other reference stays as given.
+
+        >>> expand_family(["zoo:tiny-4l-s0,zoo:tiny-4l-s1"])
+        ['zoo:tiny-4l-s0', 'zoo:tiny-4l-s1']
+    """
+    split: list[str] = []
     for ref in refs:
+        if "," in ref and not Path(ref).exists():
+            split += [item.strip() for item in ref.split(",") if item.strip()]
+        else:
+            split.append(ref)
+    expanded: list[str] = []
+    for ref in split:
         path = Path(ref)
         if path.is_dir() and not (path / "config.json").is_file():
             expanded += sorted(str(p) for p in path.iterdir() if (p / "config.json").is_file())

@@ -24,8 +24,9 @@ if TYPE_CHECKING:
     "members",
     multiple=True,
     required=True,
-    help="refit models (zoo names, checkpoint dirs, TransformerLens names), or one "
-    "folder holding refit checkpoint folders; repeat the option",
+    help="refit models (zoo names, checkpoint dirs, GGUF files, TransformerLens names such as "
+    "EleutherAI/pythia-160m-seed1), comma-separated or with the option repeated, or one folder "
+    "holding refit checkpoint folders",
 )
 @click.option("--anchor", default=None, help="the refit compared against (default: the first)")
 @click.option("--n-prompts", type=int, default=32, show_default=True)

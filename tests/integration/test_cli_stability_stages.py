@@ -38,6 +38,31 @@ def test_stability_of_two_trained_refits(tmp_path: Path) -> None:
     assert body["run"]["anchor"]["name"] == "tiny-4l-s0"
 
 
+def test_a_family_given_as_a_list_of_model_references(tmp_path: Path) -> None:
+    """A seed suite named model by model (as PolyPythias' `EleutherAI/pythia-160m-seed1,...`
+    would be with the hub): here two local checkpoint folders, comma-separated, and the same
+    family as one folder of folders give the same records."""
+    import shutil
+
+    from compute.zoo.paths import zoo_path
+
+    suite = tmp_path / "suite"
+    for name in ("tiny-4l-s0", "tiny-4l-s1"):
+        shutil.copytree(zoo_path(name), suite / name)
+    opts = ["--n-prompts", "2", "--prompt-len", "16", "--n-null", "1"]
+    listed, folder = tmp_path / "listed.json", tmp_path / "folder.json"
+    refs = f"{suite / 'tiny-4l-s0'},{suite / 'tiny-4l-s1'}"
+    one = CliRunner().invoke(main, ["stability", "--family", refs, *opts, "--out", str(listed)])
+    assert one.exit_code == 0, one.output
+    two = CliRunner().invoke(main, ["stability", "--family", str(suite), *opts,
+                                    "--out", str(folder)])
+    assert two.exit_code == 0, two.output
+    a, b = json.loads(listed.read_text()), json.loads(folder.read_text())
+    assert [m["name"] for m in a["run"]["family"]] == [str(suite / "tiny-4l-s0"),
+                                                      str(suite / "tiny-4l-s1")]
+    assert a["records"] == b["records"]
+
+
 def test_stability_refuses_a_family_of_one_and_an_unknown_anchor(tmp_path: Path) -> None:
     runner = CliRunner()
     alone = runner.invoke(main, ["stability", "--family", "zoo:tiny-4l-s0",
