@@ -202,3 +202,34 @@ def test_models_and_runs_carry_their_parity_report(server: Api) -> None:
     rand = server.get(f"{V1}/models/rand-3l").json()
     assert rand["parity"]["reference"] is None
     assert "random weights" in rand["parity"]["note"]
+
+
+def test_an_architecture_strata_cannot_run_exactly_is_refused_at_registration(
+        server: Api) -> None:
+    """Over HTTP: 422 naming the architecture and the mechanism, nothing stored; an OLMo 3
+    (post-norm) checkpoint beside it registers, with its parity and why nothing was folded."""
+    import transformers
+
+    from compute.zoo.architectures import CASES_BY_NAME, build_checkpoint, word_level_tokenizer
+
+    phi = server.tmp / "checkpoints" / "phi-qk-norm"
+    config = transformers.PhiConfig(**{**CASES_BY_NAME["phi"].settings, "qk_layernorm": True,
+                                       "num_hidden_layers": 2})
+    config.architectures = ["PhiForCausalLM"]
+    transformers.PhiForCausalLM(config).save_pretrained(phi)
+    word_level_tokenizer(128).save_pretrained(phi)
+    before = server.get(f"{V1}/models", params={"limit": 500}).json()["total"]
+    refused = register(server, {"source": str(phi)})
+    assert refused.status_code == 422, refused.text
+    assert "PhiForCausalLM with qk_layernorm" in refused.json()["detail"]
+    assert server.get(f"{V1}/models/phi-qk-norm").status_code == 404
+    assert server.get(f"{V1}/models", params={"limit": 500}).json()["total"] == before
+    olmo = build_checkpoint(CASES_BY_NAME["olmo-3"], server.tmp / "checkpoints" / "olmo-3")
+    accepted = register(server, {"source": str(olmo)})
+    assert accepted.status_code == 201, accepted.text
+    model = server.get(f"{V1}/models/olmo-3").json()
+    assert model["architecture"] == "Olmo3ForCausalLM"
+    assert model["processing"]["fold_ln"] is False
+    assert any("normalises after each sublayer" in n for n in model["processing"]["notes"])
+    assert model["parity"]["passed"] is True
+    assert model["parity"]["block_paths"] == ["transformer_lens"] * 3

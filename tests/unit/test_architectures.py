@@ -227,3 +227,22 @@ def test_strata_models_check_prints_the_report_and_refuses_with_exit_3(
     assert bad.exit_code == 3
     assert "parity           FAILED" in bad.output
     assert "Olmo3ForCausalLM" in bad.output
+
+
+def test_strata_compute_refuses_an_unsupported_mechanism_with_exit_3(tmp_path: Path) -> None:
+    import transformers
+
+    from compute.zoo.architectures import word_level_tokenizer
+    from tests.serving import run_strata
+
+    config = transformers.PhiConfig(**{**CASES_BY_NAME["phi"].settings, "qk_layernorm": True,
+                                       "num_hidden_layers": 2})
+    config.architectures = ["PhiForCausalLM"]
+    transformers.PhiForCausalLM(config).save_pretrained(tmp_path / "phi")
+    word_level_tokenizer(128).save_pretrained(tmp_path / "phi")
+    out = tmp_path / "out.json"
+    result = run_strata(["compute", "--model", str(tmp_path / "phi"), "--metrics", "norms",
+                         "--n-sequences", "2", "--seq-len", "8", "--out", str(out)], {})
+    assert result.exit_code == 3, result.output
+    assert "PhiForCausalLM with qk_layernorm" in result.output
+    assert not out.exists()
