@@ -17,7 +17,7 @@ gains and every bias are randomised, so weight processing has real work to do.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -52,6 +52,8 @@ class ArchitectureCase:
     config_class: str  # transformers' config class
     settings: dict[str, Any]
     mechanisms: tuple[str, ...]
+    # the blocks a run takes: Strata's fused ones (`compute.blocks`) or TransformerLens's
+    path: Literal["fast", "transformer_lens"] = "fast"
     expect: Literal["exact", "refused"] = "exact"
     # max |Δ log p| against Hugging Face's float32 forward on the matrix's sequences
     tolerance: float = 1e-4
@@ -396,6 +398,23 @@ CASES: tuple[ArchitectureCase, ...] = (
     ),
 )
 
+# The cases whose blocks run on TransformerLens's blocks with hooks, and the mechanism that keeps
+# them off Strata's fused blocks (`compute.blocks.supports`); the rest run the fused blocks.
+TRANSFORMER_LENS_BLOCKS: dict[str, str] = {
+    "bloom": "ALiBi",
+    "qwen3": "qk-norm",
+    "apertus": "qk-norm, xIELU",
+    "gemma-2": "post-sublayer norms, soft-caps",
+    "gemma-3": "post-sublayer norms, qk-norm",
+    "olmo": "QKV clipping",
+    "olmo-2": "post-norm",
+    "olmo-3": "post-norm",
+    "olmoe": "qk-norm",
+    "gpt-oss": "attention sinks",
+}
+CASES = tuple(
+    replace(c, path="transformer_lens") if c.name in TRANSFORMER_LENS_BLOCKS else c for c in CASES
+)
 CASES_BY_NAME: dict[str, ArchitectureCase] = {c.name: c for c in CASES}
 
 
@@ -469,16 +488,45 @@ def markdown_table() -> str:
         "without a NaN. *Refused* means registration and `strata compute` refuse the model",
         "with the reason below (HTTP 422, CLI exit 3, nothing stored).",
         "",
-        "| case | Hugging Face class | mechanisms | Strata | tolerance | caveat |",
-        "|---|---|---|---|---|---|",
+        "*Path*: the blocks a run takes — Strata's fused blocks (`compute/blocks.py`) or",
+        "TransformerLens's own blocks with hooks, for a mechanism the fused blocks do not have.",
+        "Both are held to Hugging Face where both apply.",
+        "",
+        "| case | Hugging Face class | mechanisms | Strata | path | tolerance | caveat |",
+        "|---|---|---|---|---|---|---|",
     ]
     for c in CASES:
         status = "exact" if c.expect == "exact" else "**refused**"
         tol = f"{c.tolerance:.0e}" if c.expect == "exact" else "—"
-        lines.append(
-            f"| {c.name} | `{c.architecture}` | {', '.join(c.mechanisms)} | {status} | {tol} "
-            f"| {c.caveat} |"
+        path = (
+            f"TransformerLens ({TRANSFORMER_LENS_BLOCKS[c.name]})"
+            if c.path == "transformer_lens"
+            else "fused"
         )
+        lines.append(
+            f"| {c.name} | `{c.architecture}` | {', '.join(c.mechanisms)} | {status} | {path} "
+            f"| {tol} | {c.caveat} |"
+        )
+    lines += [
+        "",
+        "## Refused, with the reason",
+        "",
+        "- Any architecture TransformerLens 3.9 does not convert (the message names it).",
+        "- Mechanisms TransformerLens converts or runs differently from Hugging Face, refused by",
+        "  name before any weight is read (`compute/models/configs.py`): Phi with `qk_layernorm`;",
+        "  Phi and OLMo 1/2 with grouped-query attention (their converters assume one key/value",
+        "  head per query head); OLMo 1/2 with attention biases; Gemma 3 with soft-caps; Gemma,",
+        "  OLMo 1/2 and Phi with a rope scaling other than plain rotary.",
+        "- GGUF files of an architecture transformers cannot dequantize (Gemma 1, OLMo, Phi 1/2):",
+        "  use the Hugging Face checkpoint folder.",
+        '- Any model whose parity check fails at load (docs/metrics.md, "Parity"): its forward',
+        "  is not the Hugging Face model's, whatever the reason.",
+        "",
+        "Real weights: SmolLM2-135M (Llama architecture, from its 4-bit GGUF) is held to its",
+        "dequantized checkpoint's Hugging Face forward in `tests/integration/test_smollm2.py` and",
+        "by its parity report at every load (max |Δ log p| 1.3e-3 nats, all in the far tail; KL",
+        "7e-10). No other real checkpoint is reachable offline.",
+    ]
     return "\n".join(lines) + "\n"
 
 

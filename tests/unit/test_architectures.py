@@ -73,6 +73,7 @@ def test_clean_forward_matches_hugging_face(matrix_dir: Path, name: str) -> None
     path = checkpoint(matrix_dir, name)
     lm = load_model(resolve_model_spec(str(path)))
     assert lm.architecture == case.architecture
+    assert lm.fast_path is (case.path == "fast"), f"{name}: the documented path is {case.path}"
     ids = tokens()
     theirs = hf_log_probs(path, ids)
     paths = [True, False] if lm.fast_path else [False]
