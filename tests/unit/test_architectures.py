@@ -16,6 +16,7 @@ checkpoint folder is, and
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -247,3 +248,27 @@ def test_strata_compute_refuses_an_unsupported_mechanism_with_exit_3(tmp_path: P
     assert result.exit_code == 3, result.output
     assert "PhiForCausalLM with qk_layernorm" in result.output
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("name", "override", "says"),
+    [
+        ("olmo", {"num_key_value_heads": 2}, "OlmoForCausalLM with grouped-query attention"),
+        ("olmo-2", {"attention_bias": True}, "Olmo2ForCausalLM with attention biases"),
+        ("gemma-3", {"final_logit_softcapping": 3.0}, "Gemma3ForCausalLM with final_logit"),
+        ("gemma", {"rope_parameters": {"rope_type": "linear", "factor": 2.0,
+                                       "rope_theta": 10000.0}},
+         "GemmaForCausalLM with rope scaling 'linear'"),
+    ],
+)
+def test_each_mechanism_refused_by_name(
+    tmp_path: Path, name: str, override: dict[str, Any], says: str
+) -> None:
+    """docs/architectures.md lists these refusals; each is what a user gets."""
+    import dataclasses
+
+    case = CASES_BY_NAME[name]
+    odd = dataclasses.replace(case, settings={**case.settings, **override})
+    path = build_checkpoint(odd, tmp_path / name)
+    with pytest.raises(UnsupportedArchitectureError, match=re.escape(says)):
+        load_model(resolve_model_spec(str(path)))
