@@ -4,6 +4,14 @@ peak RSS — each family a whole `strata compute` process (model load included).
     .venv/bin/python benchmarks/geometry.py                         # all three geometries
     .venv/bin/python benchmarks/geometry.py --geometry gpt2-small --families intervention,heads
     .venv/bin/python benchmarks/geometry.py --device cuda --dtype bfloat16   # on a GPU
+    .venv/bin/python benchmarks/geometry.py --default-run --model smollm2  # what users run
+
+`--default-run` times the default run itself: `strata compute --model M --out F` (every family,
+the built-in corpus, 32 x 128 tokens unless --n-sequences / --seq-len say otherwise) as a whole
+process, once per dtype of --dtypes (float32,bfloat16), with the matmul yardsticks at the model's
+own shapes, float32 and bfloat16, measured in the same benchmark run before and after each
+process (`--model smollm2` is SmolLM2-135M-Instruct's GGUF, `scripts/fetch_smollm2.sh`; any
+other value is a model reference or a geometry above).
 
 Geometries are built locally with random weights (timing does not depend on them) and saved as
 Hugging Face checkpoints under build/geometry/, then loaded the way a user's checkpoint is:
@@ -182,6 +190,111 @@ def child(args: argparse.Namespace) -> None:
     print(json.dumps(out))
 
 
+def yardsticks(dims: dict[str, int], rows: int = 1024) -> dict[str, dict[str, float]]:
+    """float32 and bfloat16 matmul GFLOP/s at a model's shapes (best of 3), this process."""
+    import torch
+
+    d, hd, kv_hd, mlp = dims["d_model"], dims["hd"], dims["kv_hd"], dims["d_mlp"]
+    shapes = {
+        "qkv": ((rows, d), (d, hd + 2 * kv_hd)),
+        "attn_out": ((rows, hd), (hd, d)),
+        "mlp_in": ((rows, d), (d, mlp * (2 if dims["gated"] else 1))),
+        "mlp_out": ((rows, mlp), (mlp, d)),
+        "unembed_block": ((512, d), (d, 1024)),
+        "unembed_rows": ((rows, d), (d, dims["d_vocab"])),
+        "square_2048": ((2048, 2048), (2048, 2048)),
+    }
+    out: dict[str, dict[str, float]] = {}
+    for name, (a_shape, b_shape) in shapes.items():
+        out[name] = {}
+        for dt in (torch.float32, torch.bfloat16):
+            a, b = torch.randn(*a_shape).to(dt), torch.randn(*b_shape).to(dt)
+            a @ b
+            reps = max(2, int(2e10 / (2 * a_shape[0] * a_shape[1] * b_shape[1])))
+            best = 0.0
+            for _ in range(3):
+                start = time.perf_counter()
+                for _ in range(reps):
+                    a @ b
+                best = max(best, 2 * a_shape[0] * a_shape[1] * b_shape[1] * reps
+                           / (time.perf_counter() - start))
+            out[name][str(dt).removeprefix("torch.")] = best / 1e9
+    return out
+
+
+def model_dims(ref: str) -> dict[str, int]:
+    """The shapes the yardsticks use, from the checkpoint's config (no model is loaded)."""
+    from compute.memory import ModelDims
+
+    path = Path(ref)
+    if path.suffix == ".gguf":  # its dequantized checkpoint (made by the first run)
+        from compute import gguf
+
+        found = sorted(gguf.cache_dir().glob("*/config.json"))
+        if not found:
+            raise SystemExit(f"no dequantized checkpoint of {ref} under {gguf.cache_dir()}")
+        path = found[0].parent
+    m = ModelDims.from_hf_config(path)
+    return {"d_model": m.d_model, "hd": m.n_heads * m.d_head,
+            "kv_hd": (m.n_kv_heads or m.n_heads) * m.d_head, "d_mlp": m.d_mlp,
+            "gated": int(m.gated_mlp), "d_vocab": m.d_vocab}
+
+
+def default_run(args: argparse.Namespace) -> None:
+    """The default run of one model as users run it, per dtype, whole process each, with the
+    matmul yardsticks at its shapes measured around each process."""
+    ref = args.model
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    if ref == "smollm2":
+        gguf_file = Path(env.get("STRATA_SMOLLM2_GGUF") or Path.home() / ".cache" / "strata"
+                         / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf")
+        if not gguf_file.is_file():
+            raise SystemExit(f"{gguf_file} is missing: run scripts/fetch_smollm2.sh")
+        ref = str(gguf_file)
+        data_dir = gguf_file.parent / "strata-data"  # the tests': dequantized once a machine
+    else:
+        data_dir = BUILD / "default-run-data"
+        if ref in GEOMETRIES:
+            ref = str(build_checkpoint(ref))
+    env["STRATA_DATA_DIR"] = str(data_dir)
+    from compute import gguf
+
+    gguf.set_cache_dir(data_dir / "gguf")
+    results: list[dict[str, object]] = []
+    strata = str(Path(sys.executable).parent / "strata")
+    for dtype in args.dtypes.split(","):
+        out = BUILD / f"default-run-{dtype}.parquet"
+        cmd = [strata, "compute", "--model", ref, "--out", str(out), "--dtype", dtype, "--quiet",
+               "--n-sequences", str(args.n_sequences), "--seq-len", str(args.seq_len)]
+        if args.families != ",".join(FAMILIES):
+            cmd += ["--metrics", args.families]
+        start = time.perf_counter()
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        wall = time.perf_counter() - start
+        if done.returncode != 0:
+            print(f"{dtype}: strata compute failed ({done.returncode})\n{done.stderr[-3000:]}",
+                  file=sys.stderr)
+            continue
+        rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+        marks = yardsticks(model_dims(ref))
+        row = {"model": args.model, "dtype": dtype, "n_sequences": args.n_sequences,
+               "seq_len": args.seq_len, "families": args.families, "wall_s": wall,
+               "peak_rss_mb_children": rss, "yardsticks_after": marks,
+               "load_avg": os.getloadavg()[0]}
+        results.append(row)
+        print(f"{args.model} default run ({args.n_sequences} x {args.seq_len}) {dtype}: "
+              f"{wall:8.1f} s whole process (load average {row['load_avg']:.1f}); "
+              "yardsticks after it, GFLOP/s fp32/bf16: " + ", ".join(
+                  f"{k} {v['float32']:.0f}/{v['bfloat16']:.0f}" for k, v in marks.items()),
+              flush=True)
+        if args.out:
+            Path(args.out).write_text(json.dumps(results, indent=1))
+    if len(results) == 2:
+        a, b = results
+        print(f"whole process {a['dtype']} / {b['dtype']}: "
+              f"{float(a['wall_s']) / float(b['wall_s']):.2f}x")  # type: ignore[arg-type]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--geometry", default=",".join(GEOMETRIES))
@@ -192,12 +305,21 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--out", default=None, help="JSON file for the results")
+    parser.add_argument("--default-run", action="store_true",
+                        help="time `strata compute`'s default run of --model per dtype")
+    parser.add_argument("--model", default="smollm2", help="with --default-run")
+    parser.add_argument("--dtypes", default="float32,bfloat16", help="with --default-run")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--family", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--tokens", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args)
+        return
+    if args.default_run:
+        if args.n_sequences == 8 and "--n-sequences" not in sys.argv:
+            args.n_sequences = 32  # the default run's
+        default_run(args)
         return
     results = []
     for geometry in args.geometry.split(","):
