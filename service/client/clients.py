@@ -386,6 +386,14 @@ class BaseClient(ABC, Generic[FrameT]):
             f"{V1}/families/{_seg(family)}/stability", dict(metric=metric, per_head=per_head)
         )
 
+    def stability_importance(self, family: str, importance: str = "heads.ablation_kl") -> FrameT:
+        """Per layer, the correlation over heads between a head's stability across the family's
+        refits and its ablation importance (`importance`) on the anchor: Pearson r with a 95%
+        interval, Spearman rho, the means."""
+        return self._table(
+            f"{V1}/families/{_seg(family)}/stability-importance", dict(importance=importance)
+        )
+
     # -- jobs
     def submit(
         self,

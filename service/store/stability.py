@@ -33,7 +33,12 @@ from compute.tokens import TokenSpec
 from service.store.db import Store, raw_connection
 from service.store.errors import IngestError
 from service.store.ingest import bulk_insert, delete_run_rows
-from service.store.registry import model_identity, register_model, register_token_source
+from service.store.registry import (
+    model_identity,
+    record_parity,
+    register_model,
+    register_token_source,
+)
 from service.store.rows import parse_model_info, prepare_rows
 from service.store.runs import find_run
 from service.store.tables import (
@@ -115,6 +120,9 @@ def ingest_stability(store: Store, result: StabilityResult) -> StabilitySummary:
         models = [
             register_model(session, spec, info) for spec, info in zip(specs, infos, strict=True)
         ]
+        session.flush()
+        for model, info in zip(models, infos, strict=True):
+            record_parity(session, model, info)  # each member's load, as registration's
         anchor = models[[model_identity(s) for s in specs].index(model_identity(result.anchor))]
         family = _family(session, result.family, anchor.id, [m.id for m in models])
         tokens = register_token_source(session, result.prompts)

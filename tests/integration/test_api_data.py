@@ -401,6 +401,55 @@ def test_stages_with_evidence_and_per_stage_aggregates(server: Api) -> None:
     assert server.get(f"{V1}/models/line-12/stages").json()["models"][0]["boundaries"] == []
 
 
+def test_stability_against_ablation_importance_per_layer(server: Api) -> None:
+    """Claim (3)'s query: per layer, the correlation over heads between a head's stability
+    (the family's per-head rows) and its ablation importance on the anchor (its heads run),
+    checked against scipy on the two answers it joins."""
+    import scipy.stats
+
+    from compute.metrics.base import EngineOptions
+    from compute.models import resolve_model_spec
+    from compute.run import RunConfig, compute_run
+    from compute.tokens import TokenSpec
+
+    url = f"{V1}/families/tiny-4l/stability-importance"
+    missing = server.get(url)
+    assert missing.status_code == 404
+    assert "no heads run" in missing.json()["detail"]
+    config = RunConfig(model=resolve_model_spec("zoo:tiny-4l-s0"),
+                       tokens=TokenSpec(source="builtin", n_sequences=3, seq_len=16),
+                       families=("heads",),
+                       options=EngineOptions(induction_n=6, induction_sequences=2))
+    assert server.ingest(compute_run(config)).status_code == 201
+    answer = server.get(url).json()
+    assert answer["importance"] == "heads.ablation_kl"
+    assert answer["importance_run"]["id"] != answer["stability_run"]["id"]
+    table = pl.DataFrame(answer["rows"])
+    assert table["layer"].to_list() == [0, 1, 2, 3]
+    assert (table["n_heads"] == 4).all()
+    stability = rows(server.get(f"{V1}/families/tiny-4l/stability",
+                                params={"metric": "heads.stability", "per_head": "true"}))
+    importance = rows(server.get(f"{V1}/models/tiny-4l-s0/heads",
+                                 params={"metric": "heads.ablation_kl"}))
+    for row in table.iter_rows(named=True):
+        s = stability.filter((pl.col("layer") == row["layer"]) & pl.col("head").is_not_null())
+        i = importance.filter(pl.col("layer") == row["layer"])
+        s, i = s.sort("head")["value"].to_numpy(), i.sort("head")["value"].to_numpy()
+        assert row["pearson"] == pytest.approx(scipy.stats.pearsonr(s, i)[0], abs=1e-9)
+        assert row["spearman"] == pytest.approx(scipy.stats.spearmanr(s, i)[0], abs=1e-9)
+        assert row["pearson_low"] <= row["pearson"] <= row["pearson_high"]
+        assert row["mean_stability"] == pytest.approx(s.mean())
+        assert row["mean_importance"] == pytest.approx(i.mean())
+    csv = server.get(url, params={"format": "csv"})
+    assert csv.status_code == 200
+    assert pl.read_csv(io.StringIO(csv.text)).columns[:4] == [
+        "layer", "relative_depth", "n_heads", "pearson"]
+    bad = server.get(url, params={"importance": "intervention.kl"})
+    assert bad.status_code == 422
+    assert "heads.ablation_kl" in bad.json()["detail"]
+    assert server.get(f"{V1}/families/nope/stability-importance").status_code == 404
+
+
 def test_family_stability(server: Api) -> None:
     families = server.get(f"{V1}/families").json()
     assert [f["name"] for f in families] == ["tiny-4l"]

@@ -172,6 +172,12 @@ def test_families_and_stability(reader: Client, service: Service) -> None:
     assert per_layer["layer"].to_list() == [0, 1, 2, 3]
     per_head = reader.stability(FAMILY, "heads.stability", per_head=True)
     assert per_head["head"].drop_nulls().len() > 0
+    # claim (3)'s query, as a frame: the API's rows, column for column
+    joined = reader.stability_importance(FAMILY)
+    api = raw(service, f"/families/{FAMILY}/stability-importance")
+    assert joined.to_dicts() == api["rows"]
+    assert joined["layer"].to_list() == [0, 1, 2, 3]
+    assert joined.columns[:4] == ["layer", "relative_depth", "n_heads", "pearson"]
 
 
 def test_runs(reader: Client, service: Service) -> None:

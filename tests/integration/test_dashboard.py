@@ -470,6 +470,18 @@ def test_head_stability_beside_its_null_baseline(page: Any, service: Service) ->
     screenshot(page, "stability")
 
 
+def test_head_stability_against_ablation_importance(page: Any, service: Service) -> None:
+    """Beside the stability panel: per layer, the correlation over heads of stability and
+    ablation importance — the API's numbers, drawn."""
+    traces = drawn(page, "stability-importance")["traces"]
+    assert [t["name"] for t in traces] == ["Pearson r (95% interval)", "Spearman ρ"]
+    api = service.client.get("/api/v1/families/fam4l-adamw/stability-importance").json()
+    drawn_rows = [r for r in api["rows"] if r["pearson"] is not None]
+    assert traces[0]["y"] == pytest.approx([r["pearson"] for r in drawn_rows])
+    assert traces[1]["y"] == pytest.approx([r["spearman"] for r in drawn_rows])
+    screenshot(page, "stability-importance")
+
+
 def test_a_write_without_a_key_shows_the_api_error(browser: Any, service: Service) -> None:
     from selenium.webdriver.common.by import By
 

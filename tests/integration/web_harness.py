@@ -2,7 +2,7 @@
 worker it starts when no broker is configured) on a real DuckDB file, seeded through the real
 ingest path with results that compute produced for two zoo models of different depths
 (tiny-2l-s0: 2 layers, tiny-4l-s0: 4 layers), plus a refit family's head stability stored by
-`strata stability --store` (fam4l-adamw-s0 vs s1).
+`strata stability --store` (fam4l-adamw-s0 vs s1) and a heads run of its anchor.
 
 The session-scoped `web` fixture (tests/integration/conftest.py) starts it once and stops it
 when the session ends. Reconciliation is off, so the store holds only what was seeded and what
@@ -88,9 +88,14 @@ def start_web_service() -> Service:
     store_stability(env, ("zoo:fam4l-adamw-s0", "zoo:fam4l-adamw-s1"))
     np.save(tmp / "tokens.npy", np.random.default_rng(0).integers(1, 4000, (4, 24)))
     results = {name: zoo_result(name, tmp / "tokens.npy") for name in MODELS}
+    # the family anchor's heads run: what the stability-against-importance panel joins with
+    anchor = compute_run(RunConfig(
+        model=resolve_model_spec("zoo:fam4l-adamw-s0"),
+        tokens=TokenSpec(source="npy", path=str(tmp / "tokens.npy"), n_sequences=0, seq_len=0),
+        families=("heads",), options=EngineOptions(induction_n=6, induction_sequences=2)))
     served = start_service(env, log=tmp / "serve.log", inherit=False, forked=True)
     service = Service(served.base, served.proc, served.log, tmp, results)
-    for result in results.values():
+    for result in [*results.values(), anchor]:
         response = service.client.post(
             "/api/v1/runs/ingest", content=arrow_body(result),
             headers={"X-API-Key": KEY, "Content-Type": "application/vnd.apache.arrow.stream"})

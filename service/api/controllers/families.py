@@ -13,7 +13,7 @@ from service.api.queries import families as family_queries
 from service.api.queries.answers import Answer
 from service.api.queries.index import Snapshot
 from service.api.respond import DATA_ERRORS, ApiContext, errors, respond
-from service.api.schemas.families import Family, Stability
+from service.api.schemas.families import Family, Stability, StabilityImportance
 
 
 class FamiliesController(Controller):
@@ -63,6 +63,38 @@ class FamiliesController(Controller):
                 layer_min=layer_min,
                 layer_max=layer_max,
                 metric_version=metric_version,
+            )
+
+        return await respond(request, ctx, build, fmt, build_in_thread=True)
+
+    @get(
+        "/{family:str}/stability-importance",
+        responses=DATA_ERRORS,
+        operation_class=TabularOperation,
+    )
+    async def stability_importance(
+        self,
+        request: Request[Any, Any, Any],
+        ctx: ApiContext,
+        family: str,
+        importance: Annotated[
+            str,
+            Parameter(
+                query="importance",
+                max_length=200,
+                description="the per-head ablation metric taken as a head's importance",
+            ),
+        ] = "heads.ablation_kl",
+        metric_version: MetricVersion = None,
+        fmt: Format = None,
+    ) -> Response[StabilityImportance]:
+        """Per layer, the correlation over heads between a head's stability across the family's
+        refits and its ablation importance on the anchor (the anchor's current heads run):
+        Pearson r with a 95% interval (Fisher z over heads), Spearman rho, and the means."""
+
+        def build(snap: Snapshot) -> Answer:
+            return family_queries.stability_importance(
+                ctx.reader, snap, family, importance=importance, metric_version=metric_version
             )
 
         return await respond(request, ctx, build, fmt, build_in_thread=True)

@@ -77,6 +77,7 @@ async function start() {
   get(url("/families")).then((families) => {
     state.setRefitFamilies(families);
     redrawPanel("stability");
+    redrawPanel("stability-importance");
   }).catch(() => {});
   await selectionChanged();
   detectJobs();

@@ -8,7 +8,8 @@
 
 import { get, showStatus, url } from "./api.js";
 import { el, optionList } from "./dom.js";
-import { buildStabilityControls, clearPlot, drawHeatmap, drawLine, drawStability, exportPlot }
+import { buildStabilityControls, clearPlot, drawHeatmap, drawLine, drawStability,
+  drawStabilityImportance, exportPlot }
   from "./plots.js";
 import * as state from "./state.js";
 import { buildNeuronControls, drawNeurons, drawStagesTable } from "./tables.js";
@@ -69,10 +70,14 @@ const PANELS = [
     metrics: PER_HEAD, metric: "heads.induction" },
   { id: "stability", title: "Head stability across refits, beside its null baseline",
     kind: "stability" },
+  { id: "stability-importance",
+    title: "Head stability against ablation importance — correlation over each layer's heads",
+    kind: "stability-importance" },
   { id: "stages", title: "Stages of inference — boundaries and their evidence", kind: "stages" },
   { id: "neurons", title: "Top prediction / suppression neurons per layer", kind: "neurons" },
 ];
 const DRAW = { line: drawLine, heatmap: drawHeatmap, stability: drawStability,
+  "stability-importance": drawStabilityImportance,
   stages: drawStagesTable, neurons: drawNeurons };
 const TABLES = new Set(["stages", "neurons"]);
 
@@ -117,7 +122,9 @@ function buildPanel(def) {
   panel.note = note;
   panel.body = body;
   if (def.kind === "neurons") buildNeuronControls(panel, controls, () => redraw(panel));
-  if (def.kind === "stability") buildStabilityControls(panel, controls, () => redraw(panel));
+  if (def.kind === "stability" || def.kind === "stability-importance") {
+    buildStabilityControls(panel, controls, () => redraw(panel));
+  }
   return panel;
 }
 
@@ -174,7 +181,7 @@ export async function redraw(panel) {
   panel.section.dataset.state = "loading";
   const ticket = (panel.ticket = (panel.ticket || 0) + 1);
   try {
-    if (state.selection().length === 0 && panel.def.kind !== "stability") {
+    if (state.selection().length === 0 && !panel.def.kind.startsWith("stability")) {
       clearPlot(panel);
       if (TABLES.has(panel.def.kind)) panel.body.replaceChildren();
       setLinks(panel, []);

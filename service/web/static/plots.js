@@ -308,3 +308,49 @@ export async function drawStability(panel) {
     note: `family ${family}: anchor ${answer.family.anchor.name}, ` +
       `${answer.family.members.length} members; error bars: std over heads` };
 }
+
+/* Per layer, the correlation over heads between a head's stability across the family's refits
+ * and its ablation importance on the anchor (claim 3 of the head-stability paper): Pearson r
+ * with its 95% interval, and Spearman rho. */
+export async function drawStabilityImportance(panel) {
+  const ticket = panel.ticket;
+  await plotlyReady;
+  fillFamilies(panel);
+  const family = panel.extra.family;
+  const layout = baseLayout("correlation over heads", { yaxis: { range: [-1.05, 1.05],
+    title: { text: "correlation over heads" }, zeroline: true } });
+  if (!family) {
+    await render(() => window.Plotly.react(panel.plot, [], layout, PLOT_CONFIG));
+    return { state: "empty", note: "no refit families stored (strata stability --store)", links: [] };
+  }
+  const target = url(`/families/${encodeURIComponent(family)}/stability-importance`);
+  let answer;
+  try {
+    answer = await get(target, true);
+  } catch (error) {
+    if (ticket !== panel.ticket) return null;
+    if (error.status !== 404) throw error;
+    await render(() => window.Plotly.react(panel.plot, [], layout, PLOT_CONFIG));
+    return { state: "empty", note: error.body ? error.body.detail : String(error), links: [] };
+  }
+  if (ticket !== panel.ticket) return null;
+  const rows = answer.rows.filter((r) => r.pearson !== null);
+  const x = rows.map((r) => (state.xMode() === "depth" ? r.relative_depth : r.layer));
+  const traces = [
+    { type: "scatter", mode: "lines+markers", name: "Pearson r (95% interval)", x,
+      y: rows.map((r) => r.pearson),
+      error_y: { type: "data", symmetric: false, visible: state.showErrors(), thickness: 1, width: 2,
+        array: rows.map((r) => (r.pearson_high === null ? 0 : r.pearson_high - r.pearson)),
+        arrayminus: rows.map((r) => (r.pearson_low === null ? 0 : r.pearson - r.pearson_low)) },
+      customdata: rows.map((r) => [r.layer, r.n_heads]),
+      hovertemplate: "<b>Pearson r</b><br>layer %{customdata[0]}, %{customdata[1]} heads<br>%{y:.3f}<extra></extra>",
+      line: { color: "#9467bd" }, marker: { color: "#9467bd", size: 5 }, meta: "pearson" },
+    { type: "scatter", mode: "lines+markers", name: "Spearman ρ", x, y: rows.map((r) => r.spearman),
+      line: { color: "#8c564b", dash: "dot" }, marker: { color: "#8c564b", size: 5 }, meta: "spearman" },
+  ];
+  await render(() => window.Plotly.react(panel.plot, traces, layout, PLOT_CONFIG));
+  return { state: rows.length ? "drawn" : "empty", links: [[family, target]],
+    note: `family ${family}: stability (run ${answer.stability_run.id}) against ${answer.importance} `
+      + `on ${answer.family.anchor.name} (run ${answer.importance_run.id}); a negative r: less `
+      + "stable heads matter more" };
+}
