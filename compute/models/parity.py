@@ -32,7 +32,7 @@ metadata (docs/metrics.md, "Parity").
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 import torch
@@ -100,20 +100,7 @@ class ParityReport:
         )
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "reference": self.reference,
-            "dtype": self.dtype,
-            "tolerance": self.tolerance,
-            "tokens": self.tokens,
-            "block_paths": list(self.block_paths),
-            "max_abs_logprob_diff": self.max_abs_logprob_diff,
-            "kl_to_reference": self.kl_to_reference,
-            "kl_tolerance": self.kl_tolerance,
-            "noise_floor_kl": self.noise_floor_kl,
-            "noise_floor_max_abs_logprob_diff": self.noise_floor_max_abs_logprob_diff,
-            "passed": self.passed,
-            "note": self.note,
-        }
+        return {**asdict(self), "block_paths": list(self.block_paths), "passed": self.passed}
 
 
 def parity_tokens(d_vocab_real: int, bos_token_id: int, n_ctx: int) -> Int[Tensor, "seq pos"]:

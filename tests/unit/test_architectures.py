@@ -25,8 +25,9 @@ import torch
 
 from compute.errors import ParityError, UnsupportedArchitectureError
 from compute.metrics import DEFAULT_FAMILIES
-from compute.models import LoadedModel, Processing, load_model, resolve_model_spec
+from compute.models import Processing, load_model, resolve_model_spec
 from compute.zoo.architectures import CASES, CASES_BY_NAME, SEQ_LEN, build_checkpoint
+from tests.unit.test_hf_forward import hf_log_probs, strata_log_probs
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 EXACT = [c.name for c in CASES if c.expect == "exact"]
@@ -50,22 +51,6 @@ def tokens() -> torch.Tensor:
     ids = torch.randint(1, 128, (2, SEQ_LEN), generator=gen)
     ids[:, 0] = 0
     return ids
-
-
-def strata_log_probs(lm: LoadedModel, ids: torch.Tensor) -> torch.Tensor:
-    with torch.inference_mode():
-        resid = lm.embed(ids)
-        for layer in range(lm.n_layers):
-            resid = lm.run_block(layer, resid).resid
-        return lm.logits(resid).double().log_softmax(-1)
-
-
-def hf_log_probs(path: Path, ids: torch.Tensor) -> torch.Tensor:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    with torch.inference_mode():
-        return model(ids).logits.double().log_softmax(-1)
 
 
 @pytest.mark.parametrize("name", EXACT)
