@@ -34,7 +34,7 @@ from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 
 from compute.errors import SpecError, StrataError
-from service.api.schemas.errors import ErrorBody
+from service.schemas.errors import ErrorBody
 from service.store.errors import DatabaseHeldError, ModelConflictError
 
 log = logging.getLogger("strata.api")

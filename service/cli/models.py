@@ -51,7 +51,7 @@ def _register_locally(body: dict[str, Any], path: Path) -> dict[str, str | int]:
     """Register into the database file; the body is checked as the API would check it."""
     import msgspec
 
-    from service.api.schemas.models import RegisterModel
+    from service.schemas.models import RegisterModel
     from service.store import Store
     from service.store.migrate import ensure_current
     from service.store.registration import Registration, register

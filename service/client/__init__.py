@@ -1,6 +1,6 @@
 """A typed Python client of the Strata API for downstream tools: results as Polars (or pandas)
 DataFrames read from the API's Arrow IPC answers, everything else decoded with the API's own
-schemas (`service.api.schemas`, msgspec), jobs submitted and waited for.
+schemas (`service.schemas`, msgspec), jobs submitted and waited for.
 
     >>> from service.client import Client
     >>> client = Client("http://127.0.0.1:8000", api_key="...")     # the key only for writes
@@ -32,10 +32,6 @@ Installed with the project (`pip install strata`, or `pip install -e .` from a c
 loads neither torch, TransformerLens nor `compute`.
 """
 
-from service.api.schemas.families import Family
-from service.api.schemas.jobs import Job, JobProgress
-from service.api.schemas.models import Model, ModelDetail
-from service.api.schemas.runs import Run
 from service.client.clients import BaseClient, Client, PandasClient, StagesResult
 from service.client.errors import (
     ApiError,
@@ -53,6 +49,10 @@ from service.client.errors import (
     WaitTimeoutError,
     api_error,
 )
+from service.schemas.families import Family
+from service.schemas.jobs import Job, JobProgress
+from service.schemas.models import Model, ModelDetail
+from service.schemas.runs import Run
 
 __all__ = [
     "ApiError",

@@ -16,15 +16,15 @@ import msgspec
 import polars as pl
 import pyarrow as pa
 
-from service.api.schemas.families import Family
-from service.api.schemas.health import Health
-from service.api.schemas.jobs import Job, JobPage
-from service.api.schemas.models import Model, ModelDetail, ModelPage
-from service.api.schemas.runs import Run, RunPage
-from service.api.schemas.stages import ModelStages
 from service.client.errors import JobFailedError, WaitTimeoutError
 from service.client.frames import frame_of
 from service.client.transport import NO_RETRY, READS, RetryPolicy, Transport, decode
+from service.schemas.families import Family
+from service.schemas.health import Health
+from service.schemas.jobs import Job, JobPage
+from service.schemas.models import Model, ModelDetail, ModelPage
+from service.schemas.runs import Run, RunPage
+from service.schemas.stages import ModelStages
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -19,8 +19,8 @@ from __future__ import annotations
 import httpx
 import msgspec
 
-from service.api.schemas.errors import ErrorBody
-from service.api.schemas.jobs import Job
+from service.schemas.errors import ErrorBody
+from service.schemas.jobs import Job
 
 
 class ClientError(Exception):

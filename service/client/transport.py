@@ -136,5 +136,5 @@ class Transport:
 
 
 def decode(response: httpx.Response, schema: type[T]) -> T:
-    """An answer's JSON body as the API's schema `schema` (`service.api.schemas`)."""
+    """An answer's JSON body as the API's schema `schema` (`service.schemas`)."""
     return msgspec.json.decode(response.content, type=schema)

@@ -39,11 +39,11 @@ from sqlalchemy.orm import Session
 
 from compute.errors import SpecError
 from compute.run import METRIC_VERSION, RunConfig, RunResult
-from service.api.schemas.runs import IngestSummary
 from service.jobs.board import Board, Live, WorkerSeen
 from service.jobs.broker import OPS_QUEUE, Broker
 from service.jobs.configs import JobRequest, run_config
 from service.jobs.errors import JobConflictError, JobNotFoundError
+from service.schemas.runs import IngestSummary
 from service.settings import Settings
 from service.store import Store, job_rows
 from service.store.errors import IngestError

@@ -25,7 +25,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from compute.run import CODE_VERSION, RunResult
-from service.api.schemas.runs import IngestSummary
+from service.schemas.runs import IngestSummary
 from service.store.boundaries import infer_boundaries, store_boundaries
 from service.store.db import Store, raw_connection
 from service.store.errors import IngestError, RunNotFoundError

@@ -13,9 +13,9 @@ from __future__ import annotations
 from functools import cached_property
 from typing import Any
 
-from service.api.schemas.jobs import Claimed, HeartbeatAnswer, Reconciled
-from service.api.schemas.runs import IngestSummary
 from service.client.transport import READS, RetryPolicy, Transport, decode
+from service.schemas.jobs import Claimed, HeartbeatAnswer, Reconciled
+from service.schemas.runs import IngestSummary
 
 ARROW = "application/vnd.apache.arrow.stream"
 V1 = "/api/v1"

@@ -13,10 +13,10 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 import pytest
 
-from service.api.schemas.families import StabilityRow
-from service.api.schemas.neurons import NeuronCountRow, NeuronRow
-from service.api.schemas.results import CompareRow, HeadRow, MetricRow, SequenceRow, columns
-from service.api.schemas.stages import StageRow
+from service.schemas.families import StabilityRow
+from service.schemas.neurons import NeuronCountRow, NeuronRow
+from service.schemas.results import CompareRow, HeadRow, MetricRow, SequenceRow, columns
+from service.schemas.stages import StageRow
 from tests.integration.api_server import CORS_ORIGIN, V1, Api
 
 

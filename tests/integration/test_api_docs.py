@@ -11,7 +11,7 @@ import pytest
 from litestar.testing import TestClient
 
 from service.api.app import create_app
-from service.api.schemas.results import CompareRow, MetricRow, columns
+from service.schemas.results import CompareRow, MetricRow, columns
 from service.settings import ApiSettings, Settings
 from service.store import Store
 from tests.integration.api_server import KEY, Api

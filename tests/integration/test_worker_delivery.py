@@ -16,8 +16,8 @@ from compute.models import ModelSpec, load_model
 from compute.run import RunConfig
 from compute.tokens import TokenSpec
 from service.api.queries.ingest import decode
-from service.api.schemas.jobs import Claimed
-from service.api.schemas.runs import IngestSummary
+from service.schemas.jobs import Claimed
+from service.schemas.runs import IngestSummary
 from service.settings import Settings
 from service.store import Store
 from service.store import repositories as repo

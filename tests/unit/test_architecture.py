@@ -26,9 +26,10 @@ MODELS = {"torch", "transformer_lens", "transformers", "compute"}
 
 # Which project packages a package may import (besides itself). A package absent from a rule's
 # list is forbidden to it; `service.cli` and `service.serve` assemble the whole and may use all.
-# The API's schemas are the contract every side shares (the API, the store's ingest summary, the
-# Python client, the worker's delivery client): they import nothing of the project.
-CONTRACT = "service.api.schemas"
+# The schemas are the contract every side shares (the API, the store's ingest summary, the job
+# service, the Python client, the worker's delivery client): a package of their own below all of
+# them, importing nothing of the project.
+CONTRACT = "service.schemas"
 ALLOWED: dict[str, set[str]] = {
     "compute": set(),
     CONTRACT: set(),
@@ -37,7 +38,7 @@ ALLOWED: dict[str, set[str]] = {
     "service.store": {"compute", "service.settings", CONTRACT},
     "service.jobs": {"compute", "service.settings", "service.store", CONTRACT},
     "service.api": {"compute", "service.settings", "service.store", "service.jobs",
-                    "service.exports"},
+                    "service.exports", CONTRACT},
     "service.client": {CONTRACT},
     "service.worker": {"compute", "service.settings", "service.exports", "service.jobs.broker",
                        "service.jobs.errors", "service.client", CONTRACT},
@@ -133,6 +134,16 @@ def test_every_package_imports_only_what_the_layout_allows() -> None:
     assert not offenders, f"imports across the layout's lines: {offenders}"
 
 
+def test_nothing_below_the_api_imports_it() -> None:
+    """The API is imported only by what assembles the whole (the CLI, `strata serve`): the
+    store, the jobs, the worker, the client and the contract never reach up into it."""
+    graph = _graph()
+    assemblers = {"service.api", "service.cli", "service.serve"}
+    offenders = {module: sorted(t for t in targets if _within(t, {"service.api"}))
+                 for module, targets in graph.items() if not _within(module, assemblers)}
+    assert not {m: t for m, t in offenders.items() if t}
+
+
 def test_no_package_imports_a_framework_outside_its_role() -> None:
     offenders: dict[str, list[str]] = {}
     for name, path in MODULES.items():
@@ -187,8 +198,8 @@ def test_no_import_cycles() -> None:
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
 
 
-@pytest.mark.parametrize("module", ["service.client", "service.api.schemas.models",
-                                    "service.api.schemas.jobs", "service.api.schemas.runs"])
+@pytest.mark.parametrize("module", ["service.client", "service.schemas.models",
+                                    "service.schemas.jobs", "service.schemas.runs"])
 def test_the_client_loads_without_compute_torch_or_transformer_lens(module: str) -> None:
     """What a downstream tool gets from `import service.client` (and the contract it decodes
     with): checked in a fresh interpreter, so anything loaded indirectly counts. Neither the

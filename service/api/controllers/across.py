@@ -21,8 +21,8 @@ from service.api.queries import stages as stage_queries
 from service.api.queries.answers import Answer
 from service.api.queries.index import Snapshot
 from service.api.respond import DATA_ERRORS, ApiContext, respond
-from service.api.schemas.results import Comparison
-from service.api.schemas.stages import Stages
+from service.schemas.results import Comparison
+from service.schemas.stages import Stages
 
 
 class AcrossModelsController(Controller):

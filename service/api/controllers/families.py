@@ -13,7 +13,7 @@ from service.api.queries import families as family_queries
 from service.api.queries.answers import Answer
 from service.api.queries.index import Snapshot
 from service.api.respond import DATA_ERRORS, ApiContext, errors, respond
-from service.api.schemas.families import Family, Stability, StabilityImportance
+from service.schemas.families import Family, Stability, StabilityImportance
 
 
 class FamiliesController(Controller):

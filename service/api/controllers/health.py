@@ -6,7 +6,7 @@ from litestar import Controller, Response, get
 
 from service.api.ratelimit import NO_RATE_LIMIT
 from service.api.respond import ApiContext, errors
-from service.api.schemas.health import Health, Ready
+from service.schemas.health import Health, Ready
 
 
 class HealthController(Controller):

@@ -14,7 +14,10 @@ from service.api.errors import BadRequestHttpError, ServiceUnavailableHttpError
 from service.api.queries.jobs import job_out, worker_out
 from service.api.ratelimit import NO_RATE_LIMIT
 from service.api.respond import ApiContext, errors
-from service.api.schemas.jobs import (
+from service.jobs.board import WorkerSeen
+from service.jobs.configs import JobRequest
+from service.jobs.service import JobService
+from service.schemas.jobs import (
     Claim,
     Claimed,
     Failure,
@@ -27,9 +30,6 @@ from service.api.schemas.jobs import (
     Worker,
     WorkerBeat,
 )
-from service.jobs.board import WorkerSeen
-from service.jobs.configs import JobRequest
-from service.jobs.service import JobService
 
 JobId = Annotated[int, Parameter(ge=1, le=2**62, description="job id")]
 

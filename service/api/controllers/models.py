@@ -26,10 +26,10 @@ from service.api.queries import stages as stage_queries
 from service.api.queries.answers import Answer
 from service.api.queries.index import Snapshot
 from service.api.respond import DATA_ERRORS, ApiContext, errors, respond
-from service.api.schemas.models import Model, ModelDetail, ModelPage, RegisterModel
-from service.api.schemas.neurons import NeuronCounts, Neurons
-from service.api.schemas.results import HeadRows, MetricRows, SequenceRows
-from service.api.schemas.stages import Stages
+from service.schemas.models import Model, ModelDetail, ModelPage, RegisterModel
+from service.schemas.neurons import NeuronCounts, Neurons
+from service.schemas.results import HeadRows, MetricRows, SequenceRows
+from service.schemas.stages import Stages
 from service.store.registration import Registration, register
 
 

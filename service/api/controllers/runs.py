@@ -18,7 +18,7 @@ from service.api.formats import MEDIA_TYPES
 from service.api.queries import ingest as ingest_queries
 from service.api.queries import models_and_runs
 from service.api.respond import ApiContext, errors
-from service.api.schemas.runs import IngestSummary, Run, RunPage
+from service.schemas.runs import IngestSummary, Run, RunPage
 from service.store.tables import RUN_STATUSES
 
 

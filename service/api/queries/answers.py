@@ -18,7 +18,7 @@ from compute.records import COMPONENTS, unit_of
 from compute.run import METRIC_VERSION, stderr_basis
 from service.api.errors import NotFoundHttpError, UnprocessableHttpError
 from service.api.queries.index import ModelEntry, RunEntry, Snapshot
-from service.api.schemas.common import ModelRef, RunRef
+from service.schemas.common import ModelRef, RunRef
 from service.store.repositories import family_of
 
 

@@ -42,7 +42,7 @@ from service.api.queries.answers import (
 )
 from service.api.queries.cache import Reader
 from service.api.queries.index import RunEntry, Snapshot
-from service.api.schemas.results import CompareModel, CompareRow, Comparison, columns
+from service.schemas.results import CompareModel, CompareRow, Comparison, columns
 from service.store import repositories as repo
 
 Method = Literal["interpolate", "mean"]

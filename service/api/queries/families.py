@@ -10,14 +10,14 @@ from service.api.queries.answers import Answer, check_layers, check_metric, mode
 from service.api.queries.cache import Reader
 from service.api.queries.index import Snapshot
 from service.api.queries.models_and_runs import utc
-from service.api.schemas.families import (
+from service.schemas.families import (
     Family,
     Stability,
     StabilityImportance,
     StabilityImportanceRow,
     StabilityRow,
 )
-from service.api.schemas.results import columns
+from service.schemas.results import columns
 from service.store import repositories as repo
 
 STABILITY_METRICS = (

@@ -29,7 +29,7 @@ from pydantic import ValidationError
 
 from compute.run import NEURON_TOKENS_SCHEMA, SEQUENCE_MEANS_SCHEMA, RunConfig, RunResult
 from service.api.errors import NotFoundHttpError, UnprocessableHttpError
-from service.api.schemas.runs import IngestSummary
+from service.schemas.runs import IngestSummary
 from service.store import Store
 from service.store.errors import RunNotFoundError
 from service.store.ingest import ingest_result

@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 
 from service.api.queries.models_and_runs import utc
-from service.api.schemas.jobs import Job, JobProgress, Worker
 from service.jobs.board import WorkerSeen
 from service.jobs.service import JobView
+from service.schemas.jobs import Job, JobProgress, Worker
 
 
 def job_out(view: JobView) -> Job:

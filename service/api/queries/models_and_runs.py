@@ -9,14 +9,14 @@ import msgspec
 from compute.run import METRIC_VERSION, stderr_basis
 from service.api.errors import NotFoundHttpError
 from service.api.queries.index import Snapshot
-from service.api.schemas.models import (
+from service.schemas.models import (
     AppliedProcessing,
     Model,
     ModelDetail,
     ModelPage,
     ParityReport,
 )
-from service.api.schemas.runs import Run, RunPage, Timings
+from service.schemas.runs import Run, RunPage, Timings
 from service.store import Store
 from service.store import repositories as repo
 from service.store.tables import RegisteredModelRow, RunRow

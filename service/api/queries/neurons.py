@@ -9,8 +9,8 @@ import polars as pl
 from service.api.queries.answers import Answer, check_layers, model_ref, pick_run, run_ref
 from service.api.queries.cache import Reader
 from service.api.queries.index import Snapshot
-from service.api.schemas.neurons import NeuronCountRow, NeuronCounts, NeuronRow, Neurons
-from service.api.schemas.results import columns
+from service.schemas.neurons import NeuronCountRow, NeuronCounts, NeuronRow, Neurons
+from service.schemas.results import columns
 from service.store import repositories as repo
 
 NeuronClass = Literal["prediction", "suppression", "partition"]

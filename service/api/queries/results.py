@@ -19,7 +19,7 @@ from service.api.queries.answers import (
 )
 from service.api.queries.cache import Reader
 from service.api.queries.index import ModelEntry, RunEntry, Snapshot
-from service.api.schemas.results import (
+from service.schemas.results import (
     HeadRow,
     HeadRows,
     MetricRow,

@@ -34,8 +34,8 @@ from service.api.queries.answers import (
 )
 from service.api.queries.cache import Reader
 from service.api.queries.index import ModelEntry, RunEntry, Snapshot
-from service.api.schemas.results import columns
-from service.api.schemas.stages import Boundary, ModelStages, StageRow, Stages
+from service.schemas.results import columns
+from service.schemas.stages import Boundary, ModelStages, StageRow, Stages
 from service.store import repositories as repo
 
 

@@ -3,7 +3,7 @@ that the migrations must produce; `tests/integration/test_store_migrations.py` c
 
 `JobRow` (`jobs`), `RunRow` (`runs`), `RegisteredModelRow` (`models`) and `NeuronStatsRow`
 (`neurons`) end in `Row` because `Job`, `Run`, `Model` and `NeuronRow` name the API's schemas of
-the same things (`service.api.schemas`), and "model" alone would also mean an ML model."""
+the same things (`service.schemas`), and "model" alone would also mean an ML model."""
 
 from service.store.tables.base import Base, utcnow
 from service.store.tables.family import RefitFamily, RefitFamilyMember

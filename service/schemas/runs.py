@@ -7,7 +7,7 @@ from typing import Any
 
 import msgspec
 
-from service.api.schemas.models import ParityReport
+from service.schemas.models import ParityReport
 
 
 class Timings(msgspec.Struct):

@@ -6,7 +6,7 @@ from datetime import datetime
 
 import msgspec
 
-from service.api.schemas.common import ModelRef, RunRef
+from service.schemas.common import ModelRef, RunRef
 
 
 class Family(msgspec.Struct):

@@ -5,6 +5,6 @@ They are the contract between the API and its clients (`service.client`, the wor
 client), so they import nothing but msgspec: a client loads them without the web framework,
 the database or the science."""
 
-from service.api.schemas.errors import ErrorBody
+from service.schemas.errors import ErrorBody
 
 __all__ = ["ErrorBody"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from service.api.schemas.common import ModelRef, RunRef
+from service.schemas.common import ModelRef, RunRef
 
 
 class NeuronRow(msgspec.Struct):

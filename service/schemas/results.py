@@ -6,7 +6,7 @@ from typing import Any
 
 import msgspec
 
-from service.api.schemas.common import ModelRef, RunRef
+from service.schemas.common import ModelRef, RunRef
 
 
 class MetricRow(msgspec.Struct):
