@@ -128,6 +128,8 @@ def run_service(
 
     log_file = configure_logging(settings, log_level)
     host = host or settings.host
+    # what registration's loopback rule reads (settings.registration_roots): the address served
+    settings = settings.model_copy(update={"host": host})
     port = settings.port if port is None else port
     local = (not settings.broker_url) if local_worker is None else local_worker
     settings.data_dir.mkdir(parents=True, exist_ok=True)

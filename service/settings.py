@@ -26,8 +26,16 @@ class ApiSettings(BaseModel):
     ingest_max_mb: int = Field(4096, ge=1, description="largest ingest body, MiB")
     checkpoint_roots: list[Path] = Field(
         default_factory=list,
-        description="folders under which checkpoint directories may be registered over HTTP "
-        "(empty: none; zoo models and TransformerLens names are always allowed)",
+        description="folders under which checkpoint directories and GGUF files may be "
+        "registered over HTTP (zoo models and TransformerLens names are always allowed); "
+        "empty: see local_checkpoints",
+    )
+    local_checkpoints: bool | None = Field(
+        None,
+        description="whether checkpoints anywhere on this machine may be registered over "
+        "HTTP; unset: yes while the service listens on a loopback address only (only this "
+        "machine's users reach it) and no checkpoint_roots are set, else only under "
+        "checkpoint_roots",
     )
     register_load_max_mb: int = Field(
         2048,
@@ -253,6 +261,14 @@ class Settings(BaseSettings):
         """Where `strata serve` keeps the key it generates when no keys are configured."""
         return self.data_dir / "api-key"
 
+    def registration_roots(self) -> list[Path] | None:
+        """The folders checkpoints registered over HTTP must lie under; None: anywhere on this
+        machine (`api.local_checkpoints`)."""
+        local = self.api.local_checkpoints
+        if local is None:
+            local = not self.api.checkpoint_roots and is_loopback(self.host)
+        return None if local else list(self.api.checkpoint_roots)
+
     def client_key(self) -> str | None:
         """The key this process sends: `api_key`, else the generated key file, else none."""
         if self.api_key:
@@ -261,6 +277,18 @@ class Settings(BaseSettings):
             return self.key_file.read_text().strip() or None
         except OSError:
             return None
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` is a loopback address (127.0.0.0/8, ::1) or `localhost`."""
+    import ipaddress
+
+    if host.strip("[]").lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name: not known to be loopback
+        return False
 
 
 @lru_cache(maxsize=1)

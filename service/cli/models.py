@@ -33,7 +33,10 @@ def add(source: str, name: str | None, revision: str | None, url: str | None) ->
     """Register a model (zoo:NAME, a checkpoint folder, a TransformerLens name). With a service
     running, through it (its default run is then queued); otherwise into the database file."""
     path = Path(source)
-    ref = str(path.resolve()) if (path / "config.json").is_file() else source
+    # A local checkpoint folder or GGUF file is sent as an absolute path: the service resolves
+    # paths against its own working folder, not this shell's.
+    local = (path / "config.json").is_file() or (path.is_file() and path.suffix.lower() == ".gguf")
+    ref = str(path.resolve()) if local else source
     body = {
         "source": ref,
         **({"name": name} if name else {}),
@@ -58,7 +61,7 @@ def _register_locally(body: dict[str, Any], path: Path) -> dict[str, str | int]:
 
     settings = get_settings()
     roots = list(settings.api.checkpoint_roots)
-    if path.is_dir():  # a local folder named on the command line is allowed as it is
+    if path.is_dir() or path.is_file():  # a local folder or file named here is allowed as it is
         roots.append(path.resolve().parent)
     try:
         request = msgspec.convert(body, RegisterModel)

@@ -66,14 +66,18 @@ def _checkpoint_dir(source: str) -> Path | None:
         return None
 
 
-def _check_root(path: Path, checkpoint_roots: Sequence[Path]) -> None:
+def _check_root(path: Path, checkpoint_roots: Sequence[Path] | None) -> None:
+    if checkpoint_roots is None:  # anywhere on this machine (a loopback-only service)
+        return
     resolved = path.resolve()
     for root in checkpoint_roots:
         if resolved.is_relative_to(root.resolve()):
             return
     raise RegistrationError(
         "checkpoint directories and GGUF files can be registered over HTTP only under a "
-        "configured root (STRATA_API__CHECKPOINT_ROOTS); this one is not under any"
+        "configured root (STRATA_API__CHECKPOINT_ROOTS) on a service that others can reach; "
+        "this one is not under any (a service listening on loopback only takes any local "
+        "path: STRATA_API__LOCAL_CHECKPOINTS)"
     )
 
 
@@ -82,7 +86,7 @@ def _weights_mb(path: Path) -> float:
     return sum(f.stat().st_size for f in files) / 2**20
 
 
-def resolve(registration: Registration, checkpoint_roots: Sequence[Path]) -> ModelSpec:
+def resolve(registration: Registration, checkpoint_roots: Sequence[Path] | None) -> ModelSpec:
     """The model spec a registration names; local weights must lie under a checkpoint root."""
     directory = _checkpoint_dir(registration.source)
     if directory is not None:
@@ -137,14 +141,14 @@ def register(
     store: Store,
     registration: Registration,
     *,
-    checkpoint_roots: Sequence[Path],
+    checkpoint_roots: Sequence[Path] | None,
     load_max_mb: float,
 ) -> tuple[RegisteredModelRow, bool]:
     """The registered model and whether it is new. An identical registration (same source,
     processing, revision and name) is answered with the existing model; the same model under
     another name is a `ModelConflictError`. Checkpoint directories and GGUF files must lie under
-    one of `checkpoint_roots`; those no larger than `load_max_mb` are loaded once for their
-    numbers."""
+    one of `checkpoint_roots` (None: anywhere); those no larger than `load_max_mb` are loaded
+    once for their numbers."""
     spec = resolve(registration, checkpoint_roots)
     name = registration.name or usable_name(default_model_name(spec))
     with store.read() as conn, Session(bind=conn) as session:

@@ -85,6 +85,25 @@ def test_first_command_serves_zoo_results_quietly_and_stops_cleanly(tmp_path: Pa
 
         rows = wait_for("tiny-2l-s0's results", zoo_results, timeout=600, every=1)
         assert [r["layer"] for r in rows] == [0, 1]
+        # the user's own checkpoint, anywhere on this machine, registers with nothing set
+        # (the service listens on loopback only) and its default run is queued
+        import shutil
+
+        from compute.zoo.paths import zoo_path
+
+        mine = tmp_path / "elsewhere" / "my-checkpoint"
+        shutil.copytree(zoo_path("tiny-2l-s0"), mine)
+        added = subprocess.run([str(ROOT / ".venv" / "bin" / "strata"), "models", "add",
+                                str(mine)], cwd=tmp_path, env=env, capture_output=True,
+                               text=True, timeout=300)
+        assert added.returncode == 0, added.stderr
+        assert "registered my-checkpoint" in added.stdout
+
+        def queued() -> list[dict[str, object]]:
+            jobs = client.get(f"{V1}/jobs", params={"model": "my-checkpoint"}).json()
+            return list(jobs["items"])
+
+        assert wait_for("my-checkpoint's default run", queued, timeout=120, every=1)
         console = log.read_text()
         assert f"http://127.0.0.1:{port}/" in console
         assert "first start: registered" in console

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -118,3 +119,24 @@ def test_an_invalid_environment_still_lists_the_settings(
     result = CliRunner().invoke(main, ["settings"])
     assert result.exit_code == 0, result.output
     assert "STRATA_DATABASE=" in result.output
+
+
+def test_checkpoints_anywhere_only_on_a_loopback_service_without_roots(tmp_path: Path) -> None:
+    """Over HTTP, a checkpoint anywhere on the machine may be registered by default only while
+    the service listens on loopback and no roots are configured; otherwise under the roots."""
+    from service.settings import ApiSettings, Settings, is_loopback
+
+    def roots(host: str, **api: Any) -> list[Path] | None:
+        return Settings(host=host, api=ApiSettings(**api)).registration_roots()
+
+    assert roots("127.0.0.1") is None
+    assert roots("localhost") is None
+    assert roots("::1") is None
+    assert roots("0.0.0.0") == []
+    assert roots("10.1.2.3") == []
+    assert roots("strata.lab.example") == []
+    assert roots("127.0.0.1", checkpoint_roots=[tmp_path]) == [tmp_path]
+    assert roots("0.0.0.0", local_checkpoints=True) is None
+    assert roots("127.0.0.1", local_checkpoints=False) == []
+    assert is_loopback("127.8.9.10")
+    assert not is_loopback("0.0.0.0")

@@ -90,7 +90,7 @@ class ModelsController(Controller):
         model, created = register(
             ctx.store,
             _registration(data),
-            checkpoint_roots=ctx.settings.api.checkpoint_roots,
+            checkpoint_roots=ctx.settings.registration_roots(),
             load_max_mb=ctx.settings.api.register_load_max_mb,
         )
         if created and ctx.jobs is not None and ctx.settings.jobs.reconcile:
