@@ -187,9 +187,9 @@ LINES = [("drop", "intervention.kl", "drop"), ("swap", "intervention.kl", "swap"
          ("drop-attn", "intervention.kl", "drop_attn"),
          ("drop-mlp", "intervention.kl", "drop_mlp"),
          ("lens-kl", "logit_lens.kl_to_final", None), ("lens-entropy", "logit_lens.entropy", None),
-         ("n-prediction", "neurons.n_prediction", None),
-         ("n-suppression", "neurons.n_suppression", None),
-         ("n-partition", "neurons.n_partition", None), ("prev-k", "attention.prev_5", None),
+         ("n-prediction", "neurons.n_prediction_cal", None),
+         ("n-suppression", "neurons.n_suppression_cal", None),
+         ("n-partition", "neurons.n_partition_cal", None), ("prev-k", "attention.prev_5", None),
          ("sink", "attention.bos", None), ("norm-ratio", "norms.attn_mlp_ratio", None),
          ("sim-self", "similarity.self", "attn"), ("sim-index", "similarity.index", "attn"),
          ("sim-adjacent", "similarity.adjacent", "attn")]
@@ -286,6 +286,35 @@ def test_switching_a_metric_redraws_from_the_api(page: Any, service: Service) ->
                              params={"metric": "intervention.loss_delta",
                                      "component": "swap"}).json()
     assert loss[1]["y"] == pytest.approx([r["value"] for r in api["rows"]])
+
+
+def test_neuron_panels_open_on_the_calibrated_classes(page: Any, service: Service) -> None:
+    """The neuron count panels draw the width-calibrated classes (docs/metrics.md's default);
+    the study's fixed cut-offs stay selectable, labelled as such."""
+    from selenium.webdriver.support.select import Select
+
+    select_models(page, ["tiny-4l-s0"])
+
+    def api(metric: str) -> list[float]:
+        answer = service.client.get("/api/v1/models/tiny-4l-s0/metrics",
+                                    params={"metric": metric}).json()
+        return [r["value"] for r in answer["rows"]]
+
+    first = drawn(page, "n-partition")
+    assert first["traces"][0]["y"] == pytest.approx(api("neurons.n_partition_cal"))
+    picker = Select(page.find_element(By_css(), "section[data-panel='n-partition'] select.metric"))
+    assert picker.first_selected_option.get_attribute("value") == "neurons.n_partition_cal"
+    labels = {o.get_attribute("value"): o.text for o in picker.options}
+    for cls in ("prediction", "suppression", "partition"):
+        assert "calibrated" in labels[f"neurons.n_{cls}_cal"]
+        assert "fixed cut-offs" in labels[f"neurons.n_{cls}"]
+    for panel in ("n-prediction", "n-suppression"):
+        chosen = Select(page.find_element(By_css(), f"section[data-panel='{panel}'] select.metric"))
+        assert chosen.first_selected_option.get_attribute("value").endswith("_cal"), panel
+    picker.select_by_value("neurons.n_partition")
+    fixed = drawn(page, "n-partition", after=first["seq"])["traces"][0]["y"]
+    assert fixed == pytest.approx(api("neurons.n_partition"))
+    assert fixed != pytest.approx(first["traces"][0]["y"])  # tiny models: every neuron, fixed
 
 
 def By_css() -> str:  # noqa: N802 - reads like selenium's By.CSS_SELECTOR

@@ -13,8 +13,12 @@ export function el(tag, attrs = {}, ...children) {
   return node;
 }
 
+/* Options for `values`: each a value, or a [value, label] pair. */
 export function optionList(values, current) {
-  return values.map((v) => el("option", { value: v, text: v, selected: v === current }));
+  return values.map((item) => {
+    const [v, label] = Array.isArray(item) ? item : [item, item];
+    return el("option", { value: v, text: label, selected: v === current });
+  });
 }
 
 export function fmt(v, digits = 4) {

@@ -20,8 +20,14 @@ const INTERVENTION = ["intervention.kl", "intervention.top1_agreement",
   "intervention.loss", "intervention.accuracy"];
 const LENS = ["logit_lens.kl_to_final", "logit_lens.entropy", "logit_lens.top1_agreement",
   "logit_lens.loss"];
-const NEURON_COUNTS = ["neurons.n_prediction", "neurons.n_suppression", "neurons.n_partition",
-  "neurons.frac_prediction", "neurons.frac_suppression", "neurons.frac_partition"];
+/* The neuron classes: the width-calibrated ones first (docs/metrics.md's default), then the
+ * study's fixed cut-offs, kept selectable and labelled as such. */
+const NEURON_COUNTS = [
+  ...["n", "frac"].flatMap((m) => ["prediction", "suppression", "partition"].map((c) =>
+    [`neurons.${m}_${c}_cal`, `neurons.${m}_${c}_cal (calibrated to width)`])),
+  ...["n", "frac"].flatMap((m) => ["prediction", "suppression", "partition"].map((c) =>
+    [`neurons.${m}_${c}`, `neurons.${m}_${c} (the study's fixed cut-offs)`])),
+];
 const PREV = [1, 2, 4, 5, 8, 16].flatMap((k) => [`attention.prev_${k}`,
   `attention.prev_${k}_mean`]);
 const PER_HEAD = ["heads.ablation_kl", "heads.ablation_loss_delta", "heads.induction",
@@ -48,10 +54,11 @@ const PANELS = [
   line("lens-kl", "Logit lens — KL to the final prediction", LENS, "logit_lens.kl_to_final",
     { lens: true }),
   line("lens-entropy", "Logit lens — entropy", LENS, "logit_lens.entropy", { lens: true }),
-  line("n-prediction", "Prediction neurons per layer", NEURON_COUNTS, "neurons.n_prediction"),
+  line("n-prediction", "Prediction neurons per layer", NEURON_COUNTS,
+    "neurons.n_prediction_cal"),
   line("n-suppression", "Suppression neurons per layer", NEURON_COUNTS,
-    "neurons.n_suppression"),
-  line("n-partition", "Partition neurons per layer", NEURON_COUNTS, "neurons.n_partition"),
+    "neurons.n_suppression_cal"),
+  line("n-partition", "Partition neurons per layer", NEURON_COUNTS, "neurons.n_partition_cal"),
   line("prev-k", "Attention to the previous k tokens", PREV, "attention.prev_5"),
   line("sink", "Attention sink — weight on BOS", ["attention.bos", "attention.entropy"],
     "attention.bos"),
