@@ -85,6 +85,10 @@ def make_app(settings: Settings, *, create_broker_dir: bool = False) -> Celery:
         task_serializer="json",
         accept_content=["json"],
         worker_prefetch_multiplier=1,
+        # Celery's prefork pool, whose blocking pool (the filesystem broker's) releases the
+        # queue locks a child killed by a signal held: otherwise its replacement waits on them
+        # forever and the worker never claims a job again (service/worker/pool.py).
+        worker_pool="service.worker.pool:TaskPool",
         # A new pool process reports "up" after its warm-up (`tasks._warm_child`: a model load,
         # ~0.6 s of CPU, seconds on a busy machine; it was ~6 s while each child still imported
         # TransformerLens itself). Celery's default of 4 s killed and replaced it on a busy

@@ -3,7 +3,8 @@
 - `strata worker --gpus 0,1` starts one Celery worker process per listed GPU, each seeing only
   its own device (`CUDA_VISIBLE_DEVICES`); `--device cpu` starts one on the CPU. Each process
   runs one job at a time (prefork pool of one child, recycled after `max_tasks_per_child` jobs
-  or above `max_memory_mb`, which frees GPU memory).
+  or above `max_memory_mb`, which frees GPU memory; `service/worker/pool.py` releases the queue
+  locks a child killed by a signal held, so its replacement takes jobs on every broker).
 - `strata beat` is the one scheduler of a deployment; it also consumes the light `ops` queue
   (reconciliation), so bookkeeping never waits behind a computation.
 - `LocalProcesses` is what `strata serve` runs when no broker is configured: one worker and
@@ -38,7 +39,7 @@ def worker_argv(queues: list[str], name: str, loglevel: str = "INFO") -> list[st
         "--concurrency",
         "1",
         "--pool",
-        "prefork",
+        "prefork",  # the app's `worker_pool`: service/worker/pool.py's TaskPool
         "--hostname",
         name,
         "--loglevel",
