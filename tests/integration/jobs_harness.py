@@ -131,6 +131,22 @@ class RabbitBroker(Broker):
                 except Exception:  # not declared yet: nothing to purge
                     channel = conn.channel()
 
+    def down(self) -> None:
+        """The RabbitMQ application stopped (its node stays up): every connection is closed
+        and the port refuses new ones, as when the broker host goes away."""
+        subprocess.run(["rabbitmqctl", "stop_app"], check=True, capture_output=True,
+                       timeout=120)
+
+    def up(self) -> None:
+        subprocess.run(["rabbitmqctl", "start_app"], check=True, capture_output=True,
+                       timeout=120)
+        subprocess.run(["rabbitmqctl", "await_startup"], check=True, capture_output=True,
+                       timeout=120)
+
+    def close(self) -> None:
+        """Never leave the machine's RabbitMQ stopped (a test that failed while it was down)."""
+        subprocess.run(["rabbitmqctl", "start_app"], capture_output=True, timeout=120)
+
 
 def make_broker(kind: str) -> Broker:
     return {"filesystem": FilesystemBroker, "redis": RedisBroker, "rabbitmq": RabbitBroker}[kind]()

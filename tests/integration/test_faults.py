@@ -109,8 +109,9 @@ def test_disk_full_refuses_with_507_keeps_what_is_stored_and_recovers(tmp_path: 
             d.close()
 
 
-def test_broker_lost_mid_job_the_job_still_succeeds_once() -> None:
-    d = Deployment(make_broker("redis"), env_extra=LEASE)
+@pytest.mark.parametrize("broker", ["redis", "rabbitmq"])
+def test_broker_lost_mid_job_the_job_still_succeeds_once(broker: str) -> None:
+    d = Deployment(make_broker(broker), env_extra=LEASE)
     try:
         d.add_model(MODEL)
         d.start_api(workers=1)
