@@ -257,3 +257,31 @@ def test_each_mechanism_refused_by_name(
     path = build_checkpoint(odd, tmp_path / name)
     with pytest.raises(UnsupportedArchitectureError, match=re.escape(says)):
         load_model(resolve_model_spec(str(path)))
+
+
+@pytest.mark.parametrize("name", EXACT)
+def test_interventions_and_lens_do_not_depend_on_the_processing_applied(
+    matrix_dir: Path, name: str
+) -> None:
+    """docs/metrics.md: drop, swap, drop_attn / drop_mlp, the logit lens and attention patterns
+    do not depend on weight processing, where it is applied as the architecture allows — held
+    here on every architecture of the matrix, the processed load against the unprocessed one."""
+    from compute.engine import sweep
+    from compute.metrics.base import EngineOptions
+
+    path = str(checkpoint(matrix_dir, name))
+    none = Processing(fold_ln=False, center_writing_weights=False, center_unembed=False,
+                      fold_value_biases=False)
+    processed = load_model(resolve_model_spec(path))
+    raw = load_model(resolve_model_spec(path, processing=none))
+    ids = tokens()[:, :20]
+    families = ["intervention", "logit_lens", "attention"]
+    opts = EngineOptions(batch_size=2)
+    a = {(r.metric, r.layer, r.component, r.head): r.value
+         for r in sweep(processed, ids, families, opts).records}
+    b = {(r.metric, r.layer, r.component, r.head): r.value
+         for r in sweep(raw, ids, families, opts).records}
+    assert set(a) == set(b)
+    worse = {k: (a[k], b[k]) for k in a if abs(a[k] - b[k]) > 1e-4 * max(1.0, abs(b[k]))}
+    assert not worse, f"{name}: {len(worse)} numbers moved with the processing, e.g. " + str(
+        list(worse.items())[:4])
