@@ -26,7 +26,7 @@ from service.api.controllers.jobs import JobsController, WorkersController
 from service.api.controllers.metrics import metrics
 from service.api.controllers.models import ModelsController
 from service.api.controllers.runs import RunsController
-from service.api.docs import asset_routers, openapi_config
+from service.api.docs import asset_routers, document_rate_limits, openapi_config
 from service.api.errors import EXCEPTION_HANDLERS
 from service.api.metrics import RequestMetricsMiddleware, ServiceMetrics
 from service.api.ratelimit import RateLimitMiddleware
@@ -76,7 +76,7 @@ def create_app(
         )
     limits = RateLimitMiddleware(settings)
     counted = ServiceMetrics(store, jobs)
-    return Litestar(
+    app = Litestar(
         # Outermost first: requests refused by the rate limit are counted too.
         middleware=[RequestMetricsMiddleware(counted), *([limits] if limits.active else [])],
         # Logging is the process's business (`strata serve` sends it to its log file): the
@@ -102,3 +102,5 @@ def create_app(
         on_startup=[upkeep.start] if upkeep is not None else [],
         on_shutdown=[*([upkeep.stop] if upkeep is not None else []), *on_shutdown],
     )
+    document_rate_limits(app, reads=limits.reads is not None, writes=limits.writes is not None)
+    return app

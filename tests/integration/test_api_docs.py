@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 import pytest
@@ -72,3 +73,39 @@ def test_reads_can_be_private(tmp_path: Path) -> None:
                                   headers={"X-API-Key": ""})
             assert refused.status_code == 403
             assert "STRATA_API_KEYS" in refused.json()["detail"]
+
+
+def test_openapi_lists_the_rate_limits_429(tmp_path: Path) -> None:
+    """Every operation the rate limit covers lists its 429 with `Retry-After`; the workers'
+    protocol, health and metrics (never limited) do not; without limits nothing lists one."""
+    with Store.open(tmp_path / "limits.duckdb", threads=1) as store:
+        from service.store.migrate import upgrade
+
+        upgrade(store)
+
+        def operations(settings: Settings) -> dict[tuple[str, str], dict[str, Any]]:
+            with TestClient(create_app(settings, store)) as client:
+                schema = client.get("/schema/openapi.json").json()
+            return {(path, method): op for path, item in schema["paths"].items()
+                    for method, op in item.items() if method in {"get", "post", "delete"}}
+
+        limited = operations(Settings(database=tmp_path / "limits.duckdb", api_keys=KEY))
+        never = {("/api/v1/health", "get"), ("/api/v1/ready", "get"),
+                 ("/api/v1/jobs/reconcile", "post"),
+                 *((f"/api/v1/jobs/{{job_id}}/{step}", "post")
+                   for step in ("claim", "heartbeat", "fail")),
+                 ("/api/v1/workers/heartbeat", "post")}
+        assert never <= set(limited), sorted(limited)
+        for (path, method), op in limited.items():
+            assert ("429" in op["responses"]) == ((path, method) not in never), (path, method)
+        for key in [("/api/v1/models/{model}/metrics", "get"), ("/api/v1/models", "post"),
+                    ("/api/v1/jobs", "post"), ("/api/v1/jobs/{job_id}", "delete"),
+                    ("/api/v1/compare", "get")]:
+            refused = limited[key]["responses"]["429"]
+            assert "Retry-After" in refused["headers"], key
+            assert refused["headers"]["Retry-After"]["schema"]["type"] == "integer"
+            assert "ErrorBody" in str(refused["content"]), key
+        unlimited = operations(Settings(database=tmp_path / "limits.duckdb", api_keys=KEY,
+                                        api=ApiSettings(read_rate_limit="",
+                                                        write_rate_limit="")))
+        assert not [k for k, op in unlimited.items() if "429" in op["responses"]]

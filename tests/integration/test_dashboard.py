@@ -612,3 +612,48 @@ def test_cancel_a_job_from_the_page(page: Any, service: Service) -> None:
         what="the job cancelled")
     assert service.client.get(f"/api/v1/jobs/{job}").json()["state"] == "cancelled"
     assert not page.find_elements(By.CSS_SELECTOR, f"#job-{job} button.cancel")
+
+
+def test_the_page_waits_out_the_rate_limit_and_says_so(browser: Any, tmp_path: Path) -> None:
+    """A service with a tight read limit (40/second): 120 reads through the page's own client
+    all succeed, the ones refused with 429 sent again after their Retry-After, while the
+    status line says the page is waiting; nothing else goes wrong."""
+    from tests.integration.web_harness import service_env
+    from tests.serving import start_service
+
+    env = {**service_env(tmp_path / "strata.duckdb"), "STRATA_API__READ_RATE_LIMIT": "40/second"}
+    served = start_service(env, log=tmp_path / "serve.log", args=["--no-local-worker"],
+                           inherit=False, forked=True)
+    try:
+        browser.get("about:blank")
+        browser.get_log("browser")
+        browser.get(served.base + "/")
+        wait_for(browser, lambda: browser.execute_script("return document.body.dataset.ready"))
+        time.sleep(1.1)  # a fresh window for the reads below
+        outcome = browser.execute_async_script("""
+            const done = arguments[arguments.length - 1];
+            (async () => {
+              const api = await import("/static/web/api.js");
+              const status = document.getElementById("status");
+              const seen = new Set();
+              new MutationObserver(() => seen.add(status.textContent)).observe(
+                status, { childList: true, characterData: true, subtree: true });
+              const start = performance.now();
+              const answers = await Promise.all([...Array(120).keys()].map(
+                (i) => api.get(api.url("/models", { limit: i + 1 }))));
+              return { answered: answers.filter((a) => a.total === 0).length,
+                       ms: performance.now() - start, seen: [...seen],
+                       limited: window.strata.rateLimited || 0,
+                       status: status.dataset.message };
+            })().then(done, (e) => done({ error: String(e) }));""")
+        assert "error" not in outcome, outcome
+        assert outcome["answered"] == 120
+        assert outcome["limited"] > 0, outcome  # some were refused and waited out
+        assert outcome["ms"] >= 1000, outcome  # at least one Retry-After (1 s) was waited
+        assert any("rate limited by the service (HTTP 429): waiting 1 s" in s
+                   for s in outcome["seen"]), outcome["seen"]
+        assert outcome["status"] == "", "the message goes once the reads got through"
+        others = [e for e in console_errors(browser) if " 429 " not in e["message"]]
+        assert not others, others
+    finally:
+        served.stop()

@@ -1,6 +1,7 @@
 /* The public API (/api/v1), as the page reads and writes it: requests carry the saved key, an
  * error answer is raised as an ApiError with the API's `error: detail`, reads go through a limit
- * of six in flight (what browsers allow per host) and the header's status line counts them.
+ * of six in flight (what browsers allow per host) and the header's status line counts them. A
+ * 429 (the rate limit) is waited out per its Retry-After and the status line says so.
  * Answers pinned to a run id never change, so `get(target, true)` keeps them.
  */
 
@@ -45,15 +46,46 @@ export function url(path, params = {}) {
   return q ? `${V1}${path}?${q}` : `${V1}${path}`;
 }
 
-/* One request, outside the parallelism limit; the parsed JSON answer, or an ApiError. */
+/* How long a request waits out the rate limit (429) in all before its error is shown, as the
+ * Python client does; each wait is the answer's Retry-After (seconds). */
+const RATE_LIMIT_WAIT_S = 60;
+let limitedMessage = null;  // the status line while some request waits out a 429
+
+function retryAfter(response) {
+  const value = response.headers.get("Retry-After");
+  const seconds = Number(value);
+  if (value !== null && Number.isFinite(seconds)) return Math.max(1, seconds);
+  const date = value === null ? NaN : Date.parse(value);
+  return Number.isNaN(date) ? 1 : Math.max(1, Math.ceil((date - Date.now()) / 1000));
+}
+
+/* One request, outside the parallelism limit; the parsed JSON answer, or an ApiError. A 429
+ * (nothing was done) is waited out per its Retry-After, saying so in the status line, and the
+ * request sent again, up to RATE_LIMIT_WAIT_S in all. */
 export async function request(method, target, body) {
   const headers = { Accept: "application/json" };
   const key = apiKey();
   if (key) headers["X-API-Key"] = key;
   if (body !== undefined) headers["Content-Type"] = "application/json";
-  const response = await fetch(target, {
-    method, headers, body: body === undefined ? undefined : JSON.stringify(body),
-  });
+  let response;
+  for (let waited = 0; ;) {
+    response = await fetch(target, {
+      method, headers, body: body === undefined ? undefined : JSON.stringify(body),
+    });
+    if (response.status !== 429 || waited >= RATE_LIMIT_WAIT_S) break;
+    const wait = Math.min(retryAfter(response), RATE_LIMIT_WAIT_S - waited);
+    limitedMessage = `rate limited by the service (HTTP 429): waiting ${wait} s, then trying `
+      + "again";
+    window.strata.rateLimited = (window.strata.rateLimited || 0) + 1;
+    showStatus(limitedMessage);
+    await new Promise((resolve) => setTimeout(resolve, wait * 1000));
+    waited += wait;
+  }
+  if (response.ok && limitedMessage !== null
+      && document.getElementById("status").dataset.message === limitedMessage) {
+    limitedMessage = null;
+    showStatus("");
+  }
   const text = await response.text();
   let parsed = null;
   try { parsed = text ? JSON.parse(text) : null; } catch (e) { parsed = { detail: text }; }
