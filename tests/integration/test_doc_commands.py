@@ -1,0 +1,219 @@
+"""Every documented command runs as written: the shell commands of README.md's Quickstart and
+SmolLM2 sections, and every `strata ...` or `curl ...` line in a ```bash block of docs/*.md, on a
+fresh data folder against one started `strata serve` (the README's first command, on its
+default address http://127.0.0.1:8000, with nothing configured but the hub kept offline and the
+documented default run made small through `STRATA_JOBS__*`, as tests/integration/test_first_run.py
+does).
+
+A command that cannot run here says so in the doc, on its first line: `# not in CI: <why>` (the
+hub, a GPU, hours of CPU). The test skips exactly those, and checks the list of them, so a new
+mark is a visible change. Placeholders a reader replaces (`/path/to/my-checkpoint`, a lab's
+backup folder) are replaced by the test with real things of its own (`PLACEHOLDERS`).
+
+A command passes when it exits 0 and, for `curl`, answers no error body (`curl -s` exits 0 on a
+404). The commands of one block share its exported variables, as in one shell session; the
+README's `export KEY=... API=...` is in force for every command after it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from compute.zoo.paths import zoo_path
+from tests.serving import wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+BASE = "http://127.0.0.1:8000"
+V1 = f"{BASE}/api/v1"
+SKIP = re.compile(r"#.*\bnot in CI\b")
+COMMAND = re.compile(r"^(\.venv/bin/)?(strata|curl)\b")
+# What the docs mark as not runnable here (the test fails if the marks change unnoticed).
+MARKED = {
+    ".venv/bin/strata models add gpt2",
+    ".venv/bin/python scripts/study_figures.py --model SmolLM2-135M-Instruct.Q4_1",
+}
+
+
+@dataclass
+class Command:
+    where: str  # file:line
+    text: str  # the command, continuation lines joined
+    exports: list[str]  # the block's export / assignment lines before it
+
+    @property
+    def skipped(self) -> bool:
+        return bool(SKIP.search(self.text))
+
+
+def _blocks(path: Path, sections: tuple[str, ...] | None = None) -> list[tuple[int, list[str]]]:
+    """The ```bash blocks of `path` (those under a `## ` heading starting with one of `sections`
+    when given): (first line number, lines)."""
+    lines = path.read_text().splitlines()
+    found, current, heading, start = [], None, "", 0
+    for number, line in enumerate(lines, 1):
+        if line.startswith("## "):
+            heading = line[3:]
+        if current is None and line.strip() == "```bash":
+            current, start = [], number + 1
+        elif current is not None and line.strip() == "```":
+            if sections is None or heading.startswith(sections):
+                found.append((start, current))
+            current = None
+        elif current is not None:
+            current.append(line)
+    return found
+
+
+def _commands(path: Path, *, every_line: bool, sections: tuple[str, ...] | None = None
+              ) -> list[Command]:
+    """The commands of `path`'s bash blocks: every shell command (`every_line`) or only the
+    `strata` / `curl` ones; continuation lines joined."""
+    out: list[Command] = []
+    for start, lines in _blocks(path, sections):
+        exports: list[str] = []
+        i = 0
+        while i < len(lines):
+            first = i
+            text = lines[i]
+            while text.rstrip().endswith("\\") and i + 1 < len(lines):
+                i += 1
+                text = text.rstrip()[:-1] + " " + lines[i].strip()
+            i += 1
+            stripped = text.strip()
+            if not stripped or stripped.startswith("#"):
+                continue
+            if re.match(r"^(export\s+)?[A-Z_]+=", stripped):
+                exports.append(stripped)
+                continue
+            piped = stripped.split("|")[-1].strip() if "|" in stripped else stripped
+            if every_line or COMMAND.match(stripped) or COMMAND.match(piped):
+                out.append(Command(f"{path.name}:{start + first}", stripped, list(exports)))
+    return out
+
+
+def documented() -> list[Command]:
+    readme = ROOT / "README.md"
+    commands = _commands(readme, every_line=True,
+                         sections=("Quickstart", "A real pretrained model"))
+    for doc in sorted((ROOT / "docs").glob("*.md")):
+        commands += _commands(doc, every_line=False)
+    return commands
+
+
+def test_the_docs_commands_are_found_and_marked() -> None:
+    """What this file runs, read from the docs (cheap: no service)."""
+    commands = documented()
+    texts = [c.text for c in commands]
+    assert any(t.startswith(".venv/bin/strata models add /path/to/my-checkpoint") for t in texts)
+    assert any(t.startswith('.venv/bin/strata models add "$GGUF"') for t in texts)
+    assert any(t.startswith("strata db backup") for t in texts)
+    assert any("runs/ingest" in t for t in texts)
+    marked = {next(m for m in MARKED if c.text.startswith(m)) for c in commands if c.skipped
+              if any(c.text.startswith(m) for m in MARKED)}
+    assert marked == MARKED
+    assert all(any(c.text.startswith(m) for m in MARKED) for c in commands if c.skipped), \
+        [c.text for c in commands if c.skipped]
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_every_documented_command_runs_as_written(tmp_path: Path) -> None:
+    if not _port_free(8000):
+        pytest.fail("port 8000 is taken: the docs' commands name http://127.0.0.1:8000")
+    home = tmp_path / "clone"  # a fresh working folder: its own ./strata.duckdb and ./.strata
+    home.mkdir()
+    for name in (".venv", "scripts"):
+        (home / name).symlink_to(ROOT / name)
+    mine = tmp_path / "elsewhere" / "my-checkpoint"
+    shutil.copytree(zoo_path("tiny-2l-s0"), mine)
+    (tmp_path / "backups").mkdir()  # a lab's backup folder, which exists
+    placeholders = {"/path/to/my-checkpoint": str(mine),
+                    "/srv/strata/backups": str(tmp_path / "backups"),
+                    "/tmp/before-upgrade.duckdb": str(tmp_path / "before-upgrade.duckdb")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STRATA_")}
+    env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                "PATH": f"{home / '.venv' / 'bin'}:{env.get('PATH', '')}",
+                # the default run of each registered model, made small (documented settings)
+                "STRATA_JOBS__FAMILIES": '["intervention", "logit_lens"]',
+                "STRATA_JOBS__N_SEQUENCES": "2", "STRATA_JOBS__SEQ_LEN": "16"})
+    log = tmp_path / "serve.log"
+    with log.open("w") as out:
+        serve = subprocess.Popen([str(home / ".venv" / "bin" / "strata"), "serve"], cwd=home,
+                                 env=env, stdout=out, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+    client = httpx.Client(timeout=30)
+    try:
+        def healthy() -> bool:
+            if serve.poll() is not None:
+                raise AssertionError(f"strata serve exited:\n{log.read_text()[-4000:]}")
+            try:
+                return client.get(f"{V1}/health").status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for("strata serve", healthy, timeout=180, every=0.5)
+
+        def computed(name: str) -> bool:
+            model = client.get(f"{V1}/models/{name}").json()
+            return {"intervention", "logit_lens"} <= set(model.get("current_runs") or {})
+
+        # the first results are queryable within a minute or two (the README): wait for the
+        # two models the commands read
+        for name in ("tiny-2l-s0", "tiny-4l-s0"):
+            wait_for(f"{name}'s default run", lambda n=name: computed(n), timeout=600, every=1)
+
+        readme_exports = ["export KEY=$(cat .strata/api-key) API=http://127.0.0.1:8000/api/v1"]
+        ran: list[str] = []
+        for command in documented():
+            if command.skipped:
+                continue
+            text = command.text
+            for placeholder, real in placeholders.items():
+                text = text.replace(placeholder, real)
+            script = "\n".join(["set -euo pipefail", *readme_exports, *command.exports, text])
+            done = subprocess.run(["bash", "-c", script], cwd=home, env=env,
+                                  capture_output=True, text=True, timeout=600)
+            assert done.returncode == 0, (command.where, text, done.stdout[-2000:],
+                                          done.stderr[-3000:])
+            if re.match(r"^curl\b", text.split("|")[-1].strip()) and done.stdout.strip():
+                answer = json.loads(done.stdout)
+                error_body = isinstance(answer, dict) and {"error", "detail", "status"} <= set(
+                    answer)
+                assert not error_body, (command.where, answer)
+            ran.append(command.where)
+            if text.startswith('.venv/bin/strata models add "$GGUF"'):
+                # registered, and its default run queued; cancelled here (it would compute
+                # SmolLM2 for minutes), which is the test's business, not the docs'
+                name = "SmolLM2-135M-Instruct.Q4_1"
+                jobs = client.get(f"{V1}/jobs", params={"model": name}).json()["items"]
+                assert jobs, f"{name}'s default run was not queued"
+                key = (home / ".strata" / "api-key").read_text().strip()
+                for job in jobs:
+                    client.delete(f"{V1}/jobs/{job['id']}", headers={"X-API-Key": key})
+            if text.startswith(f".venv/bin/strata models add {mine}"):
+                jobs = client.get(f"{V1}/jobs", params={"model": "my-checkpoint"}).json()
+                assert jobs["items"], "my-checkpoint's default run was not queued"
+        assert len(ran) >= 15, ran
+    finally:
+        client.close()
+        if serve.poll() is None:
+            os.killpg(serve.pid, signal.SIGINT)
+            try:
+                serve.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(serve.pid, signal.SIGKILL)
+                serve.wait()
