@@ -4,8 +4,10 @@
 The same zoo model is loaded in float32 and in bfloat16 and swept over the same tokens with every
 family; every record of the bfloat16 run must lie within `abs + rel * |float32 value|` of the
 float32 one, with (abs, rel) per metric from `BOUNDS`. The bounds are the ones documented; the
-differences measured on this model are a few times smaller (largest: intervention KL 1.3e-3
-nats at a KL of 4.3, top-1 agreement 0.033, swap-minus-drop top-1 0.042 on 120 tokens).
+differences measured on this model are several times smaller (largest: intervention KL 1.3e-3
+nats at a KL of 4.3, top-1 agreement 0.033, swap-minus-drop top-1 0.042 on 120 tokens). On
+SmolLM2-135M's 4 x 128 default-run tokens the largest ones reach 60-85% of their bounds
+(docs/performance.md, "bfloat16 on this CPU").
 """
 
 from __future__ import annotations
@@ -22,23 +24,24 @@ from compute.records import Record
 
 FAMILIES = ["intervention", "logit_lens", "neurons", "similarity", "attention", "norms", "heads"]
 
-# (absolute, relative) bound of |bf16 - fp32| per metric (the longest matching prefix wins).
+# (absolute, relative) bound of |bf16 - fp32| per metric (the longest matching prefix wins);
+# the relative part is of |fp32 value|, or of the scale `scale_of` names.
 BOUNDS: dict[str, tuple[float, float]] = {
-    "intervention.kl": (5e-3, 0.05),
-    "intervention.swap_minus_drop_kl": (5e-3, 0.05),
-    "logit_lens.kl_to_final": (5e-3, 0.05),
-    "heads.ablation_kl": (5e-3, 0.05),
-    "intervention.loss": (1e-2, 0.01),  # loss and loss_delta
-    "logit_lens.loss": (1e-2, 0.01),
-    "heads.ablation_loss_delta": (1e-2, 0.01),
-    "intervention.entropy": (1e-2, 0.01),  # entropy and entropy_delta, bits
-    "logit_lens.entropy": (1e-2, 0.01),
+    "intervention.kl": (1e-2, 0.05),
+    "intervention.swap_minus_drop_kl": (1e-2, 0.05),  # of swap KL + drop KL
+    "logit_lens.kl_to_final": (1e-2, 0.05),
+    "heads.ablation_kl": (1e-2, 0.05),
+    "intervention.loss": (1e-2, 0.02),  # loss_delta: of the intervened loss
+    "logit_lens.loss": (1e-2, 0.02),
+    "heads.ablation_loss_delta": (2e-2, 0.05),
+    "intervention.entropy": (1e-2, 0.03),  # bits; entropy_delta: of the intervened entropy
+    "logit_lens.entropy": (1e-2, 0.03),
     # Fractions of evaluated tokens: a token whose top-1 flips moves them by 1/n.
     "intervention.top1_agreement": (0.06, 0.0),
     "intervention.accuracy": (0.06, 0.0),
     "intervention.swap_minus_drop_top1": (0.06, 0.0),
     "logit_lens.top1_agreement": (0.06, 0.0),
-    "attention.": (1e-2, 0.01),
+    "attention.": (2e-2, 0.03),
     "heads.induction": (1e-2, 0.0),
     "norms.": (0.0, 0.01),
     "similarity.": (1e-2, 0.0),
@@ -47,15 +50,15 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "neurons.frac_": (1e-2, 0.0),
     "neurons.n_": (0.0, 0.0),  # counts: bound below, 1% of d_mlp
 }
-
-
 # Fractions of evaluated tokens (top-1 agreement, accuracy): at least this many tokens' worth,
 # so that a short test run may flip a couple of near-tied predictions.
 FRACTIONS = ("top1_agreement", "accuracy", "swap_minus_drop_top1")
 TOKENS_WORTH = 3
 
+Key = tuple[Any, ...]
 
-def bound(metric: str, value: float, d_mlp: int, tokens: int = 10**9) -> float:
+
+def bound(metric: str, scale: float, d_mlp: int, tokens: int = 10**9) -> float:
     if metric.startswith("neurons.n_"):
         return 0.01 * d_mlp
     prefix = max((p for p in BOUNDS if metric.startswith(p)), key=len, default=None)
@@ -64,22 +67,35 @@ def bound(metric: str, value: float, d_mlp: int, tokens: int = 10**9) -> float:
     absolute, relative = BOUNDS[prefix]
     if metric.endswith(FRACTIONS):
         absolute = max(absolute, TOKENS_WORTH / tokens)
-    return absolute + relative * abs(value)
+    return absolute + relative * abs(scale)
+
+
+def scale_of(key: Key, values: dict[Key, float]) -> float:
+    """What a record's relative bound is relative to: its own float32 value, except for
+    differences, whose rounding is that of what they difference (a loss or entropy delta: the
+    intervened loss or entropy; swap minus drop: both KLs)."""
+    metric, layer, component, head, neuron = key
+    if metric in ("intervention.loss_delta", "intervention.entropy_delta"):
+        return abs(values[(metric.removesuffix("_delta"), layer, component, head, neuron)])
+    if metric == "intervention.swap_minus_drop_kl":
+        return sum(abs(values[("intervention.kl", layer, kind, None, None)])
+                   for kind in ("swap", "drop"))
+    return abs(values[key])
 
 
 def outside_bounds(
     full: list[Record], low: list[Record], d_mlp: int, tokens: int = 10**9
 ) -> list[str]:
     """Every record of `low` (bfloat16) farther from `full`'s (float32) than its bound."""
-    def key(r: Record) -> tuple[Any, ...]:
+    def key(r: Record) -> Key:
         return (r.metric, r.layer, r.component, r.head, r.neuron)
 
     want = {key(r): r.value for r in full}
     got = {key(r): r.value for r in low}
     assert want.keys() == got.keys()
-    return [f"{k}: float32 {want[k]:.6g} bfloat16 {got[k]:.6g} "
-            f"(bound {bound(k[0], want[k], d_mlp, tokens):.3g})"
-            for k in want if abs(got[k] - want[k]) > bound(k[0], want[k], d_mlp, tokens)]
+    limits = {k: bound(k[0], scale_of(k, want), d_mlp, tokens) for k in want}
+    return [f"{k}: float32 {want[k]:.6g} bfloat16 {got[k]:.6g} (bound {limits[k]:.3g})"
+            for k in want if abs(got[k] - want[k]) > limits[k]]
 
 
 def swept(name: str, dtype: str, tokens: torch.Tensor) -> tuple[list[Record], int]:
