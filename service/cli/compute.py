@@ -135,6 +135,7 @@ def compute(
         )
         if store:  # fail before hours of compute if the results could not be stored
             check_store_writable(get_settings())
+        warn_if_dtype_is_slow(dtype, device)
         result = _compute_with_progress(config, device, quiet)
     except StrataError as exc:
         fail(str(exc), exit_code_of(exc))
@@ -209,6 +210,16 @@ def _run_config(
         families=tuple(families),
         options=options,
     )
+
+
+def warn_if_dtype_is_slow(dtype: str, device: str) -> None:
+    """Say so before computing when `dtype` is emulated here (compute.hardware): a bfloat16
+    run on a CPU without AMX / AVX512-BF16 takes ~90x as long as in float32."""
+    from compute.hardware import dtype_speed_warning
+
+    note = dtype_speed_warning(dtype, device)
+    if note:
+        click.echo(f"warning: {note}", err=True)
 
 
 def _compute_with_progress(config: Any, device: str, quiet: bool) -> Any:

@@ -102,6 +102,7 @@ def run_job(
     cache: ModelCache,
 ) -> str:
     """Run one job to its end; returns what happened: succeeded, failed, cancelled, refused."""
+    from compute.hardware import dtype_speed_warning
     from compute.run import RunConfig, compute_run, result_metadata
     from service.exports import FORMATS
 
@@ -115,6 +116,9 @@ def run_job(
         try:
             config = with_worker_budgets(RunConfig.model_validate(claimed.config), settings)
             lm = cache.get(config.model, me.device)
+            note = dtype_speed_warning(config.model.dtype, me.device)
+            if note:  # in the worker's log: the job's ETA says the rest
+                log.warning("job %s: %s", job_id, note)
             result = compute_run(config, device=me.device, progress=reporter.progress, lm=lm)
             if reporter.stop_requested.is_set():
                 raise JobCancelledError(f"job {job_id} was cancelled")
