@@ -8,7 +8,9 @@ fix. The CLI maps them to exit codes, the service to HTTP statuses; nothing else
     │   ├── UnknownModelError     no source recognises the model reference
     │   ├── UnknownMetricError    a metric family that is not registered
     │   ├── TokenSpecError        unreadable tokens, ids out of range, seq_len > n_ctx, ...
-    │   └── ModelTooLargeError    the model (estimated from its config) will not fit the device
+    │   ├── ModelTooLargeError    the model (estimated from its config) will not fit the device
+    │   └── LensError             a tuned lens that cannot be read, does not fit the model, or
+    │                             cannot be trained on the run's token source
     ├── ModelLoadError            the source was recognised but loading failed
     │   └── UnsupportedArchitectureError  a mechanism Strata cannot run exactly (named)
     │       └── ParityError       Strata's forward differs from Hugging Face's beyond tolerance
@@ -41,6 +43,11 @@ class TokenSpecError(SpecError):
 class ModelTooLargeError(SpecError):
     """The memory a model needs, estimated from its config before loading, exceeds what the
     device (or host) has."""
+
+
+class LensError(SpecError):
+    """A tuned lens file that cannot be read or does not match the model, or a token source
+    that has no training split for one."""
 
 
 class ModelLoadError(StrataError):

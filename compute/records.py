@@ -58,6 +58,15 @@ CATALOG: dict[str, str] = {
         ]
     },
     **{
+        f"tuned_lens.{m}": u
+        for m, u in [
+            ("kl_to_final", "nats"),
+            ("entropy", "bits"),
+            ("top1_agreement", "fraction"),
+            ("loss", "nats"),
+        ]
+    },
+    **{
         f"neurons.{m}": u
         for m, u in [
             ("vocab_mean", "cosine"),
@@ -115,6 +124,9 @@ PATTERNS: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"heads\.residual_cka\.(linear|rbf)"), "cka"),
     (re.compile(r"stages\.boundary_[123]"), "relative_depth"),
 ]
+# Families indexed by residual point i = 0..L (0 = embeddings, i = output of block i-1), not by
+# block: their `layer` runs to L and their relative depth is i / L.
+LENS_PREFIXES = ("logit_lens.", "tuned_lens.")
 COMPONENTS = frozenset(
     {"drop", "swap", "drop_attn", "drop_mlp", "none", "attn", "mlp", "swap-drop"}
 )

@@ -18,6 +18,7 @@ import torch
 from pydantic import BaseModel, ConfigDict
 
 from compute.engine import ProgressFn, sweep
+from compute.lens.store import LensStore, provide_lens
 from compute.metrics import DEFAULT_FAMILIES, families_named
 from compute.metrics.base import (
     PERFORMANCE_OPTIONS,
@@ -73,6 +74,8 @@ class RunConfig(BaseModel):
         data = self.model_dump(mode="json")
         for name in PERFORMANCE_OPTIONS:
             data["options"].pop(name, None)
+        if "tuned_lens" not in self.families:  # runs without the lens keep their hashes
+            data["options"].pop("tuned_lens", None)
         data["families"] = sorted(data["families"])
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
@@ -93,6 +96,8 @@ class RunResult:
     environment: dict[str, str] = field(default_factory=dict)
     # per-sequence means of every per-layer mean (SEQUENCE_MEANS_SCHEMA): the bootstrap's input
     sequence_means: pa.Table = field(default_factory=SEQUENCE_MEANS_SCHEMA.empty_table)
+    # the tuned lens the run evaluated: its key, whether this run trained it, the budget used
+    lens: dict[str, Any] | None = None
 
 
 def neuron_tokens_table(rows: list[NeuronTokens]) -> pa.Table:
@@ -106,9 +111,13 @@ def compute_run(
     device: str = "cpu",
     progress: ProgressFn | None = None,
     lm: LoadedModel | None = None,
+    lenses: LensStore | None = None,
 ) -> RunResult:
     """Load the model and tokens a configuration names, sweep, validate and return the records.
 
+    With the tuned_lens family the run's lens is loaded from `lenses` (default: the lens folder,
+    `compute.lens.store.lens_dir()`) or, when none is stored under its key, trained first on the
+    token source's training split (progress reports the training's steps, then the sweep's).
     Validation happens before any output exists: on error nothing is returned at all.
     """
     families_named(list(config.families))  # fail on unknown families before loading anything
@@ -119,7 +128,13 @@ def compute_run(
         token_spec, lm.tokenizer, bos_token_id=lm.bos_token_id, d_vocab=lm.d_vocab, n_ctx=lm.n_ctx
     )
     config = config.model_copy(update={"tokens": token_spec})
-    result = sweep(lm, tokens, list(config.families), config.options, progress)
+    lens, lens_info = None, None
+    if "tuned_lens" in config.families:
+        lens, lens_info = provide_lens(
+            lm, token_spec, config.options.tuned_lens, lenses or LensStore(), progress
+        )
+    with lm.using_lens(lens):
+        result = sweep(lm, tokens, list(config.families), config.options, progress)
     table = validate_records(records_to_table(result.records), n_layers=lm.n_layers)
     return RunResult(
         config=config,
@@ -136,6 +151,7 @@ def compute_run(
             "strata": CODE_VERSION,
         },
         sequence_means=result.sequence_means,
+        lens=lens_info,
     )
 
 
@@ -151,4 +167,5 @@ def result_metadata(result: RunResult) -> dict[str, Any]:
         "environment": result.environment,
         "metric_version": result.config.metric_version,
         "stderr_basis": stderr_basis(result.config.metric_version),
+        **({"tuned_lens": result.lens} if result.lens is not None else {}),
     }

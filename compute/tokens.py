@@ -257,10 +257,72 @@ def pack_windows(
             f"({len(stream)} tokens) but {n_sequences} were requested; ask for at most "
             f"{available}, shorten seq_len, or give more text"
         )
-    chosen = np.random.default_rng(seed).permutation(available)[:n_sequences]
-    windows = stream[: available * body].reshape(available, body)[chosen]
-    bos = np.full((n_sequences, 1), bos_token_id, dtype=np.int64)
+    chosen = window_order(available, seed)[:n_sequences]
+    return _with_bos(stream[: available * body].reshape(available, body)[chosen], bos_token_id)
+
+
+def _with_bos(windows: np.ndarray, bos_token_id: int) -> Int[Tensor, "n seq_len"]:
+    bos = np.full((windows.shape[0], 1), bos_token_id, dtype=np.int64)
     return torch.from_numpy(np.concatenate([bos, windows], axis=1))
+
+
+def window_order(available: int, seed: int) -> np.ndarray:
+    """The seeded order of a text's windows: a run evaluates the first `n_sequences`, a tuned
+    lens trains on the last ones (`training_windows`)."""
+    return np.random.default_rng(seed).permutation(available)
+
+
+def window_split(
+    available: int, *, n_evaluated: int, n_training: int, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Indices of the evaluated windows (the head of `window_order`) and of the training split
+    (its tail). Disjoint by construction; refused when the text has too few windows for both."""
+    if n_evaluated + n_training > available:
+        raise TokenSpecError(
+            f"the text yields {available} windows: too few for {n_evaluated} evaluated and "
+            f"{n_training} training sequences that do not overlap; evaluate fewer sequences, "
+            "train on fewer, shorten seq_len or give more text"
+        )
+    order = window_order(available, seed)
+    return order[:n_evaluated], order[available - n_training :]
+
+
+def training_windows(
+    spec: TokenSpec,
+    tokenizer: Any,
+    *,
+    n_training: int,
+    bos_token_id: int,
+    d_vocab: int,
+    n_ctx: int,
+) -> Int[Tensor, "n_training seq_len"]:
+    """The training split of a text source: the last `n_training` windows of the seeded order
+    whose first `spec.n_sequences` windows the run evaluates, so the two never overlap; BOS
+    prepended as for the run. Only text sources (built-in corpus, text file or folder) have one:
+    a `.npy` is evaluated exactly as given, and the Pile's stream depends on the windows asked
+    for."""
+    if spec.source not in ("builtin", "corpus"):
+        raise TokenSpecError(
+            f"token source {spec.source!r} has no training split for a tuned lens (only the "
+            "built-in corpus and text corpora do); train on a text source, or import a lens"
+        )
+    if tokenizer is None:
+        raise TokenSpecError("this model has no tokenizer: its lens cannot be trained on text")
+    _check_spec(spec)
+    if spec.seq_len > n_ctx:
+        raise TokenSpecError(f"seq_len={spec.seq_len} exceeds the model's context n_ctx={n_ctx}")
+    documents = (
+        builtin_corpus_documents() if spec.source == "builtin" else read_corpus(str(spec.path))
+    )
+    stream = tokenized_stream(tokenizer, documents, bos_token_id)
+    body = spec.seq_len - 1
+    available = len(stream) // body
+    _, chosen = window_split(
+        available, n_evaluated=spec.n_sequences, n_training=n_training, seed=spec.seed
+    )
+    tokens = _with_bos(stream[: available * body].reshape(available, body)[chosen], bos_token_id)
+    validate_tokens(tokens, d_vocab=d_vocab, n_ctx=n_ctx, what="training tokens")
+    return tokens
 
 
 def windows_fingerprint(tokens: Int[Tensor, "n_sequences seq_len"]) -> str:

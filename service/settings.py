@@ -300,7 +300,10 @@ def get_settings() -> Settings:
 
 def use_data_dir(settings: Settings) -> None:
     """Point compute's file caches at the data directory: GGUF files are dequantized once into
-    `<data_dir>/gguf/<sha256>/` (every process of a deployment that shares data_dir shares it)."""
+    `<data_dir>/gguf/<sha256>/` and tuned lenses are kept in `<data_dir>/lenses/` (every process
+    of a deployment that shares data_dir shares them)."""
     from compute.gguf import set_cache_dir
+    from compute.lens.config import set_lens_dir
 
     set_cache_dir(settings.data_dir / "gguf")
+    set_lens_dir(settings.data_dir / "lenses")

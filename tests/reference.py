@@ -17,6 +17,8 @@ engine's model layer (`LoadedModel.embed / run_block / logits`); it talks to the
 - a swap exchanges the weights of blocks l and l+1 in a deep copy of the model (state-dict
   entries `blocks.l.*` <-> `blocks.{l+1}.*`) and runs a full forward of the copy;
 - the logit lens takes `run_with_cache` residuals through `model.ln_final` and `model.unembed`;
+  the tuned lens (`tuned_lens_rows`, given its translators) first maps each position's residual
+  through its point's translator in float64 with numpy;
 - per-token values are collected in Python lists, one per sequence, then reduced with numpy: the
   mean of each sequence's values, then the mean of those per-sequence means and their sample
   std (ddof=1) / sqrt(n), n = number of sequences; stderr is None for n < 2 (docs/metrics.md:
@@ -74,6 +76,8 @@ UNITS = {
     "intervention.swap_minus_drop_top1": "fraction",
     "logit_lens.kl_to_final": "nats", "logit_lens.entropy": "bits",
     "logit_lens.top1_agreement": "fraction", "logit_lens.loss": "nats",
+    "tuned_lens.kl_to_final": "nats", "tuned_lens.entropy": "bits",
+    "tuned_lens.top1_agreement": "fraction", "tuned_lens.loss": "nats",
     "neurons.vocab_mean": "cosine", "neurons.vocab_var": "cosine^2",
     "neurons.vocab_skew": "ratio", "neurons.vocab_kurt": "ratio",
     "neurons.n_prediction": "count", "neurons.n_suppression": "count",
@@ -343,6 +347,37 @@ def logit_lens_rows(lm: Any, tokens: torch.Tensor, opts: Any = None) -> list[dic
                                       ("top1_agreement", s["agree"]), ("loss", s["loss_q"])):
                     put(per_token, (metric, point), index, value)
     return [mean_row(f"logit_lens.{metric}", values, layer=point)
+            for (metric, point), values in per_token.items()]
+
+
+# --------------------------------------------------------------------------- tuned_lens.*
+
+
+def tuned_lens_rows(lm: Any, tokens: torch.Tensor, weights: list[np.ndarray],
+                    biases: list[np.ndarray]) -> list[dict[str, Any]]:
+    """The tuned lens read the obvious way: per sequence, `run_with_cache` residuals; at point
+    i < L each position's residual h (float64) becomes h + A_i h + b_i, one position at a time,
+    then `model.ln_final` and `model.unembed`; point L is the model's own output.
+    `weights[i]` is A_i as [out, in] (torch.nn.Linear's layout), `biases[i]` is b_i."""
+    model = _model(lm)
+    n_layers = model.cfg.n_layers
+    per_token: dict[tuple[str, int], PerSequence] = {}
+    for index, seq in enumerate(_sequences(tokens)):
+        final = _forward(model, seq)
+        _, cache = model.run_with_cache(seq[None])
+        for point in range(n_layers + 1):
+            if point < n_layers:
+                resid = cache[f"blocks.{point}.hook_resid_pre"][0].double().numpy()
+                rows = [h + weights[point] @ h + biases[point] for h in resid]
+                translated = torch.tensor(np.stack(rows), dtype=torch.float32)
+            else:
+                translated = cache[f"blocks.{n_layers - 1}.hook_resid_post"][0]
+            lens = _logits_from_resid(model, translated)
+            for s in compare_sequence(final, lens, seq):
+                for metric, value in (("kl_to_final", s["kl"]), ("entropy", s["entropy_q"]),
+                                      ("top1_agreement", s["agree"]), ("loss", s["loss_q"])):
+                    put(per_token, (metric, point), index, value)
+    return [mean_row(f"tuned_lens.{metric}", values, layer=point)
             for (metric, point), values in per_token.items()]
 
 

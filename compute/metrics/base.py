@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor
 
 from compute.errors import ComputeError
+from compute.lens.config import LensTraining
 from compute.models import BlockRun, LoadedModel
 from compute.records import Record
 from compute.reduce import (
@@ -67,6 +68,8 @@ class EngineOptions(BaseModel):
     induction_seed: int = 0
     top_neurons: int = Field(20, ge=0, description="top neurons per class per layer with tokens")
     top_tokens: int = Field(10, ge=1)
+    # part of a run's identity only when the run has the tuned_lens family (RunConfig)
+    tuned_lens: LensTraining = LensTraining()
 
 
 # Options that change speed and memory but not the numbers (beyond float rounding): they are

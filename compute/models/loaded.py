@@ -12,7 +12,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from jaxtyping import Float, Int
@@ -27,6 +27,9 @@ from compute.models.processing import POST_NORM_ARCHITECTURES, AppliedProcessing
 from compute.models.sources import SOURCES, SourceLoad
 from compute.models.spec import TORCH_DTYPES, ModelSpec
 from compute.zoo.paths import zoo_path
+
+if TYPE_CHECKING:
+    from compute.lens.translators import TunedLens
 
 
 @dataclass
@@ -50,7 +53,18 @@ class LoadedModel:
     applied: AppliedProcessing
     device: str
     parity: ParityReport | None = None
+    # The tuned lens the `tuned_lens` family evaluates: set for one sweep by `using_lens`.
+    tuned_lens: TunedLens | None = None
     _ctx: dict[str, Any] = field(default_factory=dict)
+
+    @contextlib.contextmanager
+    def using_lens(self, lens: TunedLens | None) -> Iterator[None]:
+        """Read points through `lens` for the duration (a worker's cached model keeps none)."""
+        before, self.tuned_lens = self.tuned_lens, lens.to(self.device) if lens else None
+        try:
+            yield
+        finally:
+            self.tuned_lens = before
 
     # ---- architecture numbers
     @property

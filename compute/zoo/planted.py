@@ -33,6 +33,11 @@ Models:
   planted-stages          6 layers with MLPs: layers 0-1 catastrophic, layer 4 an identity
                           layer, an attention-sink head (layer 2, head 1), prediction and
                           partition neurons in layer 3, suppression neurons in layer 5.
+  planted-rotated         4 layers: context heads (layer 0), an idle layer, a rotation of the
+                          whole residual stream (layer 2) and a doubling (layer 3), with the
+                          unembedding in the rotated basis: the raw logit lens reads points 0-2
+                          in the wrong basis, while an exact affine translator exists (the
+                          tuned lens's positive control).
 """
 
 from __future__ import annotations
@@ -431,6 +436,69 @@ def build_stages(seed: int, d_vocab: int, tokenizer: Any) -> Weights:
     return w
 
 
+# --------------------------------------------------------------------------- planted-rotated
+
+ROTATED_LAYERS = 4
+ROTATION_LAYER = 2  # its MLP maps the residual a to a Q (Q orthogonal): points 3, 4 are rotated
+DOUBLING_LAYER = 3  # its MLP adds the residual to itself
+ROTATED_LOGIT_STD = 1.5  # logit spread of the unrotated readout per unit of residual
+
+
+def _linear_map_pairs(w: Weights, blocks: Blocks, layer: int, matrix: Tensor) -> None:
+    """Neuron pairs (2 per abstract coordinate) computing the write a -> a @ matrix exactly,
+    for abstract row vectors a ([dim, dim] matrix): gelu_new(x) - gelu_new(-x) = x."""
+    for j in range(blocks.dim):
+        read = torch.zeros(blocks.dim, 1, dtype=torch.float64)
+        read[j] = 1.0
+        for sign, neuron in ((1.0, 2 * j), (-1.0, 2 * j + 1)):
+            w[f"blocks.{layer}.mlp.W_in"][:, neuron] = blocks.read(read)[:, 0] * sign
+            w[f"blocks.{layer}.mlp.W_out"][neuron] = blocks.write(matrix[j]) * sign
+
+
+def build_rotated(seed: int, d_vocab: int, *, rotate: bool = True) -> Weights:
+    """The tuned lens's positive control (see the module docstring and `ROTATED_EXPECTED`).
+
+    In abstract row vectors a: the embedding writes a unit token vector ("tok"), two diffuse
+    heads of layer 0 write a mix of earlier tokens ("ctx"), layer 1 writes nothing, layer 2's
+    MLP writes a (Q - I) so the residual becomes a Q, layer 3's MLP writes the residual again
+    (2 a Q), and the unembedding reads Q^T W0: the logits are 2 a W0, whatever Q is. With
+    `rotate=False` Q is the identity: the same function (tested), and the raw lens reads every
+    point in the right basis.
+    """
+    blocks = Blocks({"tok": 16, "ctx": 16}, seed=3000 + seed)
+    gen = torch.Generator().manual_seed(seed)
+    dim = blocks.dim
+    w = Weights(ROTATED_LAYERS, 2, 8, blocks.d_model, d_vocab, 2 * dim)
+    tok = _unit_rows(torch.randn(d_vocab, blocks.size("tok"), generator=gen, dtype=torch.float64))
+    w["embed.W_E"][:] = blocks.write(blocks.place("tok", tok))
+    for head in range(2):
+        _diffuse_head(w, blocks, 0, head, gen, reads="tok", writes="ctx", qk_std=0.5, ov_norm=1.0)
+    q, _ = torch.linalg.qr(torch.randn(dim, dim, generator=gen, dtype=torch.float64))
+    if not rotate:
+        q = torch.eye(dim, dtype=torch.float64)
+    eye = torch.eye(dim, dtype=torch.float64)
+    _linear_map_pairs(w, blocks, ROTATION_LAYER, q - eye)
+    _linear_map_pairs(w, blocks, DOUBLING_LAYER, eye)
+    readout = torch.randn(dim, d_vocab, generator=gen, dtype=torch.float64) * ROTATED_LOGIT_STD
+    w["unembed.W_U"][:] = blocks.read(q.T @ readout)
+    return w
+
+
+ROTATED_EXPECTED: tuple[dict[str, Any], ...] = (
+    {
+        "metric": "logit_lens.kl_to_final",
+        "layer": [0, 1, 2],
+        "expected": "large (> 1 nat): points before the rotation are read in the wrong basis",
+    },
+    {
+        "metric": "tuned_lens.kl_to_final",
+        "layer": [0, 1, 2, 3],
+        "expected": "~0 (< 0.05 nats): the translator a -> 2 a Q (points 0-2), a -> 2 a "
+        "(point 3) is exact",
+    },
+)
+
+
 # --------------------------------------------------------------------------- registry
 
 
@@ -558,6 +626,14 @@ PLANTED: dict[str, PlantedModel] = {
         "partition neurons in layer 3, suppression neurons in layer 5",
         lambda d_vocab, tokenizer: build_stages(0, d_vocab, tokenizer),
         STAGES_EXPECTED,
+    ),
+    "planted-rotated": PlantedModel(
+        "planted-rotated",
+        "4 layers: the residual stream rotated by layer 2 and doubled by layer 3, the "
+        "unembedding in the rotated basis: the raw lens fails before the rotation, an exact "
+        "affine translator exists (the tuned lens's positive control)",
+        lambda d_vocab, tokenizer: build_rotated(0, d_vocab),
+        ROTATED_EXPECTED,
     ),
 }
 

@@ -5,6 +5,7 @@ One module per command group, each thin over a library function:
     compute.py    strata compute           compute.run
     stability.py  strata stability         compute.refits
     stages.py     strata stages            compute.stages
+    lens.py       strata lens ...          compute.lens.store
     zoo.py        strata zoo ...           compute.zoo
     serve.py      strata serve             service.serve
     db.py         strata db ...            service.store (migrate, backup)
@@ -21,7 +22,19 @@ from __future__ import annotations
 
 import click
 
-from service.cli import compute, db, jobs, models, serve, settings, stability, stages, worker, zoo
+from service.cli import (
+    compute,
+    db,
+    jobs,
+    lens,
+    models,
+    serve,
+    settings,
+    stability,
+    stages,
+    worker,
+    zoo,
+)
 
 
 @click.group()
@@ -33,6 +46,7 @@ for command in (
     compute.compute,
     stability.stability,
     stages.stages,
+    lens.lens,
     zoo.zoo,
     serve.serve,
     db.db,

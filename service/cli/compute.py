@@ -82,6 +82,26 @@ from service.settings import get_settings
     is_flag=True,
     help="skip LayerNorm folding and weight centering (results of drop/swap/lens agree)",
 )
+@click.option(
+    "--lens",
+    "lens_key",
+    default=None,
+    help="tuned_lens: evaluate this stored lens (`strata lens list`, `strata lens import`) "
+    "instead of training one",
+)
+@click.option(
+    "--lens-steps",
+    type=int,
+    default=None,
+    help="tuned_lens: training steps (default 250; part of the lens's key)",
+)
+@click.option(
+    "--lens-train-sequences",
+    type=int,
+    default=None,
+    help="tuned_lens: training sequences, windows of the token source never evaluated "
+    "(default 256; part of the lens's key)",
+)
 @out_option
 @click.option(
     "--store", is_flag=True, help="also write the run into the results store (STRATA_DATABASE)"
@@ -102,6 +122,9 @@ def compute(
     tokens_per_batch: int | None,
     memory_budget_mb: int | None,
     no_processing: bool,
+    lens_key: str | None,
+    lens_steps: int | None,
+    lens_train_sequences: int | None,
     out_path: str | None,
     store: bool,
     quiet: bool,
@@ -132,6 +155,7 @@ def compute(
                 "tokens_per_batch": tokens_per_batch,
                 "memory_budget_mb": memory_budget_mb,
             },
+            {"lens": lens_key, "steps": lens_steps, "train_sequences": lens_train_sequences},
         )
         if store:  # fail before hours of compute if the results could not be stored
             check_store_writable(get_settings())
@@ -162,6 +186,7 @@ def _run_config(
     dtype: str,
     no_processing: bool,
     performance: dict[str, int | None],
+    lens: dict[str, Any] | None = None,
 ) -> Any:
     from compute.metrics import families_named
     from compute.metrics.base import EngineOptions
@@ -198,8 +223,17 @@ def _run_config(
         raise SpecError("--n-sequences must be >= 1 and --seq-len >= 3")
     from pydantic import ValidationError
 
+    from compute.lens.config import LensTraining
+
     try:
-        options = EngineOptions(**performance)
+        training = LensTraining(**{k: v for k, v in (lens or {}).items() if v is not None})
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        name = str(error["loc"][0])
+        flag = "--lens" if name == "lens" else "--lens-" + name.replace("_", "-")
+        raise SpecError(f"bad {flag}: {error['msg']}") from exc
+    try:
+        options = EngineOptions(**performance, tuned_lens=training)
     except ValidationError as exc:
         error = exc.errors()[0]
         flag = "--" + str(error["loc"][0]).replace("_", "-")
@@ -237,13 +271,16 @@ def _compute_with_progress(config: Any, device: str, quiet: bool) -> Any:
     def report(p: Progress) -> None:
         if bar is None:
             return
-        if bar.total != p.total:
-            bar.total = p.total
+        if bar.total != p.total:  # a new phase (the tuned lens's training, then the sweep)
+            bar.reset(total=p.total)
         bar.set_postfix_str(f"{p.tokens_per_s:,.0f} tok/s", refresh=False)
         bar.update(p.done - bar.n)
 
+    from compute.lens.store import LensStore
+
+    lenses = LensStore(get_settings().data_dir / "lenses")
     try:
-        return compute_run(config, device=device, progress=report)
+        return compute_run(config, device=device, progress=report, lenses=lenses)
     finally:
         if bar is not None:
             bar.close()

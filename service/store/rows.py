@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from compute.errors import SpecError
 from compute.metrics.neurons import MOMENTS, classify
-from compute.records import validate_records
+from compute.records import LENS_PREFIXES, validate_records
 from compute.run import NEURON_TOKENS_SCHEMA, SEQUENCE_MEANS_SCHEMA
 from service.store.errors import IngestError
 
@@ -126,15 +126,23 @@ def _first(table: pa.Table, mask: pa.ChunkedArray | pa.Array) -> dict[str, objec
     return table.filter(mask).slice(0, 1).to_pylist()[0]
 
 
+def _lens_points(metric: pa.ChunkedArray) -> pa.ChunkedArray:
+    """Rows indexed by residual point 0..L (`compute.records.LENS_PREFIXES`), not by block."""
+    first, *rest = (pc.starts_with(metric, prefix) for prefix in LENS_PREFIXES)
+    for other in rest:
+        first = pc.or_(first, other)
+    return first
+
+
 def _check_shape(table: pa.Table, info: ModelInfo) -> None:
     layer, metric = table.column("layer"), table.column("metric")
-    lens = pc.starts_with(metric, "logit_lens.")
+    lens = _lens_points(metric)
     beyond_blocks = pc.and_(pc.greater(layer, info.n_layers - 1), pc.invert(lens))
     if pc.any(beyond_blocks).as_py():
         row = _first(table, beyond_blocks)
         raise IngestError(
             f"layer out of range: {row['metric']} has layer {row['layer']} but the model has "
-            f"{info.n_layers} layers (blocks 0..{info.n_layers - 1}; logit_lens points "
+            f"{info.n_layers} layers (blocks 0..{info.n_layers - 1}; lens points "
             f"0..{info.n_layers})"
         )
     for column, size, what in (
@@ -158,7 +166,7 @@ def _result_rows(table: pa.Table, info: ModelInfo) -> pa.Table:
         row = frame.filter(duplicated).row(0, named=True)
         key = ", ".join(f"{k}={row[k]}" for k in RESULT_KEY if row[k] is not None)
         raise IngestError(f"duplicate records: {key} appears more than once")
-    lens = pc.starts_with(table.column("metric"), "logit_lens.")
+    lens = _lens_points(table.column("metric"))
     table = table.append_column(
         "relative_depth", relative_depth(table.column("layer"), lens, info.n_layers)
     )

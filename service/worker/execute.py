@@ -103,6 +103,7 @@ def run_job(
 ) -> str:
     """Run one job to its end; returns what happened: succeeded, failed, cancelled, refused."""
     from compute.hardware import dtype_speed_warning
+    from compute.lens.store import LensStore
     from compute.run import RunConfig, compute_run, result_metadata
     from service.exports import FORMATS
 
@@ -119,7 +120,10 @@ def run_job(
             note = dtype_speed_warning(config.model.dtype, me.device)
             if note:  # in the worker's log: the job's ETA says the rest
                 log.warning("job %s: %s", job_id, note)
-            result = compute_run(config, device=me.device, progress=reporter.progress, lm=lm)
+            lenses = LensStore(settings.data_dir / "lenses")  # trained once, then reused
+            result = compute_run(
+                config, device=me.device, progress=reporter.progress, lm=lm, lenses=lenses
+            )
             if reporter.stop_requested.is_set():
                 raise JobCancelledError(f"job {job_id} was cancelled")
             body = FORMATS["arrow"].encode(result.records, result_metadata(result))

@@ -22,6 +22,7 @@ from typing import Any
 
 import polars as pl
 
+from compute.records import LENS_PREFIXES
 from compute.run import METRIC_VERSION
 from compute.stages import STAGE_NAMES
 from service.api.errors import UnprocessableHttpError
@@ -116,7 +117,7 @@ def _depth(layer: int | None, n_layers: int) -> float | None:
 def aggregate(spans: pl.DataFrame, rows: pl.DataFrame) -> pl.DataFrame:
     """Per-stage mean, stderr of the mean, spread and count of per-layer rows (with model_id)."""
     blocks = rows.filter(pl.col("layer").is_not_null()).with_columns(
-        block=pl.when(pl.col("metric").str.starts_with("logit_lens."))
+        block=pl.when(pl.any_horizontal(pl.col("metric").str.starts_with(p) for p in LENS_PREFIXES))
         .then((pl.col("layer") - 1).clip(lower_bound=0))
         .otherwise(pl.col("layer"))
     )
