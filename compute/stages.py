@@ -17,9 +17,10 @@ when the run has it, its per-sequence means table (for the bootstrap interval). 
    the signals agree.
 2. End of feature engineering: where the logit lens starts to converge. Signals: log(KL_i + 0.01)
    and 1 - top-1 agreement of the lens at points 1..L-1 (the embedding point 0 and the final
-   point L, exact by definition, are left out), each fitted at every knee k by a plateau through
+   point L, exact by definition, are left out), and log(KL_i + 0.01) of the tuned lens where the
+   run has one, each fitted at every knee k by a plateau through
    point k followed by a straight decline or a lower plateau; the estimate is the knee where the
-   fit to the lens KL gains most over a straight line (the agreement corroborates). Block k
+   fit to the lens KL gains most over a straight line (the others corroborate). Block k
    (whose output is point k+1) starts stage 3.
 3. Start of residual sharpening: the first layer at or after max(boundary 1, boundary 2) from
    which suppression neurons outnumber prediction neurons in every later layer (width-calibrated
@@ -347,6 +348,8 @@ def _feature_engineering(curves: Curves, n_layers: int, start: int) -> _Placemen
     primary = {
         "lens_kl": _log_kl(lens_kl),
         "lens_top1": _disagreement(_series(curves, "logit_lens.top1_agreement", points)),
+        # where the run has a tuned lens: one more corroborating signal (it never places b_2)
+        "tuned_kl": _log_kl(_series(curves, "tuned_lens.kl_to_final", points)),
     }
     used = {n: y for n, y in primary.items() if y is not None}
     if lens_kl is None or n_layers < 4:
@@ -527,6 +530,7 @@ RULE_CURVES = frozenset(
         "intervention.top1_agreement[swap]",
         "logit_lens.kl_to_final",
         "logit_lens.top1_agreement",
+        "tuned_lens.kl_to_final",
     }
 )
 SIGNAL_SOURCES = {
@@ -536,6 +540,7 @@ SIGNAL_SOURCES = {
     "swap_top1": ("intervention.top1_agreement[swap]", 0),
     "lens_kl": ("logit_lens.kl_to_final", 1),
     "lens_top1": ("logit_lens.top1_agreement", 1),
+    "tuned_kl": ("tuned_lens.kl_to_final", 1),
 }
 
 

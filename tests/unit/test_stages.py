@@ -151,6 +151,34 @@ def test_the_knee_follows_the_lens_kl_on_smollm2() -> None:
     assert agreement < 20  # the agreement alone would say earlier: it corroborates, not places
 
 
+def _with_tuned(records: pl.DataFrame, tuned: Sequence[float]) -> pl.DataFrame:
+    rows = [Record.of("tuned_lens.kl_to_final", v, 100, layer=i) for i, v in enumerate(tuned)]
+    extra = pl.from_arrow(records_to_table(rows))
+    assert isinstance(extra, pl.DataFrame)
+    return pl.concat([records, extra])
+
+
+def test_a_tuned_lens_is_one_more_signal_for_boundary_2() -> None:
+    records = build(CATASTROPHIC_THEN_LOW, HIGH_THEN_COLLAPSE, PRED, SUPP)
+    plain = infer_stages(records, L)[1]
+    assert set(plain.evidence["signals"]) == {"lens_kl"}
+    # a tuned lens that leaves its plateau at the same point corroborates the knee
+    agreeing = [3.0, 1.0, 1.0, 0.95, 0.9, 0.2, 0.1, 0.05, 0.0]
+    b2 = infer_stages(_with_tuned(records, agreeing), L)[1]
+    assert b2.layer == plain.layer == 4
+    assert b2.evidence["signals"]["tuned_kl"]["own_layer"] == 4
+    assert b2.evidence["signals"]["tuned_kl"]["value_at"] == 0.2
+    assert "tuned_kl" in b2.evidence["agreeing"]
+    # one that converges two points earlier disagrees: the raw lens still places the
+    # boundary, and its range widens to hold the tuned lens's own knee
+    early = [3.0, 1.0, 1.0, 0.2, 0.1, 0.08, 0.06, 0.05, 0.0]
+    b2 = infer_stages(_with_tuned(records, early), L)[1]
+    assert b2.evidence["signals"]["tuned_kl"]["own_layer"] == 2
+    assert b2.layer == 4
+    assert "tuned_kl" not in b2.evidence["agreeing"]
+    assert b2.range == (2, 4)
+
+
 def test_boundary_3_starts_at_or_after_boundary_1_when_2_is_unclear() -> None:
     deep_drop = [5.0, 4.0, 3.0, 2.5, 0.2, 0.15, 0.2, 0.1]  # detokenization ends at layer 4
     straight = [6.0 * (1 - i / L) for i in range(L + 1)]  # no knee
