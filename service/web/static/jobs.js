@@ -10,7 +10,8 @@ import { selectionChanged } from "./panels.js";
 import * as state from "./state.js";
 
 const FAMILIES = ["intervention", "logit_lens", "neurons", "similarity", "attention", "norms",
-  "heads"];
+  "heads", "tuned_lens"];
+const NOT_DEFAULT = new Set(["tuned_lens"]);  // trains a lens first: asked for, not assumed
 const ACTIVE = new Set(["queued", "running"]);
 const JOB_POLL_MS = 500;
 const RUNS_POLL_MS = 10000;
@@ -20,7 +21,7 @@ const ownJobs = new Set();  // ids of the jobs submitted from this page
 
 export function wireJobs() {
   document.getElementById("job-families").replaceChildren(...FAMILIES.map((f) =>
-    el("label", {}, el("input", { type: "checkbox", value: f, checked: true }), f)));
+    el("label", {}, el("input", { type: "checkbox", value: f, checked: !NOT_DEFAULT.has(f) }), f)));
   document.getElementById("job-form").addEventListener("submit", async (event) => {
     event.preventDefault();
     const out = document.getElementById("job-result");

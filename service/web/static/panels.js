@@ -20,6 +20,7 @@ const INTERVENTION = ["intervention.kl", "intervention.top1_agreement",
   "intervention.loss", "intervention.accuracy"];
 const LENS = ["logit_lens.kl_to_final", "logit_lens.entropy", "logit_lens.top1_agreement",
   "logit_lens.loss"];
+const TUNED = LENS.map((m) => m.replace("logit_lens.", "tuned_lens."));
 /* The neuron classes: the width-calibrated ones first (docs/metrics.md's default), then the
  * study's fixed cut-offs, kept selectable and labelled as such. */
 const NEURON_COUNTS = [
@@ -37,7 +38,8 @@ const SIMILARITY = ["similarity.self", "similarity.index", "similarity.adjacent"
 const line = (id, title, metrics, metric, extra = {}) =>
   ({ id, title, kind: "line", metrics, metric, ...extra });
 
-/* The panels, in page order. `lens`: points 0..L (embeddings, then each block's output). */
+/* The panels, in page order. `lens`: points 0..L (embeddings, then each block's output);
+ * `beside`: the same metric of another family drawn dotted in the same axes. */
 const PANELS = [
   line("drop", "Dropped layer — KL to the original", INTERVENTION, "intervention.kl",
     { components: KINDS, component: "drop" }),
@@ -54,6 +56,8 @@ const PANELS = [
   line("lens-kl", "Logit lens — KL to the final prediction", LENS, "logit_lens.kl_to_final",
     { lens: true }),
   line("lens-entropy", "Logit lens — entropy", LENS, "logit_lens.entropy", { lens: true }),
+  line("tuned-lens", "Tuned lens — beside the logit lens (dotted)", TUNED,
+    "tuned_lens.kl_to_final", { lens: true, beside: "logit_lens" }),
   line("n-prediction", "Prediction neurons per layer", NEURON_COUNTS,
     "neurons.n_prediction_cal"),
   line("n-suppression", "Suppression neurons per layer", NEURON_COUNTS,

@@ -141,8 +141,16 @@ export async function drawLine(panel) {
   const missing = models.filter((m) => state.runFor(m, family) === undefined).map((m) => m.name);
   const targets = have.map((m) => url(`/models/${m.id}/metrics`, { metric: panel.metric,
     component: panel.def.components ? panel.component : null, run_id: state.runFor(m, family) }));
-  const [answers] = await Promise.all([Promise.all(targets.map((t) => get(t, true))),
-    state.stagesLoaded(), plotlyReady]);
+  // `beside`: the same metric of another family (the logit lens beside the tuned lens), dotted
+  const besideFamily = panel.def.beside;
+  const besideMetric = besideFamily ? panel.metric.replace(/^[^.]+/, besideFamily) : null;
+  const besideModels = besideFamily
+    ? have.filter((m) => state.runFor(m, besideFamily) !== undefined) : [];
+  const besideTargets = besideModels.map((m) => url(`/models/${m.id}/metrics`,
+    { metric: besideMetric, run_id: state.runFor(m, besideFamily) }));
+  const [answers, besideAnswers] = await Promise.all([
+    Promise.all(targets.map((t) => get(t, true))),
+    Promise.all(besideTargets.map((t) => get(t, true))), state.stagesLoaded(), plotlyReady]);
   if (ticket !== panel.ticket) return null;
   const fetched = performance.now();
   const many = have.length > MANY;  // many curves: thin lines, no markers, bars on request
@@ -179,6 +187,17 @@ export async function drawLine(panel) {
         marker: { size: 4, color: state.modelColor(m.id) }, meta: m.name,
       });
     }
+  });
+  besideAnswers.forEach((answer, i) => {
+    const m = besideModels[i];
+    const rows = answer.rows.filter((r) => r.layer !== null).sort((a, b) => a.layer - b.layer);
+    traces.push({
+      type: "scatter", mode: "lines", name: `${m.name} · ${besideMetric}`,
+      x: rows.map((r) => (state.xMode() === "depth" ? r.relative_depth : r.layer)),
+      y: rows.map((r) => r.value),
+      hovertemplate: `<b>${m.name}</b> ${besideMetric}<br>%{y:.4g}<extra></extra>`,
+      line: { color: state.modelColor(m.id), width: 1, dash: "dot" }, meta: m.name,
+    });
   });
   const overlay = stageOverlay(Boolean(panel.def.lens), "y2");
   await render(() => window.Plotly.react(panel.plot, [...traces, ...overlay.traces],
