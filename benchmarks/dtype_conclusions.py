@@ -71,7 +71,7 @@ def main() -> None:
             continue
         rows = rows.sort("layer")
         a, b = rows["value"].to_numpy(), rows["low"].to_numpy()
-        ta, tb = list(np.argsort(-a)[:5]), list(np.argsort(-b)[:5])
+        ta, tb = np.argsort(-a)[:5].tolist(), np.argsort(-b)[:5].tolist()
         print(f"intervention.kl {kind:9s} top-5 layers fp32 {ta} bf16 {tb}; "
               f"Spearman over layers {spearman(a, b):.4f}")
     for metric in ("heads.ablation_kl", "heads.induction"):
