@@ -122,10 +122,30 @@ def check(model: str, dtype: str, device: str, as_json: bool) -> None:
         fail(str(exc), exit_code_of(exc))
     except StrataError as exc:
         fail(str(exc), exit_code_of(exc))
+    speed = _dtype_speed(dtype, device)
     if as_json:
-        click.echo(json.dumps({"architecture": architecture, **report}, indent=2))
+        click.echo(json.dumps({"architecture": architecture, **report, **speed}, indent=2))
     else:
         click.echo(f"{model}: {architecture}\n" + _report_text(report))
+        if speed:
+            rates = speed["matmul_gflops"]
+            click.echo(
+                f"  matmul speed     {dtype} {rates[dtype]:.1f} GFLOP/s, float32 "
+                f"{rates['float32']:.1f} (one thread, this machine)"
+            )
+            if speed["dtype_warning"]:
+                click.echo(f"warning: {speed['dtype_warning']}", err=True)
+
+
+def _dtype_speed(dtype: str, device: str) -> dict[str, Any]:
+    """Below float32: this machine's matmul rate in the dtype and in float32
+    (compute.hardware), and the warning a run would print if the dtype is emulated here."""
+    from compute.hardware import dtype_speed_warning, matmul_gflops
+
+    if dtype == "float32":
+        return {}
+    rates = {dt: matmul_gflops(device, dt) for dt in (dtype, "float32")}
+    return {"matmul_gflops": rates, "dtype_warning": dtype_speed_warning(dtype, device)}
 
 
 def _report_text(report: dict[str, Any]) -> str:

@@ -199,8 +199,15 @@ def test_strata_models_check_prints_the_report_and_refuses_with_exit_3(
     assert ok.exit_code == 0, ok.output
     assert "parity           passed" in ok.output
     assert "noise floor      KL(float32 || bfloat16)" in ok.output
+    from compute import hardware
+
+    rates = {dt: hardware.matmul_gflops("cpu", dt) for dt in ("bfloat16", "float32")}
+    assert f"matmul speed     bfloat16 {rates['bfloat16']:.1f} GFLOP/s" in ok.output
+    # the run's warning where bfloat16 is emulated here, and only there
+    assert ("bfloat16 is emulated" in ok.output) == (rates["bfloat16"] < rates["float32"])
     as_json = run_strata(["models", "check", gpt2, "--json"], {})
     assert '"passed": true' in as_json.output
+    assert "matmul_gflops" not in as_json.output  # float32: nothing to compare
     # a model processed wrongly: the report is printed, FAILED, and the exit code is 3
     real = processing.effective_processing
     monkeypatch.setattr(
