@@ -17,8 +17,9 @@ import pyarrow as pa
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from compute.engine import ProgressFn, sweep
-from compute.lens.store import LensStore, provide_lens
+from compute.engine import Progress, ProgressFn, auto_batch_size, sweep
+from compute.lens.config import LensTraining
+from compute.lens.store import LensStore, lens_key, provide_lens
 from compute.metrics import DEFAULT_FAMILIES, families_named
 from compute.metrics.base import (
     PERFORMANCE_OPTIONS,
@@ -100,6 +101,65 @@ class RunResult:
     lens: dict[str, Any] | None = None
 
 
+def sweep_units(lm: LoadedModel, tokens: torch.Tensor, config: RunConfig) -> int:
+    """The units of work `compute.engine.sweep` will report as its total for these tokens (its
+    batching, as it plans it), known before it starts: what a run's one progress total adds
+    the tuned lens's training steps to."""
+    families = families_named(list(config.families))
+    n_seq, seq_len = int(tokens.shape[0]), int(tokens.shape[1])
+    batch = min(auto_batch_size(lm, seq_len, config.options, families), n_seq)
+    n_batches = -(-n_seq // batch)
+    return sum(f.units_per_batch(lm) for f in families) * n_batches + sum(
+        f.units_at_finish(lm, config.options) for f in families
+    )
+
+
+class RunProgress:
+    """One progress for a whole run: the tuned lens's training steps (when this run trains
+    one), then the sweep's units, against one total — so a progress bar and a job's ETA (time
+    so far x units left / units done) follow one run, not two phases that each restart at 0.
+    A training step counts as one unit, as a sweep unit does (a step costs more: an ETA taken
+    during training overestimates, one taken during the sweep is the sweep's own). Elapsed time
+    runs from the start of the training. Should the sweep plan another total than
+    `sweep_units` foresaw (a GPU's free memory changed its batching), its own total is adopted
+    at its first report."""
+
+    def __init__(self, progress: ProgressFn, *, training_steps: int, sweep_total: int) -> None:
+        self.progress = progress
+        self.training_steps = training_steps
+        self.sweep_total = sweep_total
+        self.start = time.perf_counter()
+
+    @property
+    def total(self) -> int:
+        return self.training_steps + self.sweep_total
+
+    def _elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def training(self, p: Progress) -> None:
+        done = min(p.done, self.training_steps)
+        self.progress(Progress(done, self.total, p.tokens_done, p.tokens_per_s, self._elapsed()))
+
+    def sweeping(self, p: Progress) -> None:
+        self.sweep_total = p.total
+        self.progress(
+            Progress(
+                self.training_steps + p.done,
+                self.total,
+                p.tokens_done,
+                p.tokens_per_s,
+                self._elapsed(),
+            )
+        )
+
+
+def _will_train(
+    lm: LoadedModel, tokens: TokenSpec, training: LensTraining, store: LensStore
+) -> bool:
+    return training.lens is None and not store.has(lens_key(lm.spec, tokens, training))
+
+
 def neuron_tokens_table(rows: list[NeuronTokens]) -> pa.Table:
     columns = {name: [getattr(r, name) for r in rows] for name in NEURON_TOKENS_SCHEMA.names}
     return pa.table(columns, schema=NEURON_TOKENS_SCHEMA)
@@ -117,7 +177,8 @@ def compute_run(
 
     With the tuned_lens family the run's lens is loaded from `lenses` (default: the lens folder,
     `compute.lens.store.lens_dir()`) or, when none is stored under its key, trained first on the
-    token source's training split (progress reports the training's steps, then the sweep's).
+    token source's training split. Progress is one total for the whole run: the training's
+    steps, then the sweep's units (`RunProgress`).
     Validation happens before any output exists: on error nothing is returned at all.
     """
     families_named(list(config.families))  # fail on unknown families before loading anything
@@ -129,12 +190,26 @@ def compute_run(
     )
     config = config.model_copy(update={"tokens": token_spec})
     lens, lens_info = None, None
+    store = lenses or LensStore()
+    training = config.options.tuned_lens
+    trains = "tuned_lens" in config.families and _will_train(lm, token_spec, training, store)
+    phases = (
+        RunProgress(
+            progress,
+            training_steps=training.steps if trains else 0,
+            sweep_total=sweep_units(lm, tokens, config),
+        )
+        if progress is not None
+        else None
+    )
     if "tuned_lens" in config.families:
         lens, lens_info = provide_lens(
-            lm, token_spec, config.options.tuned_lens, lenses or LensStore(), progress
+            lm, token_spec, training, store, phases.training if phases else None
         )
     with lm.using_lens(lens):
-        result = sweep(lm, tokens, list(config.families), config.options, progress)
+        result = sweep(
+            lm, tokens, list(config.families), config.options, phases.sweeping if phases else None
+        )
     table = validate_records(records_to_table(result.records), n_layers=lm.n_layers)
     return RunResult(
         config=config,

@@ -271,8 +271,8 @@ def _compute_with_progress(config: Any, device: str, quiet: bool) -> Any:
     def report(p: Progress) -> None:
         if bar is None:
             return
-        if bar.total != p.total:  # a new phase (the tuned lens's training, then the sweep)
-            bar.reset(total=p.total)
+        if bar.total != p.total:  # one total for the run (training + sweep: RunProgress)
+            bar.total = p.total
         bar.set_postfix_str(f"{p.tokens_per_s:,.0f} tok/s", refresh=False)
         bar.update(p.done - bar.n)
 

@@ -206,6 +206,33 @@ def test_a_stored_lens_is_reused_never_retrained(zoo_lm: LoadedModel, tmp_path: 
     assert third.lens["key"] != key
 
 
+def test_a_runs_progress_is_one_total_training_steps_then_sweep_units(
+    zoo_lm: LoadedModel, tmp_path: Path
+) -> None:
+    """The training's steps and the sweep's units count against one total from the first
+    report (a bar and a job's ETA see one run); a reused lens adds no steps."""
+    store = LensStore(tmp_path)
+    config = RunConfig(model=zoo_lm.spec,
+                       tokens=TokenSpec(source="builtin", n_sequences=3, seq_len=16),
+                       families=("logit_lens", "tuned_lens"),
+                       options=EngineOptions(tuned_lens=TINY_TRAINING, batch_size=1))
+    for trains in (True, False):
+        seen: list[Any] = []
+        result = compute_run(config, lm=zoo_lm, lenses=store, progress=seen.append)
+        assert result.lens is not None
+        assert result.lens["trained"] is trains
+        sweep_total = 3 * 2 * (zoo_lm.n_layers + 1)  # 3 batches x 2 lens families x L + 1
+        total = sweep_total + (TINY_TRAINING.steps if trains else 0)
+        assert {p.total for p in seen} == {total}
+        done = [p.done for p in seen]
+        assert done == sorted(done)
+        assert done[-1] == total
+        if trains:
+            assert done[: TINY_TRAINING.steps] == [1, 2, 3]
+        elapsed = [p.elapsed_s for p in seen]
+        assert elapsed == sorted(elapsed)  # one clock for the run, not one per phase
+
+
 def test_runs_without_the_family_keep_their_hash(zoo_lm: LoadedModel) -> None:
     plain = RunConfig(model=zoo_lm.spec, tokens=TokenSpec(source="builtin", n_sequences=2,
                                                           seq_len=16), families=("logit_lens",))
