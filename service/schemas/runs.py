@@ -39,6 +39,9 @@ class Run(msgspec.Struct):
     environment: dict[str, Any] | None
     # The parity report of this run's own load, at its dtype (null for runs stored before it).
     parity: ParityReport | None = None
+    # The tuned lens this run evaluated (runs with the tuned_lens family): `key`, `trained`
+    # (false: a stored lens was reused or named) and the training budget used.
+    tuned_lens: dict[str, Any] | None = None
 
 
 class RunPage(msgspec.Struct):

@@ -37,6 +37,7 @@ from service.store.tables import (
     NEURON_TOKEN_COLUMNS,
     RESULT_COLUMNS,
     SEQUENCE_MEAN_COLUMNS,
+    RunLens,
     RunRow,
     StageBoundary,
     utcnow,
@@ -108,6 +109,8 @@ def ingest_result(
         ):
             bulk_insert(raw, table, columns, run.id, data)
         store_boundaries(session, run.id, model.id, boundaries)
+        if result.lens is not None:
+            session.add(lens_row(run.id, result.lens))
         session.flush()
         summary = IngestSummary(
             run.id,
@@ -160,12 +163,25 @@ def _describe(
     run.n_records = rows.n_records
 
 
+def lens_row(run_id: int, lens: dict[str, object]) -> RunLens:
+    """The `run_lenses` row of the tuned lens a run evaluated (`RunResult.lens`)."""
+    key, trained = lens.get("key"), lens.get("trained")
+    if not isinstance(key, str) or not isinstance(trained, bool):
+        raise IngestError(
+            "the run's tuned_lens metadata needs a string 'key' and a boolean 'trained' "
+            f"(got {key!r}, {trained!r})"
+        )
+    return RunLens(run_id=run_id, key=key, trained=trained, info=dict(lens))
+
+
 def delete_run_rows(session: Session, run_id: int) -> None:
-    """Delete a run's record, neuron, token and stage rows (inside the caller's transaction)."""
+    """Delete a run's record, neuron, token, stage and lens rows (inside the caller's
+    transaction)."""
     raw = raw_connection(session.connection())
     for table, _ in _RUN_ROWS:
         raw.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
     session.execute(sa.delete(StageBoundary).where(StageBoundary.run_id == run_id))
+    session.execute(sa.delete(RunLens).where(RunLens.run_id == run_id))
 
 
 def bulk_insert(

@@ -26,6 +26,7 @@ from service.store.tables import (
     RefitFamily,
     RefitFamilyMember,
     RegisteredModelRow,
+    RunLens,
     RunRow,
 )
 
@@ -148,6 +149,17 @@ def run_parity(conn: sa.Connection, run_ids: Sequence[int]) -> dict[int, dict[st
     for run_id, report in rows:
         out.setdefault(int(run_id), _json(report))
     return out
+
+
+def run_lenses(conn: sa.Connection, run_ids: Sequence[int]) -> dict[int, dict[str, Any]]:
+    """run id -> what the run reported about the tuned lens it evaluated (`key`, `trained`,
+    the budget used); runs without one are absent."""
+    if not run_ids:
+        return {}
+    rows = conn.execute(
+        sa.select(RunLens.run_id, RunLens.info).where(RunLens.run_id.in_(list(run_ids)))
+    ).all()
+    return {int(run_id): _json(info) for run_id, info in rows}
 
 
 def _json(value: Any) -> dict[str, Any]:

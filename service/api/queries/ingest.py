@@ -48,6 +48,8 @@ class RunMetadata(msgspec.Struct):
     wall_s: float = 0.0
     environment: dict[str, str] = {}
     metric_version: str | None = None
+    # the tuned lens the run evaluated: key, whether it trained it, the budget used
+    tuned_lens: dict[str, Any] | None = None
 
 
 def _read_stream(source: pa.BufferReader, what: str) -> pa.Table:
@@ -120,6 +122,7 @@ def decode(body: bytes) -> RunResult:
         wall_s=meta.wall_s,
         environment=dict(meta.environment),
         sequence_means=means,
+        lens=meta.tuned_lens,
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 import msgspec
 
@@ -120,7 +121,12 @@ def get_model(store: Store, snap: Snapshot, ref: str, model_id: int | None) -> M
     )
 
 
-def run_out(run: RunRow, model_name: str, parity: dict[str, object] | None = None) -> Run:
+def run_out(
+    run: RunRow,
+    model_name: str,
+    parity: dict[str, object] | None = None,
+    lens: dict[str, Any] | None = None,
+) -> Run:
     return Run(
         id=run.id,
         model_id=run.model_id,
@@ -147,6 +153,7 @@ def run_out(run: RunRow, model_name: str, parity: dict[str, object] | None = Non
         ),
         environment=run.environment,
         parity=msgspec.convert(parity, ParityReport) if parity else None,
+        tuned_lens=lens,
     )
 
 
@@ -179,9 +186,13 @@ def list_runs(
             conn, model_id=owner, status=status, family=family, metric_version=metric_version
         )
         parity = repo.run_parity(conn, [r.id for r in runs])
+        lenses = repo.run_lenses(conn, [r.id for r in runs])
     items = [
         run_out(
-            r, snap.models[r.model_id].name if r.model_id in snap.models else "?", parity.get(r.id)
+            r,
+            snap.models[r.model_id].name if r.model_id in snap.models else "?",
+            parity.get(r.id),
+            lenses.get(r.id),
         )
         for r in runs
     ]
@@ -192,7 +203,8 @@ def get_run(store: Store, snap: Snapshot, run_id: int) -> Run:
     with store.read() as conn:
         run = repo.get_run(conn, run_id)
         parity = repo.run_parity(conn, [run_id]).get(run_id)
+        lens = repo.run_lenses(conn, [run_id]).get(run_id)
     if run is None:
         raise NotFoundHttpError(f"there is no run {run_id} (GET /api/v1/runs lists them)")
     name = snap.models[run.model_id].name if run.model_id in snap.models else "?"
-    return run_out(run, name, parity)
+    return run_out(run, name, parity, lens)

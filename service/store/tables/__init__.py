@@ -18,6 +18,7 @@ from service.store.tables.parity import ParityReportRow
 from service.store.tables.registered_model import RegisteredModelRow
 from service.store.tables.result import RESULT_COLUMNS, Result
 from service.store.tables.run import RUN_STATUSES, RunRow, RunStatus
+from service.store.tables.run_lens import RunLens
 from service.store.tables.sequence_mean import SEQUENCE_MEAN_COLUMNS, SequenceMean
 from service.store.tables.stage import StageBoundary
 from service.store.tables.token_source import TokenSource
@@ -41,6 +42,7 @@ __all__ = [
     "RefitFamilyMember",
     "RegisteredModelRow",
     "Result",
+    "RunLens",
     "RunRow",
     "RunStatus",
     "SequenceMean",
