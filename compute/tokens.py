@@ -287,6 +287,19 @@ def window_split(
     return order[:n_evaluated], order[available - n_training :]
 
 
+# Token sources a tuned lens can be trained on (`training_windows`).
+TRAINING_SOURCES = ("builtin", "corpus")
+
+
+def check_training_source(spec: TokenSpec) -> None:
+    """Refuse a token source with no training split (before anything is loaded)."""
+    if spec.source not in TRAINING_SOURCES:
+        raise TokenSpecError(
+            f"token source {spec.source!r} has no training split for a tuned lens (only the "
+            "built-in corpus and text corpora do); train on a text source, or import a lens"
+        )
+
+
 def training_windows(
     spec: TokenSpec,
     tokenizer: Any,
@@ -301,11 +314,7 @@ def training_windows(
     prepended as for the run. Only text sources (built-in corpus, text file or folder) have one:
     a `.npy` is evaluated exactly as given, and the Pile's stream depends on the windows asked
     for."""
-    if spec.source not in ("builtin", "corpus"):
-        raise TokenSpecError(
-            f"token source {spec.source!r} has no training split for a tuned lens (only the "
-            "built-in corpus and text corpora do); train on a text source, or import a lens"
-        )
+    check_training_source(spec)
     if tokenizer is None:
         raise TokenSpecError("this model has no tokenizer: its lens cannot be trained on text")
     _check_spec(spec)

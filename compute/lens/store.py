@@ -26,6 +26,7 @@ from compute.lens.translators import (
     LensInfo,
     TunedLens,
     read_lens_file,
+    read_lens_metadata,
     stack_translators,
 )
 from compute.models import LoadedModel, ModelSpec
@@ -89,6 +90,19 @@ class LensStore:
         )
         return TunedLens(weight, bias, info)
 
+    def info(self, key: str) -> LensInfo:
+        """A stored lens's identity, from its file's header (the translators are not read)."""
+        path = self.path(key)
+        if not path.is_file():
+            raise LensError(
+                f"no stored lens {key} in {self.root}; `strata lens list` shows the stored "
+                "ones, `strata lens import` adds one"
+            )
+        meta = read_lens_metadata(path)
+        if meta is None:
+            raise LensError(f"{path} has no Strata metadata: not a stored lens")
+        return LensInfo(**{k: v for k, v in meta.items() if k != "format"})
+
     def put(self, lens: TunedLens) -> Path:
         path = self.path(lens.info.key)
         lens.save(path)
@@ -110,24 +124,50 @@ class LensStore:
 
 def check_fits(lens: TunedLens, lm: LoadedModel) -> None:
     """A lens applies to this model: its shape, and a residual basis the model's run has."""
-    if (lens.info.n_layers, lens.info.d_model) != (lm.n_layers, lm.d_model):
+    check_fits_spec(
+        lens.info,
+        lm.spec,
+        n_layers=lm.n_layers,
+        d_model=lm.d_model,
+        centred=lm.applied.center_writing_weights,
+    )
+
+
+def check_fits_spec(
+    info: LensInfo,
+    spec: ModelSpec,
+    *,
+    n_layers: int | None,
+    d_model: int | None,
+    centred: bool | None,
+) -> None:
+    """`check_fits` without the loaded model: from the model's spec and its numbers as a
+    registration recorded them (None: not known, not checked), so that a job naming a lens is
+    refused at submission. Also refuses a lens stored for a model of another name."""
+    name = info.model.get("name")
+    if name is not None and name != spec.name:
         raise LensError(
-            f"lens {lens.info.key} is for {lens.info.n_layers} layers of width "
-            f"{lens.info.d_model}; {lm.spec.name} has {lm.n_layers} of width {lm.d_model}"
+            f"lens {info.key} was made for model {name}, not {spec.name}; `strata lens list` "
+            "shows each lens's model"
         )
-    if lens.info.basis == BASIS_HUGGINGFACE and lm.applied.center_writing_weights:
+    if (n_layers is not None and info.n_layers != n_layers) or (
+        d_model is not None and info.d_model != d_model
+    ):
         raise LensError(
-            f"lens {lens.info.key} was fitted on the Hugging Face model's hidden states, but this "
+            f"lens {info.key} is for {info.n_layers} layers of width {info.d_model}; "
+            f"{spec.name} has {n_layers} of width {d_model}"
+        )
+    if info.basis == BASIS_HUGGINGFACE and centred:
+        raise LensError(
+            f"lens {info.key} was fitted on the Hugging Face model's hidden states, but this "
             "run centres the writing weights, which changes the residual stream the translators "
             "read; run with --no-processing (processing that leaves the residual as it is)"
         )
-    if (
-        lens.info.basis == BASIS_STRATA
-        and lens.info.model.get("processing") != (lm.spec.model_dump(mode="json")["processing"])
-    ):
+    processing = spec.model_dump(mode="json")["processing"]
+    if info.basis == BASIS_STRATA and info.model.get("processing") != processing:
         raise LensError(
-            f"lens {lens.info.key} was trained under processing {lens.info.model.get('processing')}"
-            f"; this run asks for {lm.spec.processing.model_dump()}"
+            f"lens {info.key} was trained under processing {info.model.get('processing')}"
+            f"; this run asks for {processing}"
         )
 
 

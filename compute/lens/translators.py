@@ -115,24 +115,37 @@ def read_lens_file(path: Path) -> tuple[dict[str, Tensor], dict[str, Any] | None
         raise LensError(f"lens file {path} does not exist")
     try:
         tensors = load_file(str(path))
-        with path.open("rb") as fh:
-            header_len = int.from_bytes(fh.read(8), "little")
-            header = json.loads(fh.read(header_len))
     except (SafetensorError, OSError, ValueError) as exc:
         raise LensError(
             f"cannot read {path} as a safetensors lens ({exc}); a tuned-lens package lens "
             "(params.pt) is converted with safetensors.torch.save_file(torch.load(path))"
         ) from exc
+    return tensors, read_lens_metadata(path)
+
+
+def read_lens_metadata(path: Path) -> dict[str, Any] | None:
+    """A lens file's Strata metadata (None if it has none), read from the safetensors header
+    alone: what a submission checks without loading the translators."""
+    if not path.is_file():
+        raise LensError(f"lens file {path} does not exist")
+    try:
+        with path.open("rb") as fh:
+            header_len = int.from_bytes(fh.read(8), "little")
+            header = json.loads(fh.read(header_len))
+    except (OSError, ValueError) as exc:
+        raise LensError(f"cannot read {path}'s safetensors header ({exc})") from exc
+    if not isinstance(header, dict):
+        raise LensError(f"{path}: its safetensors header is not a JSON object")
     raw = (header.get("__metadata__") or {}).get(METADATA_KEY)
     if raw is None:
-        return tensors, None
+        return None
     try:
         meta = json.loads(raw)
     except ValueError as exc:
         raise LensError(f"{path}: its '{METADATA_KEY}' metadata is not JSON ({exc})") from exc
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise LensError(f"{path}: not a {FORMAT} file (metadata format {meta.get('format')!r})")
-    return tensors, meta
+    return meta
 
 
 def stack_translators(

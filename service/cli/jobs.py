@@ -50,6 +50,21 @@ def jobs() -> None:
 @click.option(
     "--queue", default=None, help="broker queue (default gpu; e.g. a queue of big-GPU workers)"
 )
+@click.option(
+    "--lens",
+    "lens_key",
+    default=None,
+    help="tuned_lens: evaluate this stored lens (`strata lens list`) instead of training one",
+)
+@click.option(
+    "--lens-steps", type=int, default=None, help="tuned_lens: training steps (default 250)"
+)
+@click.option(
+    "--lens-train-sequences",
+    type=int,
+    default=None,
+    help="tuned_lens: training windows of the token source, never evaluated (default 256)",
+)
 @click.option("--watch", "watch_it", is_flag=True, help="then follow it with a progress bar")
 @url_option
 def submit(
@@ -62,10 +77,14 @@ def submit(
     dtype: str | None,
     force: bool,
     queue: str | None,
+    lens_key: str | None,
+    lens_steps: int | None,
+    lens_train_sequences: int | None,
     watch_it: bool,
     url: str | None,
 ) -> None:
-    """Queue a computation; prints the job as JSON."""
+    """Queue a computation; prints the job as JSON. The --lens options set the tuned lens of a
+    job with tuned_lens in --metrics (the API's `tuned_lens` object)."""
     body: dict[str, Any] = {"model": model, "force": force}
     if metrics is not None:
         body["metrics"] = [m.strip() for m in metrics.split(",") if m.strip()]
@@ -79,6 +98,17 @@ def submit(
     ):
         if value is not None:
             body[key] = value
+    lens = {
+        k: v
+        for k, v in (
+            ("lens", lens_key),
+            ("steps", lens_steps),
+            ("train_sequences", lens_train_sequences),
+        )
+        if v is not None
+    }
+    if lens:
+        body["tuned_lens"] = lens
     job = call(url, "POST", "/api/v1/jobs", json=body)
     click.echo(json.dumps(job, indent=2))
     if watch_it:

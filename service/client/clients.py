@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from urllib.parse import quote
@@ -406,9 +406,12 @@ class BaseClient(ABC, Generic[FrameT]):
         device: str | None = None,
         dtype: str | None = None,
         force: bool = False,
+        tuned_lens: Mapping[str, Any] | None = None,
     ) -> Job:
         """Queue a computation of a registered model (API key); the deployment's defaults
-        fill what is not given. Not retried: a lost answer may still have queued the job."""
+        fill what is not given. `tuned_lens`: the tuned lens's training settings (`steps`,
+        `train_sequences`, ...) or a stored lens's key (`{"lens": KEY}`), for a job with the
+        tuned_lens family. Not retried: a lost answer may still have queued the job."""
         body: dict[str, Any] = {"model": str(model), "force": force}
         for key, value in (
             ("metrics", None if metrics is None else list(metrics)),
@@ -417,6 +420,7 @@ class BaseClient(ABC, Generic[FrameT]):
             ("seq_len", seq_len),
             ("device", device),
             ("dtype", dtype),
+            ("tuned_lens", None if tuned_lens is None else dict(tuned_lens)),
         ):
             if value is not None:
                 body[key] = value

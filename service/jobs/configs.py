@@ -7,19 +7,41 @@ here too (their content fingerprint is part of the identity).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from compute.errors import SpecError
+from compute.lens.config import LensTraining
+from compute.lens.store import LensStore, check_fits_spec
 from compute.metrics import families_named
+from compute.metrics.base import EngineOptions
 from compute.models import ModelSpec
 from compute.run import RunConfig
-from compute.tokens import TokenSpec, resolve_token_spec
+from compute.tokens import TokenSpec, check_training_source, resolve_token_spec
 from service.settings import Settings
 
 DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class LensRequest:
+    """A job's tuned-lens settings (`compute.lens.config.LensTraining`'s fields; None: its
+    default). `lens` names a stored lens to evaluate instead of training one."""
+
+    lens: str | None = None
+    steps: int | None = None
+    sequences_per_step: int | None = None
+    train_sequences: int | None = None
+    lr: float | None = None
+    momentum: float | None = None
+    weight_decay: float | None = None
+    warmup_steps: int | None = None
+    clip_grad_norm: float | None = None
+    seed: int | None = None
 
 
 @dataclass(frozen=True)
@@ -35,6 +57,7 @@ class JobRequest:
     dtype: str | None = None
     force: bool = False
     queue: str = "gpu"
+    tuned_lens: LensRequest | None = None
 
 
 @lru_cache(maxsize=64)
@@ -127,4 +150,49 @@ def run_config(
         request.tokens or defaults.tokens, n_sequences, seq_len, settings, stored_tokens
     )
     spec = ModelSpec.model_validate({**model_spec, "dtype": dtype})
-    return RunConfig(model=spec, tokens=tokens, families=tuple(dict.fromkeys(families)))
+    options = EngineOptions(tuned_lens=lens_training(request.tuned_lens, families, tokens))
+    return RunConfig(
+        model=spec, tokens=tokens, families=tuple(dict.fromkeys(families)), options=options
+    )
+
+
+def lens_training(
+    request: LensRequest | None, families: list[str], tokens: TokenSpec
+) -> LensTraining:
+    """The tuned-lens training configuration a job asks for. Refused (`SpecError`): settings
+    without the tuned_lens family, a value out of range (named as `tuned_lens.<field>`), and a
+    lens to train on a token source that has no training split (a `.npy`, the Pile) — which
+    would otherwise fail only in the worker."""
+    if request is not None and "tuned_lens" not in families:
+        raise SpecError(
+            "tuned_lens settings were given but the job does not compute the tuned_lens "
+            "family: add tuned_lens to metrics, or leave tuned_lens out"
+        )
+    given = {k: v for k, v in asdict(request).items() if v is not None} if request else {}
+    try:
+        training = LensTraining(**given)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        raise SpecError(f"tuned_lens.{error['loc'][0]}: {error['msg']}") from None
+    if "tuned_lens" in families and training.lens is None:
+        check_training_source(tokens)
+    return training
+
+
+def check_lens(
+    config: RunConfig,
+    settings: Settings,
+    *,
+    n_layers: int | None,
+    d_model: int | None,
+    centred: bool | None,
+) -> None:
+    """A job that names a stored lens (`tuned_lens.lens`): the lens exists in this deployment's
+    lens folder (`<data_dir>/lenses`) and fits the registered model (its name, layers, width
+    and residual basis, as `compute.lens.store.check_fits` checks at run time). `SpecError`
+    (a `LensError`) naming what to fix otherwise."""
+    key = config.options.tuned_lens.lens
+    if "tuned_lens" not in config.families or key is None:
+        return
+    info = LensStore(settings.data_dir / "lenses").info(key)
+    check_fits_spec(info, config.model, n_layers=n_layers, d_model=d_model, centred=centred)

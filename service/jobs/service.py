@@ -41,7 +41,7 @@ from compute.errors import SpecError
 from compute.run import METRIC_VERSION, RunConfig, RunResult
 from service.jobs.board import Board, Live, WorkerSeen
 from service.jobs.broker import OPS_QUEUE, Broker
-from service.jobs.configs import JobRequest, run_config
+from service.jobs.configs import JobRequest, check_lens, run_config
 from service.jobs.errors import JobConflictError, JobNotFoundError
 from service.schemas.runs import IngestSummary
 from service.settings import Settings
@@ -205,6 +205,13 @@ class JobService:
         self._check_device(request.device)
         self._check_queue(request.queue)
         config = run_config(request, model.spec, model.n_ctx, self.settings, stored_tokens)
+        check_lens(
+            config,
+            self.settings,
+            n_layers=model.n_layers,
+            d_model=model.d_model,
+            centred=model.center_writing_weights,
+        )
         return model, config
 
     def submit(self, request: JobRequest, *, reason: str = "api") -> tuple[JobView, bool]:

@@ -10,6 +10,51 @@ import msgspec
 Family = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
 
 
+class LensOptions(msgspec.Struct, forbid_unknown_fields=True):
+    """How the job's tuned lens is trained (the `tuned_lens` family; docs/metrics.md), or the
+    stored lens it evaluates instead. Omitted fields take the recipe's defaults. Every field but
+    `lens` is part of the lens's key and of the run's identity."""
+
+    lens: (
+        Annotated[
+            str,
+            msgspec.Meta(
+                min_length=1,
+                max_length=64,
+                description="key of a stored lens to evaluate instead of training one "
+                "(`strata lens list`; checked against the model at submission)",
+            ),
+        ]
+        | None
+    ) = None
+    steps: (
+        Annotated[int, msgspec.Meta(ge=1, le=1_000_000, description="optimizer steps (250)")] | None
+    ) = None
+    sequences_per_step: (
+        Annotated[int, msgspec.Meta(ge=1, le=1_000_000, description="sequences per step (8)")]
+        | None
+    ) = None
+    train_sequences: (
+        Annotated[
+            int,
+            msgspec.Meta(
+                ge=1,
+                le=1_000_000,
+                description="training windows of the token source, never evaluated (256)",
+            ),
+        ]
+        | None
+    ) = None
+    lr: Annotated[float, msgspec.Meta(gt=0, description="SGD learning rate (1.0)")] | None = None
+    momentum: Annotated[float, msgspec.Meta(ge=0, lt=1, description="(0.9)")] | None = None
+    weight_decay: Annotated[float, msgspec.Meta(ge=0, description="(0.001)")] | None = None
+    warmup_steps: (
+        Annotated[int, msgspec.Meta(ge=0, le=1_000_000, description="linear warm-up (0)")] | None
+    ) = None
+    clip_grad_norm: Annotated[float, msgspec.Meta(gt=0, description="(1.0)")] | None = None
+    seed: Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)] | None = None
+
+
 class SubmitJob(msgspec.Struct, forbid_unknown_fields=True):
     """Compute a registered model's metrics. Omitted fields take the deployment's defaults
     (`STRATA_JOBS__*`)."""
@@ -78,6 +123,16 @@ class SubmitJob(msgspec.Struct, forbid_unknown_fields=True):
             ),
         ),
     ] = "gpu"
+    tuned_lens: (
+        Annotated[
+            LensOptions,
+            msgspec.Meta(
+                description="the tuned lens's training settings or a stored lens's key (needs "
+                "tuned_lens in metrics)"
+            ),
+        ]
+        | None
+    ) = None
 
 
 class JobProgress(msgspec.Struct):

@@ -189,6 +189,53 @@ def test_bad_submissions_are_refused_before_anything_is_queued(jobs: Jobs) -> No
     assert jobs.broker.sent == []
 
 
+def test_tuned_lens_settings_and_a_stored_lens_are_checked_at_submission(jobs: Jobs,
+                                                                         tmp_path: Path) -> None:
+    """What would otherwise fail only in the worker is a 422 naming what to fix: settings
+    without the family, an unknown lens key, a lens of another model, a token source with no
+    training split; bounds are the schema's (400). Good settings reach the run's identity."""
+    from compute.lens.store import LensStore
+    from compute.lens.translators import BASIS_STRATA, LensInfo, TunedLens
+    from compute.models import resolve_model_spec
+
+    jobs.worker_alive("cpu")
+    spec = resolve_model_spec("zoo:tiny-2l-s0")
+    key = "0123456789abcdef"
+    model = jobs.http.get(f"{V1}/models/tiny-2l-s0").json()
+    info = LensInfo(key=key, n_layers=model["n_layers"], d_model=model["d_model"],
+                    basis=BASIS_STRATA, model=spec.model_dump(mode="json"))
+    LensStore(tmp_path / "state" / "lenses").put(TunedLens.identity(info))
+    assert jobs.http.post(f"{V1}/models", json={"source": "zoo:tiny-4l-s0"}).status_code == 201
+    tuned = {"metrics": ["logit_lens", "tuned_lens"], "n_sequences": 2, "seq_len": 16}
+    cases = [
+        ({**SMALL, "tuned_lens": {"steps": 5}}, 422, "does not compute the tuned_lens family"),
+        ({**tuned, "tuned_lens": {"lens": "ffffffffffffffff"}}, 422, "no stored lens"),
+        ({**tuned, "tuned_lens": {"lens": "../etc/passwd"}}, 422, "is not a lens key"),
+        ({**tuned, "model": "tiny-4l-s0", "tuned_lens": {"lens": key}}, 422,
+         "made for model tiny-2l-s0"),
+        ({**tuned, "tokens": "pile"}, 422, "no training split"),
+        ({**tuned, "tuned_lens": {"steps": 0}}, 400, "steps"),
+        ({**tuned, "tuned_lens": {"colour": 1}}, 400, "colour"),
+    ]
+    for body, status, words in cases:
+        answer = jobs.http.post(f"{V1}/jobs", json={"model": "tiny-2l-s0", **body})
+        assert answer.status_code == status, (body, answer.text)
+        assert words in answer.json()["detail"], (body, answer.json())
+    assert jobs.broker.sent == []
+    stored = jobs.submit(**tuned, tuned_lens={"lens": key})
+    assert stored.status_code == 202, stored.text
+    assert stored.json()["config"]["options"]["tuned_lens"]["lens"] == key
+    trained = jobs.submit(**tuned, tuned_lens={"steps": 5, "train_sequences": 16})
+    assert trained.status_code == 202, trained.text
+    options = trained.json()["config"]["options"]["tuned_lens"]
+    assert (options["steps"], options["train_sequences"], options["lens"]) == (5, 16, None)
+    default = jobs.submit(**tuned)
+    assert default.status_code == 202, default.text
+    assert default.json()["config"]["options"]["tuned_lens"]["steps"] == 250
+    assert len({stored.json()["config_hash"], trained.json()["config_hash"],
+                default.json()["config_hash"]}) == 3
+
+
 def test_cancel_a_queued_and_a_running_job(jobs: Jobs) -> None:
     queued = jobs.submit(**SMALL).json()
     cancelled = jobs.http.delete(f"{V1}/jobs/{queued['id']}")

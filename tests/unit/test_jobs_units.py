@@ -11,7 +11,7 @@ import pytest
 from compute.errors import SpecError
 from compute.models import resolve_model_spec
 from service.jobs.board import Board
-from service.jobs.configs import JobRequest, run_config
+from service.jobs.configs import JobRequest, LensRequest, lens_training, run_config
 from service.jobs.service import device_matches
 from service.jobs.watch import WatchFolder
 from service.settings import Settings
@@ -92,6 +92,26 @@ def test_bad_requests_name_the_problem(request_fields: dict[str, object], words:
     with pytest.raises(SpecError, match=words.replace("(", r"\(")):
         run_config(JobRequest(model="x", **request_fields), SPEC, 128,  # type: ignore[arg-type]
                    Settings())
+
+
+def test_tuned_lens_settings_of_a_job(tmp_path: Path) -> None:
+    """Set fields reach the run's training configuration; a bad value is named as
+    `tuned_lens.<field>`; a lens to train needs a token source with a training split."""
+    from compute.tokens import TokenSpec
+
+    settings = Settings()
+    config = run_config(JobRequest(model="x", metrics=("tuned_lens",), n_sequences=2, seq_len=16,
+                                   tuned_lens=LensRequest(steps=7, seed=3)), SPEC, 128, settings)
+    assert (config.options.tuned_lens.steps, config.options.tuned_lens.seed) == (7, 3)
+    assert config.options.tuned_lens.train_sequences == 256  # the recipe's default
+    with pytest.raises(SpecError, match=r"tuned_lens\.momentum"):
+        lens_training(LensRequest(momentum=1.5), ["tuned_lens"],
+                      TokenSpec(source="builtin", n_sequences=2, seq_len=16))
+    npy = TokenSpec(source="npy", path=str(tmp_path / "t.npy"), n_sequences=2, seq_len=16)
+    with pytest.raises(SpecError, match="'npy' has no training split"):
+        lens_training(None, ["tuned_lens"], npy)
+    lens_training(LensRequest(lens="0123456789abcdef"), ["tuned_lens"], npy)  # a stored lens
+    lens_training(None, ["logit_lens"], npy)  # no tuned lens: nothing to train
 
 
 def test_a_corpus_under_an_allowed_root_is_accepted(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import anyio
+import msgspec
 from litestar import Controller, Response, delete, get, post
 from litestar.params import Parameter
 
@@ -15,7 +16,7 @@ from service.api.queries.jobs import job_out, worker_out
 from service.api.ratelimit import NO_RATE_LIMIT
 from service.api.respond import ApiContext, errors
 from service.jobs.board import WorkerSeen
-from service.jobs.configs import JobRequest
+from service.jobs.configs import JobRequest, LensRequest
 from service.jobs.service import JobService
 from service.schemas.jobs import (
     Claim,
@@ -55,7 +56,10 @@ class JobsController(Controller):
         """Queue a computation (API key). 202 with the new job; the same configuration submitted
         again answers 200 with its existing job (one job, one run) unless `force` is true.
         Refused with 422 before anything is queued: unknown model or family, seq_len beyond the
-        model's context, a device no worker has. 503 when the broker is down."""
+        model's context, a device no worker has, tuned-lens settings without the tuned_lens
+        family, a stored lens that does not exist or does not fit the model, a lens to train on
+        a token source with no training split (a `.npy`, the Pile). 503 when the broker is
+        down."""
         request = JobRequest(
             model=data.model,
             metrics=tuple(data.metrics) if data.metrics is not None else None,
@@ -66,6 +70,11 @@ class JobsController(Controller):
             dtype=data.dtype,
             force=data.force,
             queue=data.queue,
+            tuned_lens=(
+                LensRequest(**msgspec.structs.asdict(data.tuned_lens))
+                if data.tuned_lens is not None
+                else None
+            ),
         )
         view, new = await anyio.to_thread.run_sync(jobs_of(ctx).submit, request)
         return Response(job_out(view), status_code=202 if new else 200)
