@@ -249,6 +249,10 @@ def test_write_errors(reader: Client, client: Client, service: Service) -> None:
         client.submit("tiny-2l-s0", metrics=["no_such_family"])
     with pytest.raises(BadRequestError):
         client.submit("tiny-2l-s0", n_sequences=0)
+    with pytest.raises(UnprocessableError, match="no stored lens"):
+        client.submit("tiny-2l-s0", metrics=["tuned_lens"], tuned_lens={"lens": "f" * 16})
+    with pytest.raises(BadRequestError, match="steps"):
+        client.submit("tiny-2l-s0", metrics=["tuned_lens"], tuned_lens={"steps": 0})
 
 
 def test_submit_and_wait(client: Client, service: Service) -> None:
