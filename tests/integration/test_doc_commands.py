@@ -146,6 +146,10 @@ def test_every_documented_command_runs_as_written(tmp_path: Path) -> None:
                     "/tmp/before-upgrade.duckdb": str(tmp_path / "before-upgrade.duckdb")}
     env = {k: v for k, v in os.environ.items() if not k.startswith("STRATA_")}
     env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                # one thread per process: the suite runs this beside other test workers on a
+                # 2-core machine, where a two-thread matmul waits at every barrier for a core
+                # another process holds (SmolLM2's command ran past 600 s that way)
+                "OMP_NUM_THREADS": "1",
                 "PATH": f"{home / '.venv' / 'bin'}:{env.get('PATH', '')}",
                 # the default run of each registered model, made small (documented settings)
                 "STRATA_JOBS__FAMILIES": '["intervention", "logit_lens"]',
@@ -186,7 +190,7 @@ def test_every_documented_command_runs_as_written(tmp_path: Path) -> None:
                 text = text.replace(placeholder, real)
             script = "\n".join(["set -euo pipefail", *readme_exports, *command.exports, text])
             done = subprocess.run(["bash", "-c", script], cwd=home, env=env,
-                                  capture_output=True, text=True, timeout=600)
+                                  capture_output=True, text=True, timeout=1200)
             assert done.returncode == 0, (command.where, text, done.stdout[-2000:],
                                           done.stderr[-3000:])
             if re.match(r"^curl\b", text.split("|")[-1].strip()) and done.stdout.strip():
