@@ -42,6 +42,7 @@ COMMAND = re.compile(r"^(\.venv/bin/)?(strata|curl)\b")
 MARKED = {
     ".venv/bin/strata models add gpt2",
     ".venv/bin/python scripts/study_figures.py --model SmolLM2-135M-Instruct.Q4_1",
+    "strata compute --model pythia-410m-deduped --pile",
 }
 
 
