@@ -10,6 +10,7 @@ stage boundaries are drawn at their layer with their bootstrap interval shaded. 
   interventions.png   drop and swap: KL and top-1 agreement by layer
   components.png      attention-only vs MLP-only ablation (drop_attn, drop_mlp) KL
   logit_lens.png      logit-lens KL to the final prediction, entropy, top-1 agreement
+  tuned_lens.png      the same three for the tuned lens, the logit lens dotted beside it
   neurons.png         prediction and suppression neurons by depth (calibrated and fixed)
   similarity.png      component-output cosines under adjacent swaps (self, index, adjacent)
   attention.png       attention locality (prev_k) and the sink score (bos) by layer
@@ -137,6 +138,20 @@ def draw_all(client: Client, model: str, compare: list[str], out: Path) -> list[
         ax[2].set_xlabel("lens point i (0 = embeddings, i = after block i-1)")
         return True
 
+    def tuned(ax: list[Any]) -> bool:
+        """The tuned lens beside the raw lens, metric by metric, on the same axes."""
+        if curve(client, model, "tuned_lens.kl_to_final") is None:
+            return False
+        for row, (name, unit) in enumerate((("kl_to_final", "nats"), ("entropy", "bits"),
+                                            ("top1_agreement", "fraction"))):
+            errorbar(ax[row], curve(client, model, f"tuned_lens.{name}"), f"tuned lens {name}")
+            errorbar(ax[row], curve(client, model, f"logit_lens.{name}"), f"logit lens {name}",
+                     linestyle=":")
+            ax[row].set_ylabel(unit)
+        ax[0].set_yscale("symlog", linthresh=1.0)
+        ax[2].set_xlabel("lens point i (0 = embeddings, i = after block i-1)")
+        return True
+
     def neurons(ax: list[Any]) -> bool:
         drawn = False
         for suffix, style in (("_cal", "-"), ("", ":")):
@@ -211,6 +226,7 @@ def draw_all(client: Client, model: str, compare: list[str], out: Path) -> list[
         ("interventions.png", 2, "drop and swap", interventions),
         ("components.png", 1, "attention-only vs MLP-only ablation", components),
         ("logit_lens.png", 3, "logit lens", lens),
+        ("tuned_lens.png", 3, "tuned lens beside the logit lens", tuned),
         ("neurons.png", 1, "prediction and suppression neurons", neurons),
         ("similarity.png", 2, "component outputs under adjacent swaps", similarity),
         ("attention.png", 2, "attention locality and sink", attention),

@@ -30,6 +30,16 @@ class Processing(BaseModel):
     center_unembed: bool = True
     fold_value_biases: bool = True
 
+    @classmethod
+    def none(cls) -> Processing:
+        """No processing at all (`--no-processing`): the weights as the checkpoint has them."""
+        return cls(
+            fold_ln=False,
+            center_writing_weights=False,
+            center_unembed=False,
+            fold_value_biases=False,
+        )
+
 
 class ModelSpec(BaseModel):
     """Everything that identifies the weights a run analyses. Stored with every run."""

@@ -196,16 +196,7 @@ def _run_config(
 
     families = [m.strip() for m in metrics.split(",") if m.strip()]
     families_named(families)
-    processing = (
-        Processing(
-            fold_ln=False,
-            center_writing_weights=False,
-            center_unembed=False,
-            fold_value_biases=False,
-        )
-        if no_processing
-        else Processing()
-    )
+    processing = Processing.none() if no_processing else Processing()
     if tokens_path is not None:
         token_spec = TokenSpec(source="npy", path=tokens_path, n_sequences=0, seq_len=0, seed=seed)
     elif corpus_path is not None:

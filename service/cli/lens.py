@@ -82,16 +82,7 @@ def lens_import(model_ref: str, no_processing: bool, path: str) -> None:
     from compute.models import Processing, load_model, resolve_model_spec
 
     store = _store()
-    processing = (
-        Processing(
-            fold_ln=False,
-            center_writing_weights=False,
-            center_unembed=False,
-            fold_value_biases=False,
-        )
-        if no_processing
-        else Processing()
-    )
+    processing = Processing.none() if no_processing else Processing()
     try:
         lm = load_model(resolve_model_spec(model_ref, processing=processing))
         imported = import_lens(Path(path), lm, store)
