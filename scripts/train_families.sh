@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Train the two refit families behind the head-stability table in README.md:
-# 5 refits of a 4-layer model with AdamW (weight decay 0.1) and 5 with plain Adam.
+# Train the two 4-layer refit families of the earlier head-stability table (the study now
+# lives in docs/study-head-stability.md, scripts/study_head_stability.py): 5 refits with AdamW
+# (weight decay 0.1) and 5 with plain Adam; results/stability-adam*.parquet are theirs.
 # ~2.5 min per refit on 2 idle CPU cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
