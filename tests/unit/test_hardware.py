@@ -37,22 +37,22 @@ def test_the_probe_measures_each_dtype_on_this_machine() -> None:
     assert hardware.dtype_speed_warning("bfloat16", "cuda:7") is None  # no such device here
 
 
+def _bfloat16_compute() -> str:
+    """A tiny `strata compute --dtype bfloat16` in this process: its output."""
+    with CliRunner().isolated_filesystem():
+        result = CliRunner().invoke(main, ["compute", "--model", "zoo:tiny-2l-s0", "--quiet",
+                                           "--n-sequences", "1", "--seq-len", "8",
+                                           "--metrics", "norms", "--dtype", "bfloat16",
+                                           "--out", "r.parquet"])
+    assert result.exit_code == 0, result.output
+    return str(result.output)
+
+
 def test_strata_compute_warns_before_a_slow_dtype_run(monkeypatch: pytest.MonkeyPatch) -> None:
     rates = {"float32": 100.0, "bfloat16": 2.0}
     monkeypatch.setattr(hardware, "matmul_gflops", lambda device, dtype: rates[dtype])
-    with CliRunner().isolated_filesystem():
-        result = CliRunner().invoke(main, ["compute", "--model", "zoo:tiny-2l-s0", "--quiet",
-                                           "--n-sequences", "1", "--seq-len", "8",
-                                           "--metrics", "norms", "--dtype", "bfloat16",
-                                           "--out", "r.parquet"])
-    assert result.exit_code == 0, result.output
-    assert "warning: bfloat16 is emulated on this cpu" in result.output
-    assert "50x slower" in result.output
+    output = _bfloat16_compute()
+    assert "warning: bfloat16 is emulated on this cpu" in output
+    assert "50x slower" in output
     rates["bfloat16"] = 500.0  # native: nothing said
-    with CliRunner().isolated_filesystem():
-        result = CliRunner().invoke(main, ["compute", "--model", "zoo:tiny-2l-s0", "--quiet",
-                                           "--n-sequences", "1", "--seq-len", "8",
-                                           "--metrics", "norms", "--dtype", "bfloat16",
-                                           "--out", "r.parquet"])
-    assert result.exit_code == 0, result.output
-    assert "warning" not in result.output
+    assert "warning" not in _bfloat16_compute()
