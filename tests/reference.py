@@ -331,7 +331,11 @@ def intervention_rows(lm: Any, tokens: torch.Tensor, opts: Any = None) -> list[d
 # --------------------------------------------------------------------------- logit_lens.*
 
 
-def logit_lens_rows(lm: Any, tokens: torch.Tensor, opts: Any = None) -> list[dict[str, Any]]:
+def _lens_rows(lm: Any, tokens: torch.Tensor, family: str,
+               read: Callable[[Any, int], torch.Tensor]) -> list[dict[str, Any]]:
+    """A lens family's rows: per sequence and point 0..L, the residual `read(cache, point)`
+    gives (point L: the model's own final residual) through `model.ln_final` and
+    `model.unembed`, compared with the model's output token by token."""
     model = _model(lm)
     n_layers = model.cfg.n_layers
     per_token: dict[tuple[str, int], PerSequence] = {}
@@ -339,15 +343,20 @@ def logit_lens_rows(lm: Any, tokens: torch.Tensor, opts: Any = None) -> list[dic
         final = _forward(model, seq)
         _, cache = model.run_with_cache(seq[None])
         for point in range(n_layers + 1):
-            name = (f"blocks.{point}.hook_resid_pre" if point < n_layers
-                    else f"blocks.{n_layers - 1}.hook_resid_post")
-            lens = _logits_from_resid(model, cache[name][0])
+            resid = (read(cache, point) if point < n_layers
+                     else cache[f"blocks.{n_layers - 1}.hook_resid_post"][0])
+            lens = _logits_from_resid(model, resid)
             for s in compare_sequence(final, lens, seq):
                 for metric, value in (("kl_to_final", s["kl"]), ("entropy", s["entropy_q"]),
                                       ("top1_agreement", s["agree"]), ("loss", s["loss_q"])):
                     put(per_token, (metric, point), index, value)
-    return [mean_row(f"logit_lens.{metric}", values, layer=point)
+    return [mean_row(f"{family}.{metric}", values, layer=point)
             for (metric, point), values in per_token.items()]
+
+
+def logit_lens_rows(lm: Any, tokens: torch.Tensor, opts: Any = None) -> list[dict[str, Any]]:
+    return _lens_rows(lm, tokens, "logit_lens",
+                      lambda cache, point: cache[f"blocks.{point}.hook_resid_pre"][0])
 
 
 # --------------------------------------------------------------------------- tuned_lens.*
@@ -359,26 +368,12 @@ def tuned_lens_rows(lm: Any, tokens: torch.Tensor, weights: list[np.ndarray],
     i < L each position's residual h (float64) becomes h + A_i h + b_i, one position at a time,
     then `model.ln_final` and `model.unembed`; point L is the model's own output.
     `weights[i]` is A_i as [out, in] (torch.nn.Linear's layout), `biases[i]` is b_i."""
-    model = _model(lm)
-    n_layers = model.cfg.n_layers
-    per_token: dict[tuple[str, int], PerSequence] = {}
-    for index, seq in enumerate(_sequences(tokens)):
-        final = _forward(model, seq)
-        _, cache = model.run_with_cache(seq[None])
-        for point in range(n_layers + 1):
-            if point < n_layers:
-                resid = cache[f"blocks.{point}.hook_resid_pre"][0].double().numpy()
-                rows = [h + weights[point] @ h + biases[point] for h in resid]
-                translated = torch.tensor(np.stack(rows), dtype=torch.float32)
-            else:
-                translated = cache[f"blocks.{n_layers - 1}.hook_resid_post"][0]
-            lens = _logits_from_resid(model, translated)
-            for s in compare_sequence(final, lens, seq):
-                for metric, value in (("kl_to_final", s["kl"]), ("entropy", s["entropy_q"]),
-                                      ("top1_agreement", s["agree"]), ("loss", s["loss_q"])):
-                    put(per_token, (metric, point), index, value)
-    return [mean_row(f"tuned_lens.{metric}", values, layer=point)
-            for (metric, point), values in per_token.items()]
+    def translated(cache: Any, point: int) -> torch.Tensor:
+        resid = cache[f"blocks.{point}.hook_resid_pre"][0].double().numpy()
+        rows = [h + weights[point] @ h + biases[point] for h in resid]
+        return torch.tensor(np.stack(rows), dtype=torch.float32)
+
+    return _lens_rows(lm, tokens, "tuned_lens", translated)
 
 
 # --------------------------------------------------------------------------- neurons.*

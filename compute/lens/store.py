@@ -71,20 +71,23 @@ class LensStore:
             raise LensError(f"{key!r} is not a lens key (16 hex digits; `strata lens list`)")
         return self.root / f"{key}.safetensors"
 
-    def has(self, key: str) -> bool:
-        return self.path(key).is_file()
-
-    def get(self, key: str) -> TunedLens:
+    def _stored(self, key: str) -> Path:
+        """The file of a stored lens; a LensError naming what to do when there is none."""
         path = self.path(key)
         if not path.is_file():
             raise LensError(
                 f"no stored lens {key} in {self.root}; `strata lens list` shows the stored "
                 "ones, `strata lens import` adds one"
             )
+        return path
+
+    def has(self, key: str) -> bool:
+        return self.path(key).is_file()
+
+    def get(self, key: str) -> TunedLens:
+        path = self._stored(key)
         tensors, meta = read_lens_file(path)
-        if meta is None:
-            raise LensError(f"{path} has no Strata metadata: not a stored lens")
-        info = LensInfo(**{k: v for k, v in meta.items() if k != "format"})
+        info = _stored_info(meta, path)
         weight, bias = stack_translators(
             tensors, n_layers=info.n_layers, d_model=info.d_model, what=str(path)
         )
@@ -92,16 +95,8 @@ class LensStore:
 
     def info(self, key: str) -> LensInfo:
         """A stored lens's identity, from its file's header (the translators are not read)."""
-        path = self.path(key)
-        if not path.is_file():
-            raise LensError(
-                f"no stored lens {key} in {self.root}; `strata lens list` shows the stored "
-                "ones, `strata lens import` adds one"
-            )
-        meta = read_lens_metadata(path)
-        if meta is None:
-            raise LensError(f"{path} has no Strata metadata: not a stored lens")
-        return LensInfo(**{k: v for k, v in meta.items() if k != "format"})
+        path = self._stored(key)
+        return _stored_info(read_lens_metadata(path), path)
 
     def put(self, lens: TunedLens) -> Path:
         path = self.path(lens.info.key)
@@ -245,3 +240,10 @@ def provide_lens(
     lens = TunedLens(weight.cpu(), bias.cpu(), info)
     store.put(lens)
     return lens, {"key": key, "trained": True, "source": "trained", **report}
+
+
+def _stored_info(meta: dict[str, Any] | None, path: Path) -> LensInfo:
+    """A stored lens's identity from its file's Strata metadata (refused without any)."""
+    if meta is None:
+        raise LensError(f"{path} has no Strata metadata: not a stored lens")
+    return LensInfo(**{k: v for k, v in meta.items() if k != "format"})
