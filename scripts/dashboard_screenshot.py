@@ -68,6 +68,8 @@ def tick(driver: Any, name: str) -> None:
     search.send_keys(name)
     wait_for(ticked, f"model {name} in the model list")
     search.clear()
+    search.send_keys(" ")  # clear() fires no input event: type, then erase, to list every model
+    search.send_keys("\b")
 
 
 def panels_settled(driver: Any) -> bool:
