@@ -20,15 +20,20 @@ from pathlib import Path
 from typing import Any
 
 
-def wait_for(check: Callable[[], Any], what: str, timeout: float = 120) -> Any:
+def wait_for(check: Callable[[], Any], what: str, timeout: float = 120,
+             on_timeout: Callable[[str], Any] | None = None) -> Any:
+    """`check()`'s first true value, polled until `timeout`; then `on_timeout(what)` (by default:
+    exit with a message)."""
     deadline = time.monotonic() + timeout
     while True:
         value = check()
         if value:
             return value
         if time.monotonic() > deadline:
+            if on_timeout is not None:
+                return on_timeout(what)
             raise SystemExit(f"error: timed out waiting for {what}")
-        time.sleep(0.2)
+        time.sleep(0.1)
 
 
 def browser(width: int, height: int) -> Any:
@@ -49,7 +54,9 @@ def browser(width: int, height: int) -> Any:
     return webdriver.Chrome(options=options, service=Service(driver))
 
 
-def tick(driver: Any, name: str) -> None:
+def tick(driver: Any, name: str, on_timeout: Callable[[str], Any] | None = None) -> None:
+    """Tick `name` in the model list the way a user does: search for it, tick its box, clear the
+    search (every model listed again)."""
     from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
 
@@ -66,7 +73,7 @@ def tick(driver: Any, name: str) -> None:
     search = driver.find_element(By.ID, "model-search")
     search.clear()
     search.send_keys(name)
-    wait_for(ticked, f"model {name} in the model list")
+    wait_for(ticked, f"model {name} in the model list", on_timeout=on_timeout)
     search.clear()
     search.send_keys(" ")  # clear() fires no input event: type, then erase, to list every model
     search.send_keys("\b")

@@ -10,6 +10,7 @@ errors in every test (a failed request shows there too).
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import shutil
 import time
@@ -29,6 +30,13 @@ MEDIA = {"csv": "text/csv", "parquet": "application/vnd.apache.parquet",
          "json": "application/json"}
 JAVASCRIPT = {"text/javascript", "application/javascript"}
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+# The browser and the polling wait are the screenshot script's (scripts/dashboard_screenshot.py).
+_spec = importlib.util.spec_from_file_location(
+    "dashboard_screenshot", ROOT / "scripts" / "dashboard_screenshot.py")
+assert _spec is not None
+assert _spec.loader is not None
+SCREENSHOT = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(SCREENSHOT)
 CHROMEDRIVER = shutil.which("chromedriver")
 
 pytestmark = pytest.mark.skipif(
@@ -42,16 +50,7 @@ def service(web: Service) -> Service:
 
 
 def chrome() -> Any:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service as DriverService
-
-    options = webdriver.ChromeOptions()
-    for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                "--disable-dev-shm-usage", "--window-size=1500,1100"):
-        options.add_argument(arg)
-    options.binary_location = str(CHROMIUM)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    return webdriver.Chrome(options=options, service=DriverService(str(CHROMEDRIVER)))
+    return SCREENSHOT.browser(1500, 1100)
 
 
 @pytest.fixture(scope="module")
@@ -78,17 +77,18 @@ def page(browser: Any, service: Service) -> Iterator[Any]:
     assert not errors, errors
 
 
+def timed_out(driver: Any) -> Callable[[str], None]:
+    """What a wait that ran out does in a test: keep a screenshot of the page, then fail."""
+    def fail(what: str) -> None:
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        driver.save_screenshot(str(SCREENSHOTS / "timeout.png"))
+        raise AssertionError(f"timed out waiting for {what}")
+
+    return fail
+
+
 def wait_for(driver: Any, check: Callable[[], Any], timeout: float = 60, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-            driver.save_screenshot(str(SCREENSHOTS / "timeout.png"))
-            raise AssertionError(f"timed out waiting for {what or check}")
-        time.sleep(0.1)
+    return SCREENSHOT.wait_for(check, what or str(check), timeout, on_timeout=timed_out(driver))
 
 
 def screenshot(driver: Any, name: str) -> Path:
@@ -117,29 +117,9 @@ def click(driver: Any, selector: str, what: str) -> None:
 
 
 def select_models(driver: Any, names: list[str]) -> None:
-    """Pick models the way a user does: search, tick."""
-    from selenium.common.exceptions import StaleElementReferenceException
-    from selenium.webdriver.common.by import By
-
-    def ticked(name: str) -> bool:
-        """Tick `name`'s box; False while it is not listed, or was redrawn under the click
-        (the list is rebuilt when the models change: find it again)."""
-        try:
-            boxes = driver.find_elements(
-                By.CSS_SELECTOR, f'#model-list li[data-model-name="{name}"] input')
-            if boxes and not boxes[0].is_selected():
-                boxes[0].click()
-            return bool(boxes) and boxes[0].is_selected()
-        except StaleElementReferenceException:
-            return False
-
-    search = driver.find_element(By.ID, "model-search")
+    """Pick models the way a user does: search, tick (the screenshot script's `tick`)."""
     for name in names:
-        search.clear()
-        search.send_keys(name)
-        wait_for(driver, lambda n=name: ticked(n), what=name)
-    search.clear()
-    search.send_keys(" ")
+        SCREENSHOT.tick(driver, name, on_timeout=timed_out(driver))
 
 
 def panel_ids(driver: Any) -> list[str]:
