@@ -43,6 +43,10 @@ MARKED = {
     ".venv/bin/strata models add gpt2",
     ".venv/bin/python scripts/study_figures.py --model SmolLM2-135M-Instruct.Q4_1",
     "strata compute --model pythia-410m-deduped --pile",
+    # docs/study-smollm2.md's reproduction: a second service and SmolLM2's whole default run
+    ".venv/bin/strata serve &",
+    ".venv/bin/strata models add zoo:demo-4l",
+    '.venv/bin/strata models add "$(bash scripts/fetch_smollm2.sh)"',
 }
 
 
