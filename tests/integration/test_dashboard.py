@@ -532,10 +532,12 @@ def test_register_and_compute_from_the_page(page: Any, service: Service) -> None
     before = drawn(page, "drop")
     page.find_element(By.ID, "job-model").send_keys("fresh-4l")
     nseq, seqlen = page.find_element(By.ID, "job-nseq"), page.find_element(By.ID, "job-seqlen")
+    # Long enough (every family on 64 x 64 tokens) for the page's polls to see it run: 8 x 32
+    # finished between two polls on a fast machine, and no progress was ever drawn.
     nseq.clear()
-    nseq.send_keys("8")
+    nseq.send_keys("64")
     seqlen.clear()
-    seqlen.send_keys("32")
+    seqlen.send_keys("64")
     page.find_element(By.ID, "job-submit").click()
     job = wait_for(page, lambda: page.execute_script(
         "const j = document.querySelector('#jobs li.job[data-own]'); return j && j.dataset.jobId"),
