@@ -165,8 +165,10 @@ def mlp(
     flat = x.reshape(-1, x.shape[-1])
     if w_gate_in is not None:
         gate, linear = (flat @ w_gate_in).chunk(2, dim=-1)
-        # SiLU in place: `gate` is a view of this function's own matmul output.
-        gate = F.silu(gate, inplace=True) if cfg.act_fn == "silu" else act(gate)
+        # SiLU in place: `gate` is a view of this function's own matmul output (not where a
+        # gradient is taken: autograd refuses in-place writes to one of several views).
+        in_place = cfg.act_fn == "silu" and not torch.is_grad_enabled()
+        gate = F.silu(gate, inplace=True) if in_place else act(gate)
         post = torch.addcmul(m.b_in, gate, linear)
     else:
         post = act(torch.addmm(m.b_in, flat, m.W_in))

@@ -23,7 +23,7 @@ from compute.errors import TokenSpecError
 from compute.memory import (
     ModelDims,
     allocator_for_sweeping,
-    device_free_bytes,
+    batch_budget_bytes,
     release_free_memory,
     sweep_bytes_per_sequence,
 )
@@ -77,15 +77,6 @@ class SweepResult:
 CPU_TOKENS_PER_BATCH = 1024
 
 
-# On a CPU the batch's memory (clean-pass cache, reference distribution, one intervention's
-# working set) is also bounded, by half the weights' bytes but at least 64 MiB: with GPT-2's
-# 50,257-token vocabulary the reference distribution alone is 26 MB per 128-token sequence, and
-# 1024 tokens of every family put a whole run at 3.1x its weights. Throughput does not suffer:
-# GPT-2 small's `intervention` ran at 24.7, 25.5 and 24.5 tokens/s with 4, 6 and 8 sequences.
-CPU_BATCH_WEIGHTS_FRACTION = 0.5
-CPU_MIN_BATCH_BYTES = 64 * 2**20
-
-
 def auto_batch_size(
     lm: LoadedModel, seq_len: int, opts: EngineOptions, families: list[Family] | None = None
 ) -> int:
@@ -108,14 +99,7 @@ def auto_batch_size(
         z=any(f.needs_z for f in families),
     )
     on_gpu = str(lm.device).startswith("cuda")
-    if opts.memory_budget_mb is not None:
-        budget = opts.memory_budget_mb * 2**20
-    elif on_gpu:
-        budget = int(0.85 * device_free_bytes(lm.device))
-    else:
-        budget = max(
-            CPU_MIN_BATCH_BYTES, int(CPU_BATCH_WEIGHTS_FRACTION * lm.n_params * lm.dtype_bytes)
-        )
+    budget = batch_budget_bytes(lm.n_params, lm.dtype_bytes, lm.device, opts.memory_budget_mb)
     by_memory = max(1, budget // per_sequence)
     if on_gpu:
         return by_memory

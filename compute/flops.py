@@ -20,6 +20,10 @@ other reductions are memory-bound elementwise work and count as zero. Per sequen
     similarity    (L-1) B                                  [0 when intervention runs too: it
                   is the first half of each swap, computed once for both]
     heads         H (L M + L(L-1)/2 B + L U) + L H O_h      [+ induction: L B on its own tokens]
+    heads_atp     2 (L B + U)                              a forward with gradients (L B + U)
+                                                           and its backward to the activations
+                                                           (no weight gradients: about the
+                                                           forward's matmul FLOPs again)
     attention, norms   0 beyond the clean pass;  neurons: 2 L d_mlp d V (weights only, once)
 
 Parallel attention/MLP blocks drop the `L M` of intervention (drop_attn reuses the cached MLP
@@ -84,6 +88,8 @@ def family_flops(
             h * (per_head_mlp + n * (n - 1) / 2 * b + n * u)
             + n * h * 2 * seq_len * dims.d_head * dims.d_model
         )
+    if "heads_atp" in names:
+        out["heads_atp"] = 2 * (n * b + u)
     for name in ("attention", "norms", "neurons"):
         if name in names:
             out[name] = 0.0

@@ -90,6 +90,7 @@ CATALOG: dict[str, str] = {
             ("null_var_q999", "cosine^2"),
         ]
     },
+    "heads_atp.loss_delta": "nats",
     **{f"similarity.{m}": "cosine" for m in ("self", "index", "adjacent")},
     **{f"attention.{m}": u for m, u in [("bos", "fraction"), ("entropy", "bits")]},
     **{

@@ -61,7 +61,8 @@ import scipy.stats
 import torch
 
 LN2 = math.log(2.0)
-FAMILIES = ("intervention", "logit_lens", "neurons", "similarity", "attention", "norms", "heads")
+FAMILIES = ("intervention", "logit_lens", "neurons", "similarity", "attention", "norms", "heads",
+            "heads_atp")
 COLUMNS = ("metric", "layer", "component", "head", "neuron", "value", "stderr", "n", "unit")
 SCHEMA = {"metric": pl.String, "layer": pl.Int64, "component": pl.String, "head": pl.Int64,
           "neuron": pl.Int64, "value": pl.Float64, "stderr": pl.Float64, "n": pl.Int64,
@@ -93,7 +94,7 @@ UNITS = {
     "norms.attn_out": "norm", "norms.mlp_out": "norm", "norms.attn_mlp_ratio": "ratio",
     "norms.resid": "norm",
     "heads.ablation_kl": "nats", "heads.ablation_loss_delta": "nats",
-    "heads.induction": "fraction",
+    "heads.induction": "fraction", "heads_atp.loss_delta": "nats",
 }
 
 
@@ -694,6 +695,44 @@ def heads_rows(lm: Any, tokens: torch.Tensor, opts: Any = None) -> list[dict[str
     return head_ablation_rows(lm, tokens, opts) + induction_rows(lm, opts)
 
 
+# --------------------------------------------------------------------------- heads_atp.*
+
+
+def heads_atp_rows(lm: Any, tokens: torch.Tensor, opts: Any = None) -> list[dict[str, Any]]:
+    """AtP's first-order estimate of each head's zero-ablation loss delta, the obvious way: per
+    sequence, a full TransformerLens forward whose embedding output is made a leaf that needs a
+    gradient and whose `hook_z` outputs keep theirs; the summed float64 next-token loss over
+    the evaluated positions, `backward()`; then per head -sum(z * z.grad) / (T-2)."""
+    model = _model(lm)
+    per_sequence: dict[tuple[int, int], PerSequence] = {}
+    def leaf(x: torch.Tensor, hook: Any) -> torch.Tensor:
+        return x.detach().requires_grad_()
+
+    def keep(zs: dict[int, torch.Tensor], layer: int) -> Callable[..., None]:
+        def hook_fn(z: torch.Tensor, hook: Any) -> None:
+            z.retain_grad()
+            zs[layer] = z
+        return hook_fn
+
+    for index, seq in enumerate(_sequences(tokens)):
+        zs: dict[int, torch.Tensor] = {}
+        hooks = [("hook_embed", leaf)] + [(f"blocks.{layer}.attn.hook_z", keep(zs, layer))
+                                          for layer in range(model.cfg.n_layers)]
+        with torch.enable_grad():
+            logits = model.run_with_hooks(seq[None], return_type="logits", fwd_hooks=hooks)[0]
+            log_probs = logits.double().log_softmax(-1)
+            targets = seq[2:]
+            loss = -log_probs[1:-1].gather(-1, targets[:, None]).sum()
+            loss.backward()
+        for layer, z in zs.items():
+            assert z.grad is not None
+            for head in range(model.cfg.n_heads):
+                value = -(z[0, :, head] * z.grad[0, :, head]).double().sum() / (len(seq) - 2)
+                put(per_sequence, (layer, head), index, float(value))
+    return [mean_row("heads_atp.loss_delta", values, layer=layer, head=head)
+            for (layer, head), values in per_sequence.items()]
+
+
 # --------------------------------------------------------------------------- the sweep
 
 FAMILY_FUNCTIONS: dict[str, Callable[[Any, torch.Tensor, Any], list[dict[str, Any]]]] = {
@@ -704,6 +743,7 @@ FAMILY_FUNCTIONS: dict[str, Callable[[Any, torch.Tensor, Any], list[dict[str, An
     "attention": attention_rows,
     "norms": norms_rows,
     "heads": heads_rows,
+    "heads_atp": heads_atp_rows,
 }
 
 

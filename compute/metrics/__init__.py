@@ -6,6 +6,7 @@ from compute.errors import UnknownMetricError
 from compute.metrics.attention import AttentionFamily
 from compute.metrics.base import Family
 from compute.metrics.heads import HeadsFamily
+from compute.metrics.heads_atp import HeadsAtpFamily
 from compute.metrics.interventions import InterventionFamily
 from compute.metrics.logit_lens import LogitLensFamily
 from compute.metrics.neurons import NeuronsFamily
@@ -23,12 +24,16 @@ FAMILIES: dict[str, Family] = {
         AttentionFamily(),
         NormsFamily(),
         HeadsFamily(),
+        HeadsAtpFamily(),
         TunedLensFamily(),
     )
 }
-# The tuned lens trains a lens before its first run on a model (minutes on a CPU at SmolLM2's
-# size): asked for by name, not part of the default run.
-DEFAULT_FAMILIES = tuple(name for name in FAMILIES if name != "tuned_lens")
+# Asked for by name, not part of the default run: the tuned lens trains a lens before its first
+# run on a model (minutes on a CPU at SmolLM2's size); the head screen (heads_atp) estimates what
+# the default run's exact `heads` family measures, and is for runs that leave `heads` out or
+# compare the two (adding it to the default would change every registered model's default run).
+OPT_IN_FAMILIES = ("tuned_lens", "heads_atp")
+DEFAULT_FAMILIES = tuple(name for name in FAMILIES if name not in OPT_IN_FAMILIES)
 
 
 def families_named(names: list[str] | tuple[str, ...]) -> list[Family]:

@@ -305,7 +305,11 @@ class LoadedModel:
     def _fast_weights(self, layer: int) -> blocks.FastWeights:
         cache = self._ctx.setdefault("fast_weights", {})
         if layer not in cache:
-            cache[layer] = blocks.fast_weights(self.model.blocks[layer])
+            # Normal tensors, not inference tensors, whatever mode the first caller runs in:
+            # a family that differentiates through the blocks (heads_atp) saves them for
+            # backward, which inference tensors refuse.
+            with torch.inference_mode(False), torch.no_grad():
+                cache[layer] = blocks.fast_weights(self.model.blocks[layer])
         return cache[layer]
 
     def logits(self, resid: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_vocab"]:
