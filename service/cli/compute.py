@@ -11,7 +11,7 @@ import click
 from compute.errors import SpecError, StrataError
 from service.cli.db import check_store_writable, store_result
 from service.cli.errors import EXIT_BAD_INPUT, exit_code_of, fail
-from service.cli.outputs import NO_OUTPUT, out_format, out_option
+from service.cli.outputs import NO_OUTPUT, format_rate, out_format, out_option
 from service.exports import require_format
 from service.settings import get_settings
 
@@ -264,7 +264,7 @@ def _compute_with_progress(config: Any, device: str, quiet: bool) -> Any:
             return
         if bar.total != p.total:  # one total for the run (training + sweep: RunProgress)
             bar.total = p.total
-        bar.set_postfix_str(f"{p.tokens_per_s:,.0f} tok/s", refresh=False)
+        bar.set_postfix_str(format_rate(p.tokens_per_s), refresh=False)
         bar.update(p.done - bar.n)
 
     from compute.lens.store import LensStore

@@ -11,6 +11,7 @@ import click
 
 from service.cli.errors import EXIT_JOB
 from service.cli.http import call, url_option
+from service.cli.outputs import format_rate
 
 FINAL = ("succeeded", "failed", "cancelled")
 
@@ -22,7 +23,7 @@ def _describe(job: dict[str, Any]) -> str:
         eta = f", ETA {p['eta_s']:.0f} s" if p.get("eta_s") is not None else ""
         line += (
             f" {100 * p['fraction']:.0f}% ({p['done']}/{p['total']}, "
-            f"{p['tokens_per_s']:,.0f} tok/s{eta})"
+            f"{format_rate(p['tokens_per_s'])}{eta})"
         )
     if job.get("run_id") is not None:
         line += f" -> run {job['run_id']}"
@@ -169,7 +170,7 @@ def _watch(url: str | None, job_id: int) -> None:
             p = job.get("progress")
             if p:
                 bar.total = p["total"]
-                bar.set_postfix_str(f"{p['tokens_per_s']:,.0f} tok/s", refresh=False)
+                bar.set_postfix_str(format_rate(p["tokens_per_s"]), refresh=False)
                 bar.update(p["done"] - bar.n)
             bar.set_description(f"job {job_id} {job['state']}")
             if job["state"] in FINAL:

@@ -26,3 +26,16 @@ def out_format(out: Path) -> ExportFormat:
         return require_format(out)
     except SpecError as exc:
         fail(f"--out {exc}", EXIT_BAD_INPUT)
+
+
+def format_rate(tokens_per_s: float) -> str:
+    """Throughput as a person reads it: to three significant figures however slow (a real
+    model on a CPU sweeps well under one token per second with every family), so a bar never
+    says '0 tok/s' while it works.
+
+    >>> format_rate(1234.5), format_rate(12.34), format_rate(0.4567), format_rate(0.0)
+    ('1,234 tok/s', '12.3 tok/s', '0.457 tok/s', '0 tok/s')
+    """
+    if tokens_per_s >= 100 or tokens_per_s == 0:
+        return f"{tokens_per_s:,.0f} tok/s"
+    return f"{tokens_per_s:.3g} tok/s"

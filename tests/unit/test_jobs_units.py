@@ -189,3 +189,15 @@ def test_watch_folder_takes_settled_gguf_files(tmp_path: Path) -> None:
     assert watch.scan() == [gguf]
     assert watch.scan() == []  # taken once
     assert seen == ["tiny.Q4_0.gguf"]
+
+
+def test_progress_rates_read_to_three_figures_however_slow() -> None:
+    """A real model's run sweeps under one token per second on a CPU: the bar says how much
+    under, never '0 tok/s' or '1 tok/s' for 0.42 (issue 37: 'tells a user nothing')."""
+    from service.cli.outputs import format_rate
+
+    assert format_rate(0.4249) == "0.425 tok/s"
+    assert format_rate(0.0123) == "0.0123 tok/s"
+    assert format_rate(12.34) == "12.3 tok/s"
+    assert format_rate(1234.5) == "1,234 tok/s"
+    assert format_rate(0.0) == "0 tok/s"

@@ -18,7 +18,7 @@ def job_out(view: JobView) -> Job:
             live.done,
             live.total,
             round(live.done / live.total, 4),
-            round(live.tokens_per_s, 1),
+            float(f"{live.tokens_per_s:.4g}"),  # slow real models sweep < 0.1 token/s
             None if live.eta_s is None else round(live.eta_s, 1),
         )
     wall = None
