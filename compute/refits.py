@@ -13,10 +13,10 @@ with randomly initialised models of its architecture, the null baseline).
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -24,6 +24,10 @@ from compute.errors import SpecError
 from compute.models import ModelSpec
 from compute.stability import StabilityOptions
 from compute.tokens import TokenSpec
+
+if TYPE_CHECKING:
+    from compute.engine import ProgressFn
+    from compute.models import LoadedModel
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,8 @@ class FamilyStability:
     # order given, with its architecture numbers (`LoadedModel.describe()`)
     options: StabilityOptions
     prompts: TokenSpec
+    wall_s: float = 0.0
+    environment: dict[str, str] = field(default_factory=dict)  # torch, python, strata versions
 
     def metadata(self) -> dict[str, Any]:
         """What an exported file carries beside the records."""
@@ -83,6 +89,14 @@ def _named_anchor(refs: list[str], anchor: str) -> str:
     return matches[0]
 
 
+def prompt_spec(opts: StabilityOptions) -> TokenSpec:
+    """The prompt set of a comparison: windows of the built-in corpus, drawn with the options'
+    seed (unresolved: `compute.tokens.resolve_token_spec` adds its fingerprint)."""
+    return TokenSpec(
+        source="builtin", n_sequences=opts.n_prompts, seq_len=opts.prompt_len, seed=opts.seed
+    )
+
+
 def family_stability(
     members: Sequence[str],
     *,
@@ -99,10 +113,8 @@ def family_stability(
     `SpecError` for an unknown anchor, a family of fewer than two models or refits that cannot
     be compared (`RefitMismatchError`), `ModelLoadError` when a member does not load.
     """
-    from compute.models import load_model, resolve_model_spec
-    from compute.records import records_to_table, validate_records
-    from compute.stability import stability_records
-    from compute.tokens import load_tokens, resolve_token_spec
+    from compute.models import resolve_model_spec
+    from compute.tokens import resolve_token_spec
 
     refs = expand_family(members)
     named = _named_anchor(refs, anchor) if anchor is not None else None
@@ -111,28 +123,82 @@ def family_stability(
     anchor_ref = named or refs[0]
     opts = StabilityOptions(n_prompts=n_prompts, prompt_len=prompt_len, n_null=n_null)
     specs = {ref: resolve_model_spec(ref) for ref in refs}
-    anchor_lm = load_model(specs[anchor_ref], device)
-    token_spec = resolve_token_spec(
-        TokenSpec(source="builtin", n_sequences=n_prompts, seq_len=prompt_len, seed=opts.seed)
-    )
-    prompts = load_tokens(
-        token_spec,
+    prompts = resolve_token_spec(prompt_spec(opts))
+    return stability_of(specs[anchor_ref], list(specs.values()), opts, prompts, device=device)
+
+
+def stability_of(
+    anchor: ModelSpec,
+    members: Sequence[ModelSpec],
+    opts: StabilityOptions,
+    prompts: TokenSpec,
+    *,
+    device: str = "cpu",
+    load: Callable[[ModelSpec], LoadedModel] | None = None,
+    progress: ProgressFn | None = None,
+) -> FamilyStability:
+    """The one implementation of a family's comparison, for `strata stability` and for a
+    worker's stability job alike: `members` (the anchor among them) are loaded with `load`
+    (default `load_model` on `device`; a worker passes its model cache), the prompt set
+    `prompts` (a resolved `prompt_spec`) is tokenized with the anchor's tokenizer, and
+    `compute.stability.stability_records` compares the refits with the anchor and with
+    `opts.n_null` random models of its architecture (always loaded afresh). `progress` gets the
+    engine's `Progress` after each model's pass (and may raise to stop)."""
+    import platform
+    import time
+
+    import torch
+
+    from compute.engine import Progress
+    from compute.models import load_model
+    from compute.records import records_to_table, validate_records
+    from compute.run import CODE_VERSION
+    from compute.stability import stability_records
+    from compute.tokens import load_tokens
+
+    if len(members) < 2:
+        raise SpecError("a family needs at least two models (the anchor and one refit)")
+    if anchor not in members:
+        raise SpecError(f"the anchor {anchor.name} is not one of the family's members")
+
+    def fresh(spec: ModelSpec) -> LoadedModel:
+        return load_model(spec, device)
+
+    load_member = load or fresh
+    start = time.perf_counter()
+    per_model = prompts.n_sequences * prompts.seq_len
+
+    def report(done: int, total: int) -> None:
+        if progress is not None:
+            elapsed = time.perf_counter() - start
+            tokens = min(done, total - 1) * per_model
+            progress(Progress(done, total, tokens, tokens / elapsed if elapsed else 0.0, elapsed))
+
+    anchor_lm = load_member(anchor)
+    tokens = load_tokens(
+        prompts,
         anchor_lm.tokenizer,
         bos_token_id=anchor_lm.bos_token_id,
         d_vocab=anchor_lm.d_vocab,
         n_ctx=anchor_lm.n_ctx,
     )
-    refits = [load_model(specs[r], device) for r in refs if r != anchor_ref]
-    records = stability_records(
-        anchor_lm, refits, prompts, opts, lambda spec: load_model(spec, device)
-    )
+    refits = [load_member(m) for m in members if m != anchor]
+    records = stability_records(anchor_lm, refits, tokens, opts, fresh, progress=report)
     table = validate_records(records_to_table(records), n_layers=anchor_lm.n_layers)
     others = iter(refits)
-    described = [
-        (specs[r], (anchor_lm if r == anchor_ref else next(others)).describe()) for r in refs
-    ]
+    described = [(m, (anchor_lm if m == anchor else next(others)).describe()) for m in members]
     return FamilyStability(
-        records=table, anchor=specs[anchor_ref], members=described, options=opts, prompts=token_spec
+        records=table,
+        anchor=anchor,
+        members=described,
+        options=opts,
+        prompts=prompts,
+        wall_s=time.perf_counter() - start,
+        environment={
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+            "strata": CODE_VERSION,
+        },
     )
 
 

@@ -187,18 +187,33 @@ def stability_records(
     prompts: Tensor,
     opts: StabilityOptions,
     load: Callable[[ModelSpec], LoadedModel],
+    progress: Callable[[int, int], None] | None = None,
 ) -> list[Record]:
-    """heads.stability (per head and per layer), its null baseline, and residual CKA."""
+    """heads.stability (per head and per layer), its null baseline, and residual CKA.
+
+    `progress(done, total)` is called after each model's pass over the prompts (the anchor,
+    each refit, each null model) and once the comparisons are done: 2 + refits + nulls units.
+    It may raise to stop the computation (a cancelled job)."""
     if not refits:
         raise SpecError("a family needs at least one refit besides the anchor")
     for other in refits:
         check_refit(anchor, other)
-    base = model_activations(anchor, prompts, opts.cka_tokens)
-    others = [model_activations(m, prompts, opts.cka_tokens) for m in refits]
-    nulls = [
-        model_activations(load(random_counterpart(anchor, 10_000 + i)), prompts, opts.cka_tokens)
-        for i in range(opts.n_null)
-    ]
+    total, done = 2 + len(refits) + opts.n_null, 0
+
+    def step() -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(done, total)
+
+    def activations(lm: LoadedModel) -> ModelActivations:
+        acts = model_activations(lm, prompts, opts.cka_tokens)
+        step()
+        return acts
+
+    base = activations(anchor)
+    others = [activations(m) for m in refits]
+    nulls = [activations(load(random_counterpart(anchor, 10_000 + i))) for i in range(opts.n_null)]
     records: list[Record] = []
     matchings: tuple[tuple[str, Matching], ...] = (("", "one_to_one"), ("_greedy", "greedy"))
     for suffix, matching in matchings:
@@ -223,6 +238,7 @@ def stability_records(
                     stderr=_stderr(values),
                 )
             )
+    step()
     return records
 
 

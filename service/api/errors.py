@@ -17,7 +17,8 @@ Every error answer has one body, `{"error": <code>, "detail": <what to fix>, "st
 (`ErrorBody`). Other exceptions are mapped in `exception_handlers`: Litestar's own HTTP
 exceptions keep their status (400 for a parameter or body that fails the schema, 404 for an
 unknown path, 405, 413); `SpecError` (an `IngestError` or `RegistrationError` too) is 422; a
-`ModelConflictError` (a model registered under another name) 409; the job errors
+`ModelConflictError` (a model registered under another name) 409; `FamilyConflictError` (a
+refit family of that name exists) 409 and `FamilyNotFoundError` 404; the job errors
 (`service.jobs.errors`) 404, 409 and 503; `DatabaseHeldError` 503; a write that failed because
 the disk is full 507 (Insufficient Storage: rolled back, nothing stored); any other exception is a
 500 whose detail says nothing about internals (it is logged instead).
@@ -35,7 +36,12 @@ from litestar.exceptions import HTTPException, ValidationException
 
 from compute.errors import SpecError, StrataError
 from service.schemas.errors import ErrorBody
-from service.store.errors import DatabaseHeldError, ModelConflictError
+from service.store.errors import (
+    DatabaseHeldError,
+    FamilyConflictError,
+    FamilyNotFoundError,
+    ModelConflictError,
+)
 
 log = logging.getLogger("strata.api")
 
@@ -144,6 +150,8 @@ def handle_strata_error(request: Request[Any, Any, Any], exc: StrataError) -> Re
         return error_response(422, str(exc))
     for kind, status in (
         (ModelConflictError, 409),
+        (FamilyConflictError, 409),
+        (FamilyNotFoundError, 404),
         (JobNotFoundError, 404),
         (JobConflictError, 409),
         (BrokerUnavailableError, 503),

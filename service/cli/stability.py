@@ -107,11 +107,6 @@ def stability(
 
 
 def _store(name: str, result: FamilyStability, device: str, wall_s: float) -> Any:
-    import platform
-
-    import torch
-
-    from compute.run import CODE_VERSION
     from service.store import Store
     from service.store.migrate import ensure_current
     from service.store.stability import StabilityResult, ingest_stability
@@ -125,11 +120,7 @@ def _store(name: str, result: FamilyStability, device: str, wall_s: float) -> An
         prompts=result.prompts,
         device=device,
         wall_s=wall_s,
-        environment={
-            "torch": torch.__version__,
-            "python": platform.python_version(),
-            "strata": CODE_VERSION,
-        },
+        environment=result.environment,
     )
     with Store.open(get_settings().database) as opened:
         ensure_current(opened)

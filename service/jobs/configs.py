@@ -20,7 +20,9 @@ from compute.lens.store import LensStore, check_fits_spec
 from compute.metrics import families_named
 from compute.metrics.base import EngineOptions
 from compute.models import ModelSpec
+from compute.refits import prompt_spec
 from compute.run import RunConfig
+from compute.stability import StabilityOptions
 from compute.tokens import TokenSpec, check_training_source, resolve_token_spec
 from service.settings import Settings
 
@@ -64,6 +66,12 @@ class JobRequest:
 def _resolved(spec: TokenSpec) -> TokenSpec:
     # The built-in corpus's fingerprint reads ~2 MB of text: once per process is enough.
     return resolve_token_spec(spec)
+
+
+def stability_prompts(options: StabilityOptions) -> TokenSpec:
+    """A refit family's prompt set (`compute.refits.prompt_spec`), resolved here: its content
+    fingerprint is part of a stability job's identity."""
+    return _resolved(prompt_spec(options))
 
 
 def token_spec(

@@ -39,14 +39,15 @@ from sqlalchemy.orm import Session
 
 from compute.errors import SpecError
 from compute.run import METRIC_VERSION, RunConfig, RunResult
-from service.jobs.board import Board, Live, WorkerSeen
+from service.jobs.board import Board, WorkerSeen
 from service.jobs.broker import OPS_QUEUE, Broker
 from service.jobs.configs import JobRequest, check_lens, run_config
 from service.jobs.errors import JobConflictError, JobNotFoundError
+from service.jobs.families import FamilyJobs
+from service.jobs.parts import JobView, NewJob, mark_succeeded
 from service.schemas.runs import IngestSummary
 from service.settings import Settings
 from service.store import Store, job_rows
-from service.store.errors import IngestError
 from service.store.ingest import ingest_result
 from service.store.tables import FINAL_STATES, JOB_STATES, JobRow, RegisteredModelRow, utcnow
 
@@ -54,15 +55,6 @@ log = logging.getLogger("strata.jobs")
 
 # Jobs made by reconciliation, which wait behind people's jobs (`release_background`).
 BACKGROUND_REASONS = ("reconcile",)
-
-
-@dataclass(frozen=True)
-class JobView:
-    """A job as the API shows it: its row, its live progress, its model's name."""
-
-    job: JobRow
-    live: Live | None
-    model: str
 
 
 @dataclass(frozen=True)
@@ -96,6 +88,7 @@ class JobService:
         self._stopping = threading.Event()
         self._threads_lock = threading.Lock()
         self._threads: list[threading.Thread] = []
+        self.families = FamilyJobs(self)
 
     # ------------------------------------------------------------------ reads
     def view(self, job: JobRow, names: dict[int, str] | None = None) -> JobView:
@@ -155,7 +148,7 @@ class JobService:
         return "jobs: " + ", ".join(parts)
 
     # ------------------------------------------------------------------ submit
-    def _check_device(self, device: str | None) -> None:
+    def check_device(self, device: str | None) -> None:
         if device is None:
             return
         if device.split(":")[0] not in ("cpu", "cuda", "mps"):
@@ -167,7 +160,7 @@ class JobService:
                 f"no worker has device {device!r}: the workers have {', '.join(sorted(known))}"
             )
 
-    def _check_queue(self, queue: str) -> None:
+    def check_queue(self, queue: str) -> None:
         """A queue that no live worker consumes is refused (while any worker is known)."""
         consumed = {q for w in self.compute_workers() for q in w.queues} - {OPS_QUEUE}
         if consumed and queue not in consumed:
@@ -202,8 +195,8 @@ class JobService:
                 source = job_rows.token_source(session, request.tokens.removeprefix("source:"))
                 stored_tokens = source.spec if source is not None else None
             session.expunge(model)
-        self._check_device(request.device)
-        self._check_queue(request.queue)
+        self.check_device(request.device)
+        self.check_queue(request.queue)
         config = run_config(request, model.spec, model.n_ctx, self.settings, stored_tokens)
         check_lens(
             config,
@@ -219,6 +212,11 @@ class JobService:
         stored or sent, `BrokerUnavailableError` if the broker does not take it (nothing kept)."""
         model, config = self.configure(request)
         job, new = self._create(model, config, request, reason)
+        return self.settle(job, new, reason), new
+
+    def settle(self, job: JobRow, new: bool, reason: str) -> JobView:
+        """After `create` for a person's request: a new job is sent at once; a held
+        reconciliation job of the same configuration is not held any more (sent now)."""
         if new and job.state == "queued":
             self._dispatch_new(job)
         elif (
@@ -228,38 +226,58 @@ class JobService:
             if promoted is not None:
                 self._send(promoted.id, promoted.dispatch, promoted.queue)
                 job = self.get(job.id).job
-        return self.view(job), new
+        return self.view(job)
 
     def _create(
         self, model: RegisteredModelRow, config: RunConfig, request: JobRequest, reason: str
     ) -> tuple[JobRow, bool]:
-        config_hash, version = config.config_hash(), config.metric_version
+        return self.create(
+            NewJob(
+                model_id=model.id,
+                config_hash=config.config_hash(),
+                metric_version=config.metric_version,
+                config=json.loads(config.canonical_json()),
+                families=sorted(config.families),
+                device=request.device,
+                dtype=config.model.dtype,
+                queue=request.queue,
+                force=request.force,
+            ),
+            reason,
+        )
+
+    def create(self, new: NewJob, reason: str) -> tuple[JobRow, bool]:
+        """The job of a configuration, and whether it is new: its live job if it has one; else
+        (unless `force`) its succeeded job, or a succeeded job for a run stored elsewhere
+        (`strata compute --store`, `strata stability --store`: one run); else a new queued job
+        (not yet sent)."""
+        config_hash, version = new.config_hash, new.metric_version
         with self.store.write() as conn, Session(bind=conn, expire_on_commit=False) as session:
             live = job_rows.live_for(session, config_hash, version)
             if live is not None:
                 return live, False
             state, run_id = "queued", None
-            if not request.force:
+            if not new.force:
                 done = job_rows.latest_for(session, config_hash, version, ("succeeded",))
                 if done is not None:
                     return done, False
                 run = job_rows.succeeded_run(session, config_hash, version)
-                if run is not None:  # computed elsewhere (`strata compute --store`): one run
+                if run is not None:  # computed elsewhere: one run
                     state, run_id, reason = "succeeded", run.id, "stored"
             job = JobRow(
-                model_id=model.id,
+                model_id=new.model_id,
                 config_hash=config_hash,
                 metric_version=version,
-                config=json.loads(config.canonical_json()),
-                families=sorted(config.families),
-                device=request.device,
-                dtype=config.model.dtype,
+                config=new.config,
+                families=new.families,
+                device=new.device,
+                dtype=new.dtype,
                 state=state,
                 reason=reason,
-                forced=request.force,
+                forced=new.force,
                 dispatch=0,
                 attempts=0,
-                queue=request.queue,
+                queue=new.queue,
                 run_id=run_id,
                 created_at=utcnow(),
             )
@@ -402,28 +420,21 @@ class JobService:
         cancelled job are refused (nothing stored)."""
 
         def mark(session: Session, summary: IngestSummary) -> None:
-            job = job_rows.get(session, job_id)
-            if job is None:
-                raise JobNotFoundError(f"job {job_id} does not exist")
-            if job.state == "cancelled":
-                raise JobConflictError(f"job {job_id} was cancelled; its results are not stored")
-            if (job.config_hash, job.metric_version) != (
-                result.config_hash,
-                result.config.metric_version,
-            ):
-                raise IngestError(
-                    f"these results are for configuration "
-                    f"{result.config_hash[:12]}…, not job {job_id}'s "
-                    f"{job.config_hash[:12]}…"
-                )
-            job.state, job.run_id, job.error = "succeeded", summary.run_id, None
-            job.finished_at = utcnow()
-            session.flush()
+            mark_succeeded(
+                session,
+                job_id,
+                (result.config_hash, result.config.metric_version),
+                summary.run_id,
+            )
 
         summary = ingest_result(self.store, result, also=mark)
+        self.delivered(job_id)
+        return summary
+
+    def delivered(self, job_id: int) -> None:
+        """After a job's results were stored: its live state goes, held jobs may be sent."""
         self.board.forget(job_id)
         self.release_background()
-        return summary
 
     # ------------------------------------------------------------------ upkeep
     def requeue_lost(self) -> list[int]:
@@ -553,8 +564,10 @@ class JobService:
         """Queue the default run of every registered model that lacks it under the current
         metric version, once: a model whose default run was ever queued (even if it failed or
         was cancelled) is not queued again, cheapest model first (held jobs are sent oldest
-        first, so the first results arrive soonest). Returns the new job ids. Serialised: two
-        reconciliations never queue one configuration twice."""
+        first, so the first results arrive soonest); then the stability of every refit family
+        whose configuration (members, anchor, prompts, metric version) has none
+        (`FamilyJobs.reconcile`). Returns the new job ids. Serialised: two reconciliations
+        never queue one configuration twice."""
         queued: list[int] = []
         if not self.settings.jobs.reconcile:  # off: only what is submitted is computed
             return queued
@@ -581,6 +594,8 @@ class JobService:
                 job, new = self._create(model, config, JobRequest(model=str(model.id)), reason)
                 if new and job.state == "queued":  # held: sent when a worker is free
                     queued.append(job.id)
+            if not self._stopping.is_set():  # then every refit family's stability
+                queued += self.families.reconcile(reason)
         if queued:
             log.info("reconcile queued jobs %s", queued)
             self.release_background()

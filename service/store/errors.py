@@ -10,6 +10,11 @@
         │                             (CLI exit 2, HTTP 422)
         ├── ModelConflictError        the same model is registered already under another name
         │                             (CLI exit 2, HTTP 409)
+        ├── FamilyError (SpecError)   a refit family that cannot be made or changed so: one
+        │                             member, unknown models, members of different
+        │                             architectures, the anchor removed (HTTP 422)
+        ├── FamilyNotFoundError       no refit family has this name (HTTP 404)
+        ├── FamilyConflictError       a refit family of this name exists already (HTTP 409)
         └── IngestError (SpecError)   malformed results: refused, nothing stored (CLI exit 2)
             └── RunNotFoundError      results delivered for a run that does not exist
 
@@ -65,3 +70,15 @@ class IngestError(StoreError, SpecError):
 
 class RunNotFoundError(IngestError):
     """Results were delivered for a run id that the store does not know."""
+
+
+class FamilyError(StoreError, SpecError):
+    """A refit family that cannot be made or changed as asked; the message says what to fix."""
+
+
+class FamilyNotFoundError(StoreError):
+    """No refit family has this name."""
+
+
+class FamilyConflictError(StoreError):
+    """A refit family of this name exists already."""

@@ -127,3 +127,16 @@ def unsent(
         .limit(limit)
     )
     return [(int(i), int(d), str(q)) for i, d, q in session.execute(query).all()]
+
+
+def latest_stability_job(session: Session, family: str) -> JobRow | None:
+    """The newest stability job of refit family `family`."""
+    return session.scalars(
+        sa.select(JobRow)
+        .where(
+            sa.func.json_extract_string(JobRow.config, "$.kind") == "stability",
+            sa.func.json_extract_string(JobRow.config, "$.refit_family") == family,
+        )
+        .order_by(JobRow.id.desc())
+        .limit(1)
+    ).first()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -29,9 +30,11 @@ from sqlalchemy.orm import Session
 
 from compute.models import ModelSpec
 from compute.run import CODE_VERSION, METRIC_VERSION
+from compute.stability import StabilityOptions
 from compute.tokens import TokenSpec
 from service.store.db import Store, raw_connection
 from service.store.errors import IngestError
+from service.store.families import write_settings
 from service.store.ingest import bulk_insert, delete_run_rows
 from service.store.registry import (
     model_identity,
@@ -45,6 +48,7 @@ from service.store.tables import (
     RESULT_COLUMNS,
     RefitFamily,
     RefitFamilyMember,
+    RefitFamilySettings,
     RunRow,
     utcnow,
 )
@@ -67,24 +71,43 @@ class StabilityResult:
     environment: dict[str, str] = field(default_factory=dict)
 
     def config(self) -> dict[str, Any]:
-        members = sorted(
-            (model_identity(s) for s, _ in self.members),
-            key=lambda m: json.dumps(m, sort_keys=True),
+        return stability_config(
+            self.family, self.anchor, [s for s, _ in self.members], self.options, self.prompts
         )
-        return {
-            "kind": STABILITY_FAMILY,
-            "refit_family": self.family,
-            "anchor": model_identity(self.anchor),
-            "members": members,
-            "options": self.options,
-            "prompts": self.prompts.model_dump(mode="json"),
-            "families": [STABILITY_FAMILY],
-            "metric_version": METRIC_VERSION,
-        }
 
     def config_hash(self) -> str:
-        text = json.dumps(self.config(), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(text.encode()).hexdigest()
+        return config_hash(self.config())
+
+
+def stability_config(
+    family: str,
+    anchor: ModelSpec,
+    members: Sequence[ModelSpec],
+    options: dict[str, Any],
+    prompts: TokenSpec,
+) -> dict[str, Any]:
+    """A stability computation's configuration — the family, its anchor and members (their
+    identities, in a canonical order), the options, the prompt set, the metric version: what a
+    stability job is queued for and what its stored run is identified by (one definition for
+    `strata stability --store`, the job service and the ingest of a worker's results)."""
+    identities = sorted(
+        (model_identity(s) for s in members), key=lambda m: json.dumps(m, sort_keys=True)
+    )
+    return {
+        "kind": STABILITY_FAMILY,
+        "refit_family": family,
+        "anchor": model_identity(anchor),
+        "members": identities,
+        "options": options,
+        "prompts": prompts.model_dump(mode="json"),
+        "families": [STABILITY_FAMILY],
+        "metric_version": METRIC_VERSION,
+    }
+
+
+def config_hash(config: dict[str, Any]) -> str:
+    text = json.dumps(config, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -96,8 +119,20 @@ class StabilitySummary:
     results: int
 
 
-def ingest_stability(store: Store, result: StabilityResult) -> StabilitySummary:
+def ingest_stability(
+    store: Store,
+    result: StabilityResult,
+    *,
+    keep_members: bool = False,
+    also: Callable[[Session, StabilitySummary], None] | None = None,
+) -> StabilitySummary:
     """Store a stability comparison: members, family and the run, in one transaction.
+
+    `strata stability --store` makes the family from the comparison (its members replaced by
+    the compared ones, its settings the comparison's when it has none). A worker's stability
+    job (`keep_members`) leaves the family as it is now: members may have joined or left while
+    it computed, and the next recomputation follows them. `also(session, summary)` runs in the
+    same transaction (the job service marks the job succeeded there).
 
     Raises `IngestError` (nothing stored) for malformed records, a name that is empty, a family
     with fewer than two members, an anchor that is not a member, or a family already stored with
@@ -124,7 +159,13 @@ def ingest_stability(store: Store, result: StabilityResult) -> StabilitySummary:
         for model, info in zip(models, infos, strict=True):
             record_parity(session, model, info)  # each member's load, as registration's
         anchor = models[[model_identity(s) for s in specs].index(model_identity(result.anchor))]
-        family = _family(session, result.family, anchor.id, [m.id for m in models])
+        if keep_members:
+            family = _existing_family(session, result.family)
+        else:
+            family = _family(session, result.family, anchor.id, [m.id for m in models])
+            if session.get(RefitFamilySettings, family.id) is None:
+                options = StabilityOptions.model_validate(result.options)
+                write_settings(session, family.id, anchor.id, options, "cli")
         tokens = register_token_source(session, result.prompts)
         run = find_run(session, config_hash, METRIC_VERSION)
         replaced = run is not None and run.n_records is not None
@@ -147,7 +188,17 @@ def ingest_stability(store: Store, result: StabilityResult) -> StabilitySummary:
             delete_run_rows(session, run.id)
         bulk_insert(raw_connection(conn), "results", RESULT_COLUMNS, run.id, rows.results)
         session.flush()
-        return StabilitySummary(run.id, family.id, anchor.id, replaced, rows.results.num_rows)
+        summary = StabilitySummary(run.id, family.id, anchor.id, replaced, rows.results.num_rows)
+        if also is not None:
+            also(session, summary)
+        return summary
+
+
+def _existing_family(session: Session, name: str) -> RefitFamily:
+    family = session.scalars(sa.select(RefitFamily).where(RefitFamily.name == name)).one_or_none()
+    if family is None:
+        raise IngestError(f"no refit family {name!r} is stored: the job's family is gone")
+    return family
 
 
 def _family(session: Session, name: str, anchor_id: int, member_ids: list[int]) -> RefitFamily:
@@ -160,9 +211,9 @@ def _family(session: Session, name: str, anchor_id: int, member_ids: list[int]) 
         )
         session.add(family)
         session.flush()
-    elif family.anchor_model_id != anchor_id:
+    elif _anchor_of(session, family) != anchor_id:
         raise IngestError(
-            f"refit family {name!r} is stored with anchor model {family.anchor_model_id}, not "
+            f"refit family {name!r} is stored with anchor model {_anchor_of(session, family)}, not "
             f"{anchor_id}: give this comparison another family name"
         )
     session.execute(sa.delete(RefitFamilyMember).where(RefitFamilyMember.family_id == family.id))
@@ -171,3 +222,8 @@ def _family(session: Session, name: str, anchor_id: int, member_ids: list[int]) 
     )
     session.flush()
     return family
+
+
+def _anchor_of(session: Session, family: RefitFamily) -> int:
+    settings = session.get(RefitFamilySettings, family.id)
+    return settings.anchor_model_id if settings is not None else family.anchor_model_id

@@ -12,17 +12,19 @@ from __future__ import annotations
 import logging
 import threading
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from compute.errors import StrataError
+from compute.errors import SpecError, StrataError
 from service.client.errors import ApiError, UnreachableError
 from service.settings import Settings
 from service.worker.cache import ModelCache
 from service.worker.client import ApiClient
+from service.worker.stability import STABILITY_KIND, stability_body
 
 if TYPE_CHECKING:  # annotations only: `strata beat` imports this module and needs no torch
-    from compute.engine import Progress
+    from compute.engine import Progress, ProgressFn
 
 log = logging.getLogger("strata.worker")
 
@@ -101,38 +103,33 @@ def run_job(
     me: Identity,
     cache: ModelCache,
 ) -> str:
-    """Run one job to its end; returns what happened: succeeded, failed, cancelled, refused."""
-    from compute.hardware import dtype_speed_warning
-    from compute.lens.store import LensStore
-    from compute.run import RunConfig, compute_run, result_metadata
-    from service.exports import FORMATS
-
+    """Run one job to its end; returns what happened: succeeded, failed, cancelled, refused.
+    What it computes follows its configuration's `kind` (`BODIES`: a run's sweep, a refit
+    family's stability); claiming, heartbeats, cancellation, delivery and failure are the
+    same for every kind."""
     try:
         claimed = client.claim(job_id, dispatch, me.name, me.device)
     except ApiError as exc:  # stale message, cancelled job, wrong device: the API decided
         log.info("job %s (dispatch %s) not started: %s", job_id, dispatch, exc.detail)
         return "refused"
     deadline = settings.worker.delivery_timeout_s
+    kind = str(claimed.config.get("kind", "run"))
     with Reporter(client, job_id, dispatch, me.name, settings.worker.heartbeat_s) as reporter:
         try:
-            config = with_worker_budgets(RunConfig.model_validate(claimed.config), settings)
-            lm = cache.get(config.model, me.device)
-            note = dtype_speed_warning(config.model.dtype, me.device)
-            if note:  # in the worker's log: the job's ETA says the rest
-                log.warning("job %s: %s", job_id, note)
-            lenses = LensStore(settings.data_dir / "lenses")  # trained once, then reused
-            result = compute_run(
-                config, device=me.device, progress=reporter.progress, lm=lm, lenses=lenses
+            compute_body = BODIES.get(kind)
+            if compute_body is None:
+                raise SpecError(f"this worker cannot run jobs of kind {kind!r}: upgrade it")
+            body, n_records = compute_body(
+                claimed.config,
+                settings=settings,
+                device=me.device,
+                cache=cache,
+                progress=reporter.progress,
             )
             if reporter.stop_requested.is_set():
                 raise JobCancelledError(f"job {job_id} was cancelled")
-            body = FORMATS["arrow"].encode(result.records, result_metadata(result))
-            if result.neuron_tokens.num_rows:
-                body += FORMATS["arrow"].encode(result.neuron_tokens, None)
-            if result.sequence_means.num_rows:  # recognised by its columns (queries/ingest.py)
-                body += FORMATS["arrow"].encode(result.sequence_means, None)
             client.deliver(job_id, body, deadline_s=deadline)
-            log.info("job %s succeeded: %s records", job_id, result.records.num_rows)
+            log.info("job %s succeeded: %s records", job_id, n_records)
             return "succeeded"
         except JobCancelledError:
             log.info("job %s cancelled: stopped, nothing stored", job_id)
@@ -155,6 +152,44 @@ def run_job(
                 message = f"{type(exc).__name__}: {exc}"
                 log.error("job %s crashed:\n%s", job_id, traceback.format_exc())
             return _fail(client, job_id, dispatch, me, message, deadline)
+
+
+def sweep_body(
+    config: dict[str, Any],
+    *,
+    settings: Settings,
+    device: str,
+    cache: ModelCache,
+    progress: ProgressFn,
+) -> tuple[bytes, int]:
+    """Compute a claimed run configuration; the delivery body (records, then the neurons' top
+    tokens and the per-sequence means, each recognised by its columns: queries/ingest.py) and
+    the record count."""
+    from compute.hardware import dtype_speed_warning
+    from compute.lens.store import LensStore
+    from compute.run import RunConfig, compute_run, result_metadata
+    from service.exports import FORMATS
+
+    run = with_worker_budgets(RunConfig.model_validate(config), settings)
+    lm = cache.get(run.model, device)
+    note = dtype_speed_warning(run.model.dtype, device)
+    if note:  # in the worker's log: the job's ETA says the rest
+        log.warning("%s", note)
+    lenses = LensStore(settings.data_dir / "lenses")  # trained once, then reused
+    result = compute_run(run, device=device, progress=progress, lm=lm, lenses=lenses)
+    body = FORMATS["arrow"].encode(result.records, result_metadata(result))
+    if result.neuron_tokens.num_rows:
+        body += FORMATS["arrow"].encode(result.neuron_tokens, None)
+    if result.sequence_means.num_rows:
+        body += FORMATS["arrow"].encode(result.sequence_means, None)
+    return body, result.records.num_rows
+
+
+# What a job computes, by its configuration's `kind` (a run's configuration has none).
+BODIES: dict[str, Callable[..., tuple[bytes, int]]] = {
+    "run": sweep_body,
+    STABILITY_KIND: stability_body,
+}
 
 
 def with_worker_budgets(config: Any, settings: Settings) -> Any:

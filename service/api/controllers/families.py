@@ -1,19 +1,54 @@
-"""/families: refit families and their head stability."""
+"""/families: refit families — made, grown and shrunk (API key) — their stability computed
+as a worker's job, and their head stability read."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any
 
-from litestar import Controller, Request, Response, get
+import anyio
+from litestar import Controller, Request, Response, delete, get, post
 from litestar.params import Parameter
 
+from compute.stability import StabilityOptions
+from service.api.auth import SECURITY, require_write_key
+from service.api.controllers.jobs import jobs_of
 from service.api.controllers.params import Format, LayerMax, LayerMin, MetricVersion
 from service.api.docs import TabularOperation
 from service.api.queries import families as family_queries
 from service.api.queries.answers import Answer
 from service.api.queries.index import Snapshot
+from service.api.queries.jobs import job_out
 from service.api.respond import DATA_ERRORS, ApiContext, errors, respond
-from service.schemas.families import Family, Stability, StabilityImportance
+from service.schemas.families import (
+    ComputeStability,
+    Family,
+    FamilyMembers,
+    NewFamily,
+    Stability,
+    StabilityImportance,
+)
+from service.schemas.jobs import Job
+from service.store import families as stored_families
+
+
+def _request(data: NewFamily) -> stored_families.FamilyRequest:
+    options = StabilityOptions(
+        n_prompts=data.n_prompts,
+        prompt_len=data.prompt_len,
+        seed=data.seed,
+        n_null=data.n_null,
+        cka_tokens=data.cka_tokens,
+    )
+    return stored_families.FamilyRequest(
+        data.name, data.members, data.anchor, options, data.description
+    )
+
+
+def _changed(ctx: ApiContext) -> None:
+    """A family was made or its members changed: reconcile soon (its stability is queued
+    behind people's jobs), as a registration does."""
+    if ctx.jobs is not None and ctx.settings.jobs.reconcile:
+        ctx.jobs.reconcile_soon()
 
 
 class FamiliesController(Controller):
@@ -22,12 +57,86 @@ class FamiliesController(Controller):
 
     @get("/", sync_to_thread=True)
     def list_families(self, ctx: ApiContext) -> list[Family]:
-        """Refit families: anchor and members."""
+        """Refit families: anchor, members and their state, settings, current stability run
+        and newest stability job."""
         return family_queries.list_families(ctx.reader, ctx.snapshot())
 
     @get("/{family:str}", sync_to_thread=True, responses=errors(400, 404))
     def get_family(self, ctx: ApiContext, family: str) -> Family:
+        """One refit family, as in the list."""
         return family_queries.get_family(ctx.reader, ctx.snapshot(), family)
+
+    @post(
+        "/",
+        status_code=201,
+        sync_to_thread=True,
+        responses=errors(400, 401, 403, 409, 422),
+        guards=[require_write_key],
+        security=SECURITY,
+    )
+    def create_family(self, ctx: ApiContext, data: NewFamily) -> Family:
+        """Make a refit family (API key) of registered models of one architecture, with an
+        anchor among them and its stability settings. Refused with 422, nothing stored: fewer
+        than two distinct members, a model that is not registered, an anchor that is not a
+        member, members of different architectures; 409 if the name is taken. With
+        reconciliation on, its stability is then queued (behind people's jobs)."""
+        stored_families.create(ctx.store, _request(data))
+        _changed(ctx)
+        return family_queries.get_family(ctx.reader, ctx.snapshot(), data.name)
+
+    @post(
+        "/{family:str}/members",
+        status_code=200,
+        sync_to_thread=True,
+        responses=errors(400, 401, 403, 404, 422),
+        guards=[require_write_key],
+        security=SECURITY,
+    )
+    def add_members(self, ctx: ApiContext, family: str, data: FamilyMembers) -> Family:
+        """Add registered models to a family (API key); members already in it stay. 422,
+        nothing stored, for a model that is not registered or of another architecture."""
+        stored_families.add_members(ctx.store, family, data.members)
+        _changed(ctx)
+        return family_queries.get_family(ctx.reader, ctx.snapshot(), family)
+
+    @delete(
+        "/{family:str}/members/{model:str}",
+        status_code=200,
+        sync_to_thread=True,
+        responses=errors(400, 401, 403, 404, 422),
+        guards=[require_write_key],
+        security=SECURITY,
+    )
+    def remove_member(self, ctx: ApiContext, family: str, model: str) -> Family:
+        """Take a member out of a family (API key). 422 for a model that is not a member, the
+        anchor, or a member whose leaving would leave one."""
+        stored_families.remove_member(ctx.store, family, model)
+        _changed(ctx)
+        return family_queries.get_family(ctx.reader, ctx.snapshot(), family)
+
+    @post(
+        "/{family:str}/stability",
+        status_code=202,
+        responses=errors(400, 401, 403, 404, 422, 503),
+        guards=[require_write_key],
+        security=SECURITY,
+    )
+    async def compute_stability(
+        self, ctx: ApiContext, family: str, data: ComputeStability | None = None
+    ) -> Response[Job]:
+        """Queue the family's stability as a worker's job (API key): 202 with the new job; the
+        same configuration (members, anchor, prompts, metric version) asked again answers 200
+        with its job unless `force`. Follow it with `GET /api/v1/jobs/{id}`; cancel it with
+        `DELETE /api/v1/jobs/{id}`. 422 before anything is queued: fewer than two members, a
+        device no worker has; 503 when the broker is down."""
+        asked = data or ComputeStability()
+        jobs = jobs_of(ctx)
+        view, new = await anyio.to_thread.run_sync(
+            lambda: jobs.families.submit(
+                family, device=asked.device, queue=asked.queue, force=asked.force
+            )
+        )
+        return Response(job_out(view), status_code=202 if new else 200)
 
     @get("/{family:str}/stability", responses=DATA_ERRORS, operation_class=TabularOperation)
     async def stability(

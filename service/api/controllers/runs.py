@@ -122,17 +122,17 @@ class RunsController(Controller):
         Body (`application/vnd.apache.arrow.stream`): one Arrow IPC stream of the records, whose
         schema metadata `strata` is the run (as `strata compute --out run.arrow` writes it),
         optionally followed by streams of the neuron top tokens and of the per-sequence means
-        (recognised by their columns)."""
+        (recognised by their columns). A refit family's stability comes the same way, marked
+        `kind: "stability"` in that metadata (a worker's stability job)."""
         body = await read_limited(request, ctx.settings.api.ingest_max_mb)
+        jobs = None
         if job_id is not None:
             if run_id is not None:
                 raise BadRequestHttpError("give run_id or job_id, not both")
             jobs = jobs_of(ctx)
-            s = await anyio.to_thread.run_sync(
-                lambda: jobs.deliver(ingest_queries.decode(body), job_id)
-            )
-        else:
-            s = await anyio.to_thread.run_sync(ingest_queries.ingest, ctx.store, body, run_id)
+        s = await anyio.to_thread.run_sync(
+            lambda: ingest_queries.deliver(ctx.store, jobs, body, run_id=run_id, job_id=job_id)
+        )
         request.app.state.metrics.ingested(
             s.results + s.neurons + s.neuron_tokens + s.stage_boundaries + s.sequence_means,
             len(body),

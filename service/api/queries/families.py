@@ -1,8 +1,12 @@
-"""Refit families and their head stability (stored by `strata stability --store`)."""
+"""Refit families and their head stability (made through the API or stored by `strata
+stability --store`; computed by a worker's stability job or by `strata stability --store`)."""
 
 from __future__ import annotations
 
+import json
+
 import polars as pl
+from sqlalchemy.orm import Session
 
 from compute.run import METRIC_VERSION
 from service.api.errors import NotFoundHttpError, UnprocessableHttpError
@@ -10,15 +14,22 @@ from service.api.queries.answers import Answer, check_layers, check_metric, mode
 from service.api.queries.cache import Reader
 from service.api.queries.index import Snapshot
 from service.api.queries.models_and_runs import utc
+from service.schemas.common import ModelRef
 from service.schemas.families import (
     Family,
+    FamilyJob,
+    FamilyMember,
+    FamilySettings,
     Stability,
     StabilityImportance,
     StabilityImportanceRow,
     StabilityRow,
 )
 from service.schemas.results import columns
-from service.store import repositories as repo
+from service.store import families as stored_families
+from service.store import job_rows
+from service.store.families import StoredFamily
+from service.store.tables import RegisteredModelRow, RunRow
 
 STABILITY_METRICS = (
     "heads.stability",
@@ -31,34 +42,57 @@ STABILITY_METRICS = (
 
 
 def list_families(reader: Reader, snap: Snapshot) -> list[Family]:
-    with reader.store.read() as conn:
-        families = repo.list_families(conn)
-        members = {f.id: repo.family_members(conn, f.id) for f in families}
-    return [_family(snap, f, [m.id for m in members[f.id]]) for f in families]
-
-
-def _family(snap: Snapshot, family: object, member_ids: list[int]) -> Family:
-    anchor = snap.models[family.anchor_model_id]  # type: ignore[attr-defined]
-    return Family(
-        family.id,  # type: ignore[attr-defined]
-        family.name,  # type: ignore[attr-defined]
-        family.description,  # type: ignore[attr-defined]
-        model_ref(anchor),
-        [model_ref(snap.models[m]) for m in member_ids],
-        utc(family.created_at),  # type: ignore[attr-defined, arg-type]
-    )
+    with reader.store.read() as conn, Session(bind=conn) as session:
+        return [family_out(session, snap, f) for f in stored_families.all_families(session)]
 
 
 def get_family(reader: Reader, snap: Snapshot, name: str) -> Family:
-    with reader.store.read() as conn:
-        family = repo.family_by_name(conn, name)
-        if family is None:
-            known = ", ".join(f.name for f in repo.list_families(conn)) or "none stored yet"
-            raise NotFoundHttpError(
-                f"no refit family {name!r} (known: {known}); `strata stability --store` stores one"
-            )
-        members = repo.family_members(conn, family.id)
-    return _family(snap, family, [m.id for m in members])
+    """One family (`FamilyNotFoundError`, 404, naming the known ones)."""
+    with reader.store.read() as conn, Session(bind=conn) as session:
+        return family_out(session, snap, stored_families.load(session, name))
+
+
+def family_out(session: Session, snap: Snapshot, stored: StoredFamily) -> Family:
+    """A family as the API shows it: anchor, members with their state, settings, its current
+    stability run and newest stability job."""
+    name = stored.family.name
+    run = snap.stability_run(name)
+    computed: set[str] = set()
+    if run is not None:
+        row = session.get(RunRow, run.id)
+        members = (row.config or {}).get("members", []) if row is not None else []
+        computed = {json.dumps(m, sort_keys=True) for m in members}
+    job = job_rows.latest_stability_job(session, name)
+
+    def ref(model: RegisteredModelRow) -> ModelRef:
+        entry = snap.models.get(model.id)
+        return model_ref(entry) if entry is not None else ModelRef(model.id, model.name, None)
+
+    states = [
+        FamilyMember(
+            ref(m),
+            m.id == stored.anchor_id,
+            "current" if json.dumps(m.spec, sort_keys=True) in computed else "pending",
+            m.architecture,
+            m.n_heads,
+            m.d_model,
+        )
+        for m in stored.members
+    ]
+    opts = stored.options
+    return Family(
+        stored.family.id,
+        name,
+        stored.family.description,
+        ref(stored.anchor),
+        [ref(m) for m in stored.members],
+        utc(stored.family.created_at),  # type: ignore[arg-type]
+        FamilySettings(opts.n_prompts, opts.prompt_len, opts.seed, opts.n_null, opts.cka_tokens),
+        states,
+        run.id if run is not None else None,
+        FamilyJob(job.id, job.state, job.reason, job.run_id) if job is not None else None,
+        stored.origin,
+    )
 
 
 def stability(

@@ -16,11 +16,15 @@ So a worker that computed a run delivers it with
  http://host:8000/api/v1/runs/ingest`.
 The ingest is atomic per run and idempotent by configuration hash: delivering a run again
 replaces it. `?run_id=` delivers to a queued run.
+
+A refit family's stability (a worker's stability job) comes the same way, recognised by
+`kind: "stability"` in the records' metadata (`service.api.queries.stability_ingest`); `deliver`
+sends each kind to its own store path.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import pyarrow as pa
@@ -33,6 +37,10 @@ from service.schemas.runs import IngestSummary
 from service.store import Store
 from service.store.errors import RunNotFoundError
 from service.store.ingest import ingest_result
+from service.store.stability import ingest_stability
+
+if TYPE_CHECKING:
+    from service.jobs.service import JobService
 
 METADATA_KEY = b"strata"
 
@@ -132,3 +140,48 @@ def ingest(store: Store, body: bytes, run_id: int | None) -> IngestSummary:
         return ingest_result(store, result, run_id=run_id)
     except RunNotFoundError as exc:
         raise NotFoundHttpError(str(exc)) from None
+
+
+def delivery_kind(body: bytes) -> str:
+    """`stability` for a refit family's stability, else `run` (read from the first stream's
+    schema metadata only)."""
+    try:
+        with ipc.open_stream(pa.BufferReader(pa.py_buffer(body))) as reader:
+            raw = (reader.schema.metadata or {}).get(METADATA_KEY)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError):
+        return "run"  # `decode` says what is wrong with it
+    if raw is None:
+        return "run"
+    try:
+        meta = msgspec.json.decode(raw)
+    except msgspec.DecodeError:
+        return "run"
+    return "stability" if isinstance(meta, dict) and meta.get("kind") == "stability" else "run"
+
+
+def deliver(
+    store: Store, jobs: JobService | None, body: bytes, *, run_id: int | None, job_id: int | None
+) -> IngestSummary:
+    """Store a delivery of either kind: a run's results (`ingest_result`, or the job service's
+    `deliver` for a job's), or a family's stability (`ingest_stability`, or the family jobs'
+    `deliver`)."""
+    if delivery_kind(body) == "stability":
+        from service.api.queries.stability_ingest import decode_stability
+
+        if run_id is not None:
+            raise UnprocessableHttpError("stability results are delivered with job_id, not run_id")
+        source = pa.BufferReader(pa.py_buffer(body))
+        records = _read_stream(source, "records")
+        if source.tell() < len(body):
+            raise UnprocessableHttpError("stability results are one Arrow stream, not several")
+        result = decode_stability(records, (records.schema.metadata or {})[METADATA_KEY])
+        if job_id is not None and jobs is not None:
+            summary = jobs.families.deliver(result, job_id)
+        else:
+            summary = ingest_stability(store, result)
+        return IngestSummary(
+            summary.run_id, summary.anchor_model_id, summary.replaced, summary.results, 0, 0, 0
+        )
+    if job_id is not None and jobs is not None:
+        return jobs.deliver(decode(body), job_id)
+    return ingest(store, body, run_id)

@@ -7,6 +7,7 @@ the same things (`service.schemas`), and "model" alone would also mean an ML mod
 
 from service.store.tables.base import Base, utcnow
 from service.store.tables.family import RefitFamily, RefitFamilyMember
+from service.store.tables.family_settings import RefitFamilySettings
 from service.store.tables.job import FINAL_STATES, JOB_STATES, LIVE_STATES, JobRow, JobState
 from service.store.tables.neuron import (
     NEURON_COLUMNS,
@@ -40,6 +41,7 @@ __all__ = [
     "ParityReportRow",
     "RefitFamily",
     "RefitFamilyMember",
+    "RefitFamilySettings",
     "RegisteredModelRow",
     "Result",
     "RunLens",

@@ -1,0 +1,175 @@
+"""A refit family's stability as a job: queued, claimed, leased, cancelled and re-queued by the
+one state machine of `service.jobs.service` like any run, with a configuration of its own.
+
+A stability job's configuration is the family's as it stands when the job is made
+(`service.store.stability.stability_config`: the family's name, anchor and members, its
+comparison options, the prompt set, the metric version) and its identity that configuration's
+hash: one live job and one stored run per configuration. The job belongs to the anchor model
+(`model_id`), computes the `stability` family, and is recognised by its configuration's
+`kind` (the worker's `service.worker.stability` runs it; its results come back through the same
+`POST /api/v1/runs/ingest?job_id=` and are stored by `ingest_stability`, leaving the family's
+membership as it is now).
+
+Reconciliation queues, once, the stability of every family whose configuration has no job or
+run: a family made or grown (members join or leave), a new metric version, a member's weights
+changed (its checkpoint registered again with another checksum: the family follows the new
+registration, `service.store.families.follow_registrations`). Those jobs wait behind people's
+jobs, as every reconciliation job does.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Protocol
+
+from sqlalchemy.orm import Session
+
+from compute.errors import SpecError
+from compute.models import ModelSpec
+from compute.run import METRIC_VERSION
+from service.jobs.configs import stability_prompts
+from service.jobs.parts import JobView, NewJob, mark_succeeded
+from service.store import families, job_rows
+from service.store.db import Store
+from service.store.errors import FamilyError
+from service.store.stability import (
+    STABILITY_FAMILY,
+    StabilityResult,
+    StabilitySummary,
+    config_hash,
+    ingest_stability,
+    stability_config,
+)
+from service.store.tables import JobRow
+
+log = logging.getLogger("strata.jobs")
+
+# Stability is compared in float32: the attention patterns of every member at full precision.
+STABILITY_DTYPE = "float32"
+
+
+def is_stability(config: dict[str, object]) -> bool:
+    return config.get("kind") == STABILITY_FAMILY
+
+
+class JobSystem(Protocol):
+    """What family jobs use of `service.jobs.service.JobService` (which holds them)."""
+
+    store: Store
+
+    def check_device(self, device: str | None) -> None: ...
+
+    def check_queue(self, queue: str) -> None: ...
+
+    def create(self, new: NewJob, reason: str) -> tuple[JobRow, bool]: ...
+
+    def settle(self, job: JobRow, new: bool, reason: str) -> JobView: ...
+
+    def delivered(self, job_id: int) -> None: ...
+
+
+class FamilyJobs:
+    """Stability jobs of refit families, on the job service (its store, broker and state
+    machine; `JobService.families`)."""
+
+    def __init__(self, jobs: JobSystem) -> None:
+        self.jobs = jobs
+
+    def plan(
+        self, name: str, *, device: str | None = None, queue: str = "gpu", force: bool = False
+    ) -> NewJob:
+        """The job that computes family `name`'s stability as the family stands now.
+        `FamilyNotFoundError`; `FamilyError` for a family with fewer than two members."""
+        with self.jobs.store.read() as conn, Session(bind=conn) as session:
+            stored = families.load(session, name)
+            anchor_id = stored.anchor_id
+            specs = {m.id: ModelSpec.model_validate(m.spec) for m in stored.members}
+            options = stored.options
+        if len(specs) < 2:
+            raise FamilyError(f"refit family {name!r} has fewer than two members: add members")
+        config = stability_config(
+            name,
+            specs[anchor_id],
+            list(specs.values()),
+            options.model_dump(mode="json"),
+            stability_prompts(options),
+        )
+        return NewJob(
+            model_id=anchor_id,
+            config_hash=config_hash(config),
+            metric_version=METRIC_VERSION,
+            config=config,
+            families=[STABILITY_FAMILY],
+            device=device,
+            dtype=STABILITY_DTYPE,
+            queue=queue,
+            force=force,
+        )
+
+    def submit(
+        self,
+        name: str,
+        *,
+        device: str | None = None,
+        queue: str = "gpu",
+        force: bool = False,
+        reason: str = "api",
+    ) -> tuple[JobView, bool]:
+        """A person's request for a family's stability: the job and whether it is new (the
+        same configuration asked again answers its job). Refused before anything is stored:
+        an unknown family (404), one with fewer than two members, a device no worker has, a
+        queue no worker consumes (422). `BrokerUnavailableError` (503): nothing kept."""
+        self.jobs.check_device(device)
+        self.jobs.check_queue(queue)
+        job, new = self.jobs.create(
+            self.plan(name, device=device, queue=queue, force=force), reason
+        )
+        return self.jobs.settle(job, new, reason), new
+
+    def deliver(self, result: StabilityResult, job_id: int) -> StabilitySummary:
+        """Store a stability job's results and mark it succeeded, in one transaction (refused,
+        nothing stored, for a cancelled job or results of another configuration)."""
+
+        def mark(session: Session, summary: StabilitySummary) -> None:
+            mark_succeeded(session, job_id, (result.config_hash(), METRIC_VERSION), summary.run_id)
+
+        summary = ingest_stability(self.jobs.store, result, keep_members=True, also=mark)
+        self.jobs.delivered(job_id)
+        return summary
+
+    def latest(self, name: str) -> JobRow | None:
+        """The family's newest stability job, detached."""
+        with self.jobs.store.read() as conn, Session(bind=conn, expire_on_commit=False) as s:
+            job = job_rows.latest_stability_job(s, name)
+            if job is not None:
+                s.expunge(job)
+            return job
+
+    def reconcile(self, reason: str) -> list[int]:
+        """Queue (held, behind people's jobs) the stability of every family whose current
+        configuration was never queued or stored. Called by `JobService.reconcile`, under its
+        lock. Returns the new job ids."""
+        moved = families.follow_registrations(self.jobs.store)
+        if moved:
+            log.info("refit families %s follow their members' new registrations", moved)
+        with self.jobs.store.read() as conn, Session(bind=conn) as session:
+            names = [f.family.name for f in families.all_families(session)]
+        queued = []
+        for name in names:
+            try:
+                new = self.plan(name)
+            except SpecError as exc:
+                log.warning("refit family %s has no stability to compute: %s", name, exc)
+                continue
+            with self.jobs.store.read() as conn, Session(bind=conn) as session:
+                known = (
+                    job_rows.latest_for(session, new.config_hash, new.metric_version) is not None
+                    or job_rows.succeeded_run(session, new.config_hash, new.metric_version)
+                    is not None
+                )
+            if known:
+                continue
+            job, created = self.jobs.create(new, reason)
+            if created and job.state == "queued":
+                queued.append(job.id)
+        return queued
