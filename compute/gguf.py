@@ -41,8 +41,9 @@ log = logging.getLogger(__name__)
 # GGUF `general.architecture` -> the Hugging Face architecture transformers dequantizes it to,
 # for the architectures TransformerLens also runs and transformers can dequantize (its
 # GGUF_CONFIG_MAPPING: not Gemma 1, OLMo or Phi 1/2, which are refused by name). Llama covers
-# Llama, Mistral and SmolLM (llama.cpp writes all three as "llama"); "llama" is verified against
-# Hugging Face's forward on real weights (SmolLM2-135M); the others follow the same path, and
+# Llama, Mistral and SmolLM (llama.cpp writes all three as "llama"); "llama" and "gemma3" are
+# verified against Hugging Face's forward on real weights (SmolLM2-135M, Gemma 3 270M past its
+# sliding window: tests/integration/test_gemma3.py); the others follow the same path, and
 # every load, whatever its source, is held to the dequantized checkpoint's own Hugging Face
 # forward by the parity check (compute.models.parity).
 ARCHITECTURES: dict[str, str] = {
