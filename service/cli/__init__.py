@@ -10,6 +10,7 @@ One module per command group, each thin over a library function:
     serve.py      strata serve             service.serve
     db.py         strata db ...            service.store (migrate, backup)
     jobs.py       strata jobs ...          the job API (http.py: one request, exit codes)
+    families.py   strata families ...      the refit families API (and their stability jobs)
     models.py     strata models ...        the models API, or service.store.registration
     worker.py     strata worker, beat      service.worker.launch
     settings.py   strata settings          service.settings_doc
@@ -25,6 +26,7 @@ import click
 from service.cli import (
     compute,
     db,
+    families,
     jobs,
     lens,
     models,
@@ -51,6 +53,7 @@ for command in (
     serve.serve,
     db.db,
     jobs.jobs,
+    families.families,
     models.models,
     worker.worker,
     worker.beat,

@@ -378,6 +378,70 @@ class BaseClient(ABC, Generic[FrameT]):
         """Refit families: name, anchor and members."""
         return self._get(f"{V1}/families", list[Family])
 
+    def family(self, family: str) -> Family:
+        """One refit family: anchor, members with their state (`current`: in its current
+        stability run; `pending`: not yet), settings, current stability run, newest job."""
+        return self._get(f"{V1}/families/{_seg(family)}", Family)
+
+    def create_family(
+        self,
+        name: str,
+        members: Sequence[str | int],
+        *,
+        anchor: str | int | None = None,
+        n_prompts: int | None = None,
+        prompt_len: int | None = None,
+        n_null: int | None = None,
+        seed: int | None = None,
+        cka_tokens: int | None = None,
+        description: str | None = None,
+    ) -> Family:
+        """Make a refit family of registered models of one architecture (API key). Refused
+        (`ApiError` with the API's detail, nothing stored) for one member, an unknown model,
+        members of different architectures."""
+        body: dict[str, Any] = {"name": name, "members": [str(m) for m in members]}
+        for key, value in (
+            ("anchor", None if anchor is None else str(anchor)),
+            ("n_prompts", n_prompts),
+            ("prompt_len", prompt_len),
+            ("n_null", n_null),
+            ("seed", seed),
+            ("cka_tokens", cka_tokens),
+            ("description", description),
+        ):
+            if value is not None:
+                body[key] = value
+        return decode(self._send("POST", f"{V1}/families", body=body), Family)
+
+    def add_family_members(self, family: str, members: Sequence[str | int]) -> Family:
+        """Add registered models to a refit family (API key)."""
+        body = {"members": [str(m) for m in members]}
+        return decode(
+            self._send("POST", f"{V1}/families/{_seg(family)}/members", body=body), Family
+        )
+
+    def remove_family_member(self, family: str, member: str | int) -> Family:
+        """Take a member out of a refit family (API key)."""
+        path = f"{V1}/families/{_seg(family)}/members/{_seg(member)}"
+        return decode(self._send("DELETE", path), Family)
+
+    def compute_stability(
+        self,
+        family: str,
+        *,
+        force: bool = False,
+        device: str | None = None,
+        queue: str | None = None,
+    ) -> Job:
+        """Queue a refit family's stability as a worker's job (API key); the same
+        configuration asked again answers its job. Wait for it with `wait`. Not retried."""
+        body: dict[str, Any] = {"force": force}
+        if device is not None:
+            body["device"] = device
+        if queue is not None:
+            body["queue"] = queue
+        return decode(self._send("POST", f"{V1}/families/{_seg(family)}/stability", body=body), Job)
+
     def stability(
         self, family: str, metric: str | None = None, *, per_head: bool = False
     ) -> FrameT:
