@@ -534,8 +534,8 @@ REAL_WEIGHTS = [
     "BF16 and VNNI, no AMX (`torch.backends.cpu.get_cpu_capability()`: AVX512), 23 GB,",
     "shared with other work: the fetch 7 s (0.8 s when cached: the checksum); the first load",
     "107 s (dequantizing, loading and the parity check; `strata models check` 2 min 19 s whole",
-    "process); later loads 18–34 s; one forward of 1 × 768 tokens 6–37 s on either side; the",
-    "test module (5 tests, one load) 39–89 s.",
+    "process); later loads 18–46 s; one forward of 1 × 768 tokens 6–37 s on either side; the",
+    "test module (5 tests, one load) 39 s at a load average near 1, 116 s at 5.",
 ]
 
 
