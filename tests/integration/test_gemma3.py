@@ -5,15 +5,16 @@ pre- and post-sublayer norms, one key/value head for 4 query heads, a 262,144-to
 the embedding scaled by sqrt(d_model). Its weights are under Google's Gemma Terms of Use.
 
 `scripts/setup.sh` fetches the file (`scripts/fetch_gemma3.sh`, cached); without it these tests
-are skipped, except in CI, where they fail. The model is loaded once for the module (about 25 s
-from the cached dequantized checkpoint; the first load on a machine dequantizes, a minute more).
+are skipped, except in CI, where they fail. The model is loaded once for the module (18-46 s on
+2 shared cores from the cached dequantized checkpoint; the first load on a machine dequantizes:
+107 s in all).
 
 - Strata's forward (TransformerLens's blocks) against the Hugging Face model's float32 forward
   on 768 tokens of the built-in corpus, past the 512-token window: at positions 512-767 a local
   layer sees only its last 512 keys while a global one sees them all, so an off-by-one window,
   a local layer run as global or the two rope bases swapped fail here (measured in
-  docs/architectures.md, "Gemma 3 270M"), where the load's own 2 x 32-token check cannot see
-  them;
+  docs/architectures.md, "Gemma 3 270M, beyond its sliding window"), where the load's own
+  2 x 32-token check cannot see them;
 - the tokenizer the file carries: 262,144 tokens, BOS added by the tokenizer and exactly once in
   a run's windows, the built-in corpus tokenized losslessly;
 - the parity report measured at load is stored with the registered model and served with it.
