@@ -39,7 +39,7 @@ from compute.metrics.base import (
 )
 from compute.models import LoadedModel
 from compute.records import Record
-from compute.reduce import LogitChunks, MeanAccumulator, reference_distribution
+from compute.reduce import LogitChunks, MeanAccumulator, keeps_probs, reference_distribution
 
 
 @dataclass(frozen=True)
@@ -97,15 +97,19 @@ def auto_batch_size(
         lm.dtype_bytes,
         patterns=any(f.needs_patterns for f in families),
         z=any(f.needs_z for f in families),
+        probs=keeps_probs(lm),
     )
     on_gpu = str(lm.device).startswith("cuda")
     budget = batch_budget_bytes(lm.n_params, lm.dtype_bytes, lm.device, opts.memory_budget_mb)
     by_memory = max(1, budget // per_sequence)
     if on_gpu:
         return by_memory
-    by_logits = max(1, opts.logits_budget_mb * 2**20 // (seq_len * lm.d_vocab * 4))
     tokens = opts.tokens_per_batch or CPU_TOKENS_PER_BATCH
-    return max(1, min(by_logits, by_memory, round(tokens / seq_len)))
+    by_tokens = max(1, round(tokens / seq_len))
+    if not keeps_probs(lm):  # P is kept as W_U p: no [tokens, vocab] tensor to bound
+        return max(1, min(by_memory, by_tokens))
+    by_logits = max(1, opts.logits_budget_mb * 2**20 // (seq_len * lm.d_vocab * 4))
+    return max(1, min(by_logits, by_memory, by_tokens))
 
 
 # Runs of at least this many FLOPs (compute.flops) reduce their logit blocks in one compiled

@@ -147,16 +147,23 @@ def load_peak_bytes(dims: ModelDims, dtype: str, device: str) -> int:
 
 
 def sweep_bytes_per_sequence(
-    dims: ModelDims, seq_len: int, dtype_bytes: int, *, patterns: bool, z: bool
+    dims: ModelDims,
+    seq_len: int,
+    dtype_bytes: int,
+    *,
+    patterns: bool,
+    z: bool,
+    probs: bool = True,
 ) -> int:
-    """Device memory one sequence adds to a batch of the sweep."""
+    """Device memory one sequence adds to a batch of the sweep. `probs`: the reference keeps
+    P whole ([T, vocab] float32), not as W_U p ([T, d_model] float64; `compute.reduce`)."""
     t, d, n_layers = seq_len, dims.d_model, dims.n_layers
     cache = (3 * n_layers + 1) * t * d * dtype_bytes  # resid 0..L, attn and MLP writes
     if z:
         cache += n_layers * t * dims.n_heads * dims.d_head * dtype_bytes
     if patterns:
         cache += n_layers * dims.n_heads * t * t * 4
-    reference = t * dims.d_vocab * 4 + 4 * t * 4
+    reference = (t * dims.d_vocab * 4 if probs else t * (d + 1) * 8) + 4 * t * 4
     return cache + reference + variant_bytes_per_sequence(dims, seq_len, dtype_bytes)
 
 

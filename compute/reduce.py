@@ -255,20 +255,42 @@ class MeanAccumulator:
 
 @dataclass
 class Reference:
-    """The clean model's next-token distribution at the evaluated positions.
+    """The clean model's next-token distribution P at the evaluated positions.
+
+    What a comparison needs of P is p.z for the other model's logits z. Where logits are a
+    linear map of the normed residual x (z = x W_U + b_U, float32 weights, no soft-cap) that is
+    p.z = x . (W_U p) + p . b_U, so P is kept as `pull` = W_U p ([n, d_model], float64) and
+    `pull_bias` = p . b_U, never as [n, vocab]: a comparison reads d_model numbers per row
+    instead of the vocabulary's. Otherwise (soft-capped logits; bfloat16 or float16 weights,
+    whose logits are rounded to that dtype, so the identity would not hold for them to float32
+    rounding) P is kept whole as `probs`, float32.
 
     `entropy_nats` is float64 and computed exactly as a comparison computes lse - p.z, so that
     comparing the clean logits with themselves gives KL 0 to the bit."""
 
-    probs: Float[Tensor, "n vocab"]
+    probs: Float[Tensor, "n vocab"] | None
     argmax: Int[Tensor, " n"]
     entropy_nats: Float[Tensor, " n"]
     loss: Float[Tensor, " n"]
     targets: Int[Tensor, " n"]
+    pull: Float[Tensor, "n d_model"] | None = None
+    pull_bias: Float[Tensor, " n"] | None = None
+
+    def expected_logit(self, rows: slice, x: Float[Tensor, "r d_model"], pz: Tensor) -> Tensor:
+        """p.z for the logits of normed residuals `x` at `rows`: from `pull` where P is kept
+        that way, else `pz` as streamed against `probs`."""
+        if self.pull is None or self.pull_bias is None:
+            return pz
+        return _pulled_back_pz(x, self.pull[rows], self.pull_bias[rows])
 
     @property
     def entropy_bits(self) -> Float[Tensor, " n"]:
         return self.entropy_nats / LN2
+
+
+def _pulled_back_pz(x: Tensor, pull: Tensor, pull_bias: Tensor) -> Tensor:
+    """p.z = x . (W_U p) + b_U . p, in float64."""
+    return torch.linalg.vecdot(x.to(torch.float64), pull) + pull_bias
 
 
 @dataclass
@@ -296,12 +318,33 @@ class LogitChunks:
 
 class Unembedding(Protocol):
     """What a comparison needs of a model: its final norm, and the logits of a normed residual
-    for a range of vocabulary columns (W_U[:, start:stop], b_U[start:stop], any soft-cap)."""
+    for a range of vocabulary columns (W_U[:, start:stop], b_U[start:stop], any soft-cap).
+
+    One whose logits are linear in x to float32 rounding (`logits_are_linear`) also gives, for
+    weights p over a column range, (W_U[:, start:stop] p, b_U[start:stop] . p)
+    (`pulled_back`): then the reference keeps W_U p instead of P."""
 
     @property
     def d_vocab(self) -> int: ...
     def normed(self, resid: Tensor) -> Tensor: ...
     def logit_columns(self, x: Tensor, start: int, stop: int) -> Tensor: ...
+
+
+class LinearUnembedding(Unembedding, Protocol):
+    @property
+    def logits_are_linear(self) -> bool: ...
+    def pulled_back(self, p: Tensor, start: int, stop: int) -> tuple[Tensor, Tensor]: ...
+
+
+# The reference's logits are kept for one block of rows between its two passes (when P is kept
+# as W_U p): at most this many bytes, whatever the vocabulary (Gemma 3's 262,144 columns make a
+# 512-row block 512 MiB).
+REFERENCE_BLOCK_BYTES = 256 * 2**20
+
+
+def keeps_probs(unembed: Unembedding) -> bool:
+    """Whether the reference keeps P whole ([n, vocab] float32) rather than as W_U p."""
+    return not bool(getattr(unembed, "logits_are_linear", False))
 
 
 def reference_distribution(
@@ -323,6 +366,8 @@ def reference_distribution(
     n = resid.shape[0]
     if n == 0:
         raise ComputeError("no evaluated positions to build the reference distribution from")
+    if not keeps_probs(unembed):
+        return _pulled_back_reference(unembed, resid, targets, chunks=chunks)  # type: ignore[arg-type]
     vocab = unembed.d_vocab
     probs = torch.empty(n, vocab, dtype=torch.float32, device=resid.device)
     argmax = torch.empty(n, dtype=torch.long, device=resid.device)
@@ -345,6 +390,46 @@ def reference_distribution(
     return Reference(probs, argmax, entropy, loss, targets)
 
 
+def _pulled_back_reference(
+    unembed: LinearUnembedding,
+    resid: Float[Tensor, "n d_model"],
+    targets: Int[Tensor, " n"],
+    *,
+    chunks: LogitChunks,
+) -> Reference:
+    """The reference with P kept as W_U p and b_U . p (float64 running sums over float32
+    blocks). Per block of rows: one pass over the vocabulary's column blocks gives lse, argmax
+    and the target's logit and keeps the logits; a second turns each column block into p and
+    adds its (W_U p, b_U . p). H(P) = lse - p.z with p.z from those, exactly as a comparison
+    takes it: unchanged logits compared with P give KL 0 to the bit."""
+    n, d = resid.shape
+    vocab, f64 = unembed.d_vocab, torch.float64
+    rows_at_once = max(1, min(chunks.rows, REFERENCE_BLOCK_BYTES // (4 * vocab)))
+    argmax = torch.empty(n, dtype=torch.long, device=resid.device)
+    loss = torch.empty(n, dtype=torch.float32, device=resid.device)
+    entropy = torch.empty(n, dtype=f64, device=resid.device)
+    pull = torch.zeros(n, d, dtype=f64, device=resid.device)
+    pull_bias = torch.zeros(n, dtype=f64, device=resid.device)
+    for start in range(0, n, rows_at_once):
+        rows = slice(start, min(n, start + rows_at_once))
+        x = unembed.normed(resid[rows])
+        logits = torch.empty(x.shape[0], vocab, dtype=torch.float32, device=resid.device)
+        lse, _, _, argmax[rows], z_target = _streamed_logit_stats(
+            unembed, x, None, targets[rows], chunks.cols, keep=logits
+        )
+        _check_finite(lse, "clean model logits")
+        loss[rows] = lse - z_target
+        for c0 in range(0, vocab, chunks.cols):
+            c1 = min(vocab, c0 + chunks.cols)
+            p = torch.exp(logits[:, c0:c1] - lse[:, None].float())
+            w_p, b_p = unembed.pulled_back(p, c0, c1)
+            pull[rows] += w_p.to(f64)
+            pull_bias[rows] += b_p.to(f64)
+        del logits
+        entropy[rows] = lse - _pulled_back_pz(x, pull[rows], pull_bias[rows])
+    return Reference(None, argmax, entropy, loss, targets, pull, pull_bias)
+
+
 def compare_distributions(
     unembed: Unembedding,
     resid: Float[Tensor, "g n d_model"],
@@ -357,9 +442,11 @@ def compare_distributions(
 
     With lse = logsumexp(z) and sum(p) = 1, the per-token quantities reduce to dot products:
       KL(P||Q) = -H(P) - p.z + lse      H(Q) = lse - q.z      loss = lse - z[target]
-    which needs no log Q. Each of them is also a running sum over vocabulary columns (online
-    logsumexp: with m the running max, s = sum exp(z - m) and t = sum exp(z - m) z are rescaled
-    by exp(m_old - m_new) when the max grows; q.z = t / s), so the logits are made and reduced
+    which needs no log Q; p.z is x . (W_U p) + b_U . p where the reference keeps W_U p
+    (`Reference`), else streamed against P's columns. Each of them is also a running sum over
+    vocabulary columns (online logsumexp: with m the running max, s = sum exp(z - m) and
+    t = sum exp(z - m) z are rescaled by exp(m_old - m_new) when the max grows; q.z = t / s),
+    so the logits are made and reduced
     `chunks.cols` columns at a time: on a CPU a [rows, cols] block stays in the cache between
     the unembedding matmul and the reductions instead of a [rows, vocab] one streaming through
     memory a dozen times. KL is clamped at 0: it is >= 0 exactly, and only float rounding
@@ -371,14 +458,16 @@ def compare_distributions(
         for start in range(0, n, chunks.rows):
             stop = min(n, start + chunks.rows)
             rows = slice(start, stop)
+            x = unembed.normed(resid[gi, rows])
             lse, pz, qz, top, z_target = _streamed_logit_stats(
                 unembed,
-                unembed.normed(resid[gi, rows]),
-                ref.probs[rows],
+                x,
+                ref.probs[rows] if ref.probs is not None else None,
                 ref.targets[rows],
                 chunks.cols,
                 fused=chunks.fused,
             )
+            pz = ref.expected_logit(rows, x, pz)
             out[0, gi, rows] = (lse - pz - ref.entropy_nats[rows]).clamp_min_(0.0)
             out[1, gi, rows] = (lse - qz) / LN2
             out[2, gi, rows] = (top == ref.argmax[rows]).float()
@@ -406,16 +495,17 @@ def _streamed_logit_stats(
     vocab = unembed.d_vocab
     m = s = t = pz = top = z_target = torch.empty(0)
     f64 = torch.float64
-    kernel = fused_kernel() if fused and probs is not None and keep is None else None
+    kernel = fused_kernel() if fused and keep is None else None
     for c0 in range(0, vocab, cols):
         c1 = min(vocab, c0 + cols)
         local = (targets - c0).clamp_(0, c1 - c0 - 1)
         if kernel is not None:
-            assert probs is not None
             first = m if c0 else torch.full((x.shape[0],), -math.inf, device=x.device)
-            terms = kernel(unembed.logit_columns(x, c0, c1), first, probs[:, c0:c1], local)
+            block_p = probs[:, c0:c1] if probs is not None else None
+            terms = kernel(unembed.logit_columns(x, c0, c1), first, block_p, local)
             chunk_max, chunk_arg, z_at, new_m = terms[:4]
-            chunk_s, chunk_t, chunk_pz = (v.to(f64) for v in terms[4:])
+            chunk_s, chunk_t = terms[4].to(f64), terms[5].to(f64)
+            chunk_pz = terms[6].to(f64) if probs is not None else chunk_s
         else:
             z = unembed.logit_columns(x, c0, c1).float()
             if keep is not None:
@@ -451,29 +541,23 @@ def _streamed_logit_stats(
 def fused_block_terms(
     z: Float[Tensor, "n cols"],
     m_prev: Float[Tensor, " n"],
-    probs: Float[Tensor, "n cols"],
+    probs: Float[Tensor, "n cols"] | None,
     local_targets: Int[Tensor, " n"],
 ) -> tuple[Tensor, ...]:
     """One block of a comparison, written to be compiled into one kernel: the block's max, its
     first argmax, the target's logit (at `local_targets`, clamped into the block), the new
     running max m = max(m_prev, block max), and the float32 sums of e = exp(z - m), of e z and
-    of p z. The same quantities as the eager loop of `_streamed_logit_stats`, from the logits
-    in float32 whatever the model's dtype."""
+    of p z (without `probs`, the reference kept as W_U p: six terms). The same quantities as
+    the eager loop of `_streamed_logit_stats`, from the logits in float32 whatever the model's
+    dtype."""
     z = z.float()
     chunk_max = z.amax(dim=-1)
     chunk_arg = z.argmax(dim=-1)
     z_at = z.gather(-1, local_targets[:, None]).squeeze(-1)
     new_m = torch.maximum(m_prev, chunk_max)
     e = torch.exp(z - new_m[:, None])
-    return (
-        chunk_max,
-        chunk_arg,
-        z_at,
-        new_m,
-        e.sum(dim=-1),
-        (e * z).sum(dim=-1),
-        (probs * z).sum(dim=-1),
-    )
+    terms = (chunk_max, chunk_arg, z_at, new_m, e.sum(dim=-1), (e * z).sum(dim=-1))
+    return terms if probs is None else (*terms, (probs * z).sum(dim=-1))
 
 
 _KERNEL: dict[str, Any] = {}

@@ -340,6 +340,21 @@ class LoadedModel:
         logits = torch.addmm(unembed.b_U[start:stop], x, unembed.W_U.detach()[:, start:stop])
         return apply_softcap(logits, self.cfg.output_logits_soft_cap)
 
+    @property
+    def logits_are_linear(self) -> bool:
+        """Whether logits are x W_U + b_U to float32 rounding: no soft-cap, and float32 (or
+        float64) weights, whose logits are not rounded to a narrower dtype. The reference
+        distribution is then kept as W_U p (`compute.reduce.Reference`)."""
+        cap = self.cfg.output_logits_soft_cap
+        wide = self.model.unembed.W_U.dtype in (torch.float32, torch.float64)
+        return wide and not (cap is not None and cap > 0)
+
+    def pulled_back(self, p: Tensor, start: int, stop: int) -> tuple[Tensor, Tensor]:
+        """(W_U[:, start:stop] p, b_U[start:stop] . p) for weights p [n, stop-start]: what
+        `logit_columns` gives, read backwards (the reference's p.z for any residual)."""
+        unembed = self.model.unembed
+        return p @ unembed.W_U.detach()[:, start:stop].T, p @ unembed.b_U.detach()[start:stop]
+
     def forget_derived_weights(self) -> None:
         """Drop copies derived from the weights (fused attention matrices), e.g. after editing
         weights in place."""

@@ -38,6 +38,18 @@ class Unembed:
         return x @ self.w[:, start:stop] + self.b[start:stop]
 
 
+class Linear(Unembed):
+    """The same unembedding, declared linear: the reference keeps W_U p instead of P."""
+
+    logits_are_linear = True
+
+    def pulled_back(self, p: torch.Tensor, start: int, stop: int) -> tuple[torch.Tensor, ...]:
+        return p @ self.w[:, start:stop].T, p @ self.b[start:stop]
+
+
+UNEMBEDDINGS = {"P-whole": Unembed, "P-as-WU-p": Linear}
+
+
 class Given:
     """Logits given outright: the 'residual' is the logits themselves."""
 
@@ -97,6 +109,41 @@ def test_streamed_comparison_equals_the_whole_vocabulary_one(chunks: LogitChunks
     assert got.correct[0].sum() >= 8
     assert got.agree[0].sum() >= 8
     assert torch.equal(got.kl[0], got.kl[1])
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["eager", "fused"])
+@pytest.mark.parametrize("chunks", [LogitChunks(1000, 1000), LogitChunks(7, 64),
+                                    LogitChunks(5, 37), LogitChunks(3, 1)],
+                         ids=["whole", "blocks", "ragged", "one-column"])
+def test_reference_kept_as_wu_p_gives_the_whole_vocabulary_numbers(
+        chunks: LogitChunks, fused: bool) -> None:
+    """P kept as (W_U p, b_U . p) instead of [n, vocab]: p.z = x . W_U p + b_U . p. Against
+    the obvious float64 computation from the whole logits of both models, in any blocks, eager
+    or reduced by the compiled kernel; and the same numbers as with P kept whole."""
+    d_model, vocab, n, g = 12, 301, 23, 3
+    u, whole = Linear(d_model, vocab, seed=0), Unembed(d_model, vocab, seed=0)
+    gen = torch.Generator().manual_seed(1)
+    clean = torch.randn(n, d_model, generator=gen) * 2
+    targets = torch.randint(0, vocab, (n,), generator=gen)
+    resid = clean[None] + torch.randn(g, n, d_model, generator=gen) * torch.tensor(
+        [0.0, 0.3, 3.0])[:, None, None]  # unchanged, a little changed, much changed
+    ref = reference_distribution(u, clean, targets, chunks=chunks)
+    assert ref.probs is None
+    assert ref.pull is not None
+    assert ref.pull.shape == (n, d_model)
+    want_p = (u.normed(clean) @ u.w + u.b).double().softmax(-1)
+    assert torch.allclose(ref.entropy_nats, -(want_p * want_p.log()).sum(-1), atol=1e-5)
+    blocks = LogitChunks(chunks.rows, chunks.cols, fused=fused)
+    got = compare_distributions(u, resid, ref, chunks=blocks)
+    want = obvious(u, resid, u.normed(clean) @ u.w + u.b, targets)
+    for name, expected in want.items():
+        assert torch.allclose(getattr(got, name).double(), expected, atol=2e-5, rtol=1e-5), name
+    kept = compare_distributions(
+        whole, resid, reference_distribution(whole, clean, targets, chunks=chunks),
+        chunks=blocks)
+    assert torch.allclose(got.kl, kept.kl, atol=1e-5)
+    assert torch.equal(got.agree, kept.agree)
+    assert got.kl[2].mean() > 1.0  # the much-changed variant is far: KL is not trivially 0
 
 
 def test_argmax_ties_across_blocks_take_the_first_and_targets_read_their_own_block() -> None:
@@ -179,12 +226,14 @@ def test_argmax_ties_within_and_across_wide_blocks() -> None:
         assert got.correct.tolist() == [[1.0, 0.0]], cols
 
 
+@pytest.mark.parametrize("kind", list(UNEMBEDDINGS))
 @pytest.mark.parametrize("chunks", [LogitChunks(8, 300), LogitChunks(3, 7)], ids=["rows", "blocks"])
 def test_the_clean_logits_compared_with_themselves_give_zero_to_the_bit(
-        chunks: LogitChunks) -> None:
+        chunks: LogitChunks, kind: str) -> None:
     """The reference is made by the same calls as a comparison: nothing changed, KL is 0 and
-    the loss is the reference's, exactly (the engine's `none` row and identity layers)."""
-    u = Unembed(12, 300, seed=3)
+    the loss is the reference's, exactly (the engine's `none` row and identity layers), with P
+    kept whole or as W_U p."""
+    u = UNEMBEDDINGS[kind](12, 300, seed=3)
     gen = torch.Generator().manual_seed(4)
     resid = torch.randn(20, 12, generator=gen) * 3
     targets = torch.randint(0, 300, (20,), generator=gen)

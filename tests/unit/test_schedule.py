@@ -124,6 +124,9 @@ def test_cpu_auto_batch_keeps_its_memory_within_half_the_weights_or_the_budget(
     weights = lm.n_params * lm.dtype_bytes
     assert weights / 2 > 64 * 2**20  # the half-of-the-weights bound applies, not the floor
     families = families_named(["intervention", "heads"])
+    # Soft-capped logits: the reference keeps P whole, [tokens, vocab] float32, and binds.
+    lm.cfg.output_logits_soft_cap = 30.0
+    assert not lm.logits_are_linear
     per_sequence = sweep_bytes_per_sequence(ModelDims.of(lm), 16, 4, patterns=False, z=True)
     batch = auto_batch_size(lm, 16, EngineOptions(), families)
     assert 2 <= batch < 64  # 1024 tokens would be 64 sequences of 16
@@ -132,6 +135,14 @@ def test_cpu_auto_batch_keeps_its_memory_within_half_the_weights_or_the_budget(
     # The budget given lifts the bound; the reference distribution's (logits_budget_mb) binds.
     assert roomy == EngineOptions().logits_budget_mb * 2**20 // (16 * lm.d_vocab * 4) > batch
     assert auto_batch_size(lm, 16, EngineOptions(memory_budget_mb=64), families) < batch
+    # float32 logits without a soft-cap: the reference keeps W_U p ([tokens, d_model]
+    # float64), so the vocabulary no longer binds and the 1024 tokens do.
+    lm.cfg.output_logits_soft_cap = -1.0
+    assert lm.logits_are_linear
+    without_p = sweep_bytes_per_sequence(ModelDims.of(lm), 16, 4, patterns=False, z=True,
+                                         probs=False)
+    assert per_sequence - without_p == 16 * (lm.d_vocab * 4 - (lm.d_model + 1) * 8)
+    assert auto_batch_size(lm, 16, EngineOptions(), families) == 64
 
 
 def test_auto_batch_gives_the_fixed_batch_records(
