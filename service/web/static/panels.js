@@ -32,7 +32,10 @@ const NEURON_COUNTS = [
 const PREV = [1, 2, 4, 5, 8, 16].flatMap((k) => [`attention.prev_${k}`,
   `attention.prev_${k}_mean`]);
 const PER_HEAD = ["heads.ablation_kl", "heads.ablation_loss_delta", "heads.induction",
-  "attention.prev_1", "attention.bos", "attention.entropy"];
+  "heads_atp.loss_delta", "attention.prev_1", "attention.bos", "attention.entropy"];
+/* The head screen beside what it estimates: select one, then the other, on the same axes. */
+const HEAD_SCREEN = [["heads_atp.loss_delta", "heads_atp.loss_delta (AtP screen, estimated)"],
+  ["heads.ablation_loss_delta", "heads.ablation_loss_delta (exact ablation)"]];
 const SIMILARITY = ["similarity.self", "similarity.index", "similarity.adjacent"];
 
 const line = (id, title, metrics, metric, extra = {}) =>
@@ -79,6 +82,9 @@ const PANELS = [
     metric: "heads.ablation_kl" },
   { id: "heads-induction", title: "Per-head induction score", kind: "heatmap",
     metrics: PER_HEAD, metric: "heads.induction" },
+  { id: "heads-screen",
+    title: "Head screen (AtP) — estimated ablation loss delta, beside the exact one",
+    kind: "heatmap", metrics: HEAD_SCREEN, metric: "heads_atp.loss_delta" },
   { id: "stability", title: "Head stability across refits, beside its null baseline",
     kind: "stability" },
   { id: "stability-importance",
