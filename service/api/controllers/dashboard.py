@@ -1,4 +1,4 @@
-"""The dashboard: the page at `/`, its assets under /static/web/ and the libraries it uses under
+"""The dashboard: the page at `/` and a refit family's page at `/family`, their assets under /static/web/ and the libraries it uses under
 /static/vendor/ (files in `service/web/`).
 
 The page is static: everything it shows it reads from the public API endpoints, in the browser
@@ -30,6 +30,14 @@ class DashboardController(Controller):
     async def page(self) -> Response[bytes]:
         """The dashboard page (read from disk on each request: it is small)."""
         return Response((WEB / "index.html").read_bytes(), media_type="text/html; charset=utf-8")
+
+    @get("/family", cache_control=CacheControlHeader(no_cache=True))
+    async def family_page(self) -> Response[bytes]:
+        """A refit family's page (`?name=`): members, stability per layer against the null,
+        per head, against importance, and its stability job's progress."""
+        return Response(
+            (WEB / "family.html").read_bytes(), media_type="text/html; charset=utf-8"
+        )
 
 
 YEAR = 365 * 24 * 3600
