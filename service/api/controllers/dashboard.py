@@ -1,5 +1,5 @@
-"""The dashboard: the page at `/` and a refit family's page at `/family`, their assets under /static/web/ and the libraries it uses under
-/static/vendor/ (files in `service/web/`).
+"""The dashboard: the page at `/` and a refit family's page at `/family`, their assets under
+/static/web/ and the libraries they use under /static/vendor/ (files in `service/web/`).
 
 The page is static: everything it shows it reads from the public API endpoints, in the browser
 (no second query path). Its charting library (plotly.js, cartesian bundle, MIT) is vendored in
@@ -35,9 +35,7 @@ class DashboardController(Controller):
     async def family_page(self) -> Response[bytes]:
         """A refit family's page (`?name=`): members, stability per layer against the null,
         per head, against importance, and its stability job's progress."""
-        return Response(
-            (WEB / "family.html").read_bytes(), media_type="text/html; charset=utf-8"
-        )
+        return Response((WEB / "family.html").read_bytes(), media_type="text/html; charset=utf-8")
 
 
 YEAR = 365 * 24 * 3600
