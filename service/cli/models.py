@@ -20,6 +20,9 @@ def models() -> None:
     """Register and list models."""
 
 
+REGISTER_TIMEOUT_S = 1800.0
+
+
 @models.command("add")
 @click.argument("source")
 @click.option(
@@ -44,7 +47,10 @@ def add(source: str, name: str | None, revision: str | None, url: str | None) ->
     }
     settings = get_settings()
     if url is not None or service_up(settings.api_url):
-        model = call(url, "POST", "/api/v1/models", json=body)
+        # Registration loads the model to measure its parity: a real model's GGUF is
+        # dequantized and loaded in minutes on a CPU (Gemma 3 270M: 2-3), well past the
+        # minute that other calls wait.
+        model = call(url, "POST", "/api/v1/models", json=body, timeout=REGISTER_TIMEOUT_S)
     else:
         model = _register_locally(body, path)
     click.echo(f"registered {model['name']} (id {model['id']}, {model['source']})")
