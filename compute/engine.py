@@ -20,6 +20,7 @@ from jaxtyping import Int
 from torch import Tensor
 
 from compute.errors import TokenSpecError
+from compute.flops import family_flops, unit_weights
 from compute.memory import (
     ModelDims,
     allocator_for_sweeping,
@@ -128,8 +129,6 @@ def fuse_reductions(
         return opts.fuse_reductions
     if lm.device != "cpu":
         return False  # not measured on an accelerator, where whole rows are one block
-    from compute.flops import family_flops
-
     names = [f.name for f in families]
     per_sequence = family_flops(ModelDims.of(lm), seq_len, names, parallel=lm.parallel)
     return sum(per_sequence.values()) * n_seq >= FUSE_MIN_FLOPS
@@ -155,8 +154,18 @@ def sweep(
     n_batches = -(-n_seq // batch)
     if opts.batch_size is None:  # as few batches, of sizes as even as can be: no thin tail
         batch = -(-n_seq // n_batches)
-    total = sum(f.units_per_batch(lm) for f in families) * n_batches + sum(
-        f.units_at_finish(lm, opts) for f in families
+    units = {f.name: (f.units_per_batch(lm), f.units_at_finish(lm, opts)) for f in families}
+    total = sum(per_batch * n_batches + at_finish for per_batch, at_finish in units.values())
+    # Progress is counted in the families' units weighted by their FLOPs (compute.flops), so
+    # that a fraction done is a fraction of the work and an ETA holds while costly units run.
+    weights = unit_weights(
+        ModelDims.of(lm),
+        seq_len,
+        batch,
+        n_batches,
+        units,
+        parallel=lm.parallel,
+        induction=(min(opts.induction_n, (lm.n_ctx - 1) // 2), opts.induction_sequences),
     )
     chunks = logit_chunks(lm, opts)
     if fuse_reductions(lm, n_seq, seq_len, families, opts):
@@ -165,24 +174,29 @@ def sweep(
     needs_z = any(f.needs_z for f in families)
     names = frozenset(f.name for f in families)
     accs = {f.name: MeanAccumulator(lm.device, n_seq) for f in families}
-    state = {"done": 0, "tokens": 0}
+    state = {"done": 0.0, "tokens": 0}
     start = time.perf_counter()
 
-    def tick(units: int) -> None:
-        state["done"] += units
+    def tick(work: float) -> None:
+        state["done"] += work
         if progress is not None:
             elapsed = time.perf_counter() - start
+            done = min(total, round(state["done"]))
             # Throughput of the whole sweep: evaluated tokens times the fraction of work done.
             swept = n_seq * (seq_len - 2) * state["done"] / max(total, 1)
             progress(
                 Progress(
-                    state["done"],
+                    done,
                     total,
-                    state["tokens"],
+                    int(state["tokens"]),
                     swept / elapsed if elapsed > 0 else 0.0,
                     elapsed,
                 )
             )
+
+    def weighted(name: str, at: int) -> Callable[[int], None]:
+        weight = weights[name][at]
+        return lambda units: tick(units * weight)
 
     allocator_for_sweeping()
     with torch.inference_mode():
@@ -199,17 +213,20 @@ def sweep(
             for family in families:
                 release_free_memory()  # what the previous step freed, before this one's peak
                 accs[family.name].start_batch(first, chunk.shape[0])
+                ctx.tick = weighted(family.name, 0)
                 family.on_batch(ctx, accs[family.name], opts)
             tick(0)
             del ctx
             release_free_memory()
-        outputs: list[FamilyOutput] = [f.finish(lm, accs[f.name], opts, tick) for f in families]
+        outputs: list[FamilyOutput] = [
+            f.finish(lm, accs[f.name], opts, weighted(f.name, 1)) for f in families
+        ]
     records = [r for o in outputs for r in o.records]
     neuron_tokens = [t for o in outputs for t in o.neuron_tokens]
     means = [o.sequence_means for o in outputs if o.sequence_means is not None]
     sequence_means = pa.concat_tables(means) if means else SEQUENCE_MEANS_SCHEMA.empty_table()
     return SweepResult(
-        records, neuron_tokens, state["tokens"], time.perf_counter() - start, sequence_means
+        records, neuron_tokens, int(state["tokens"]), time.perf_counter() - start, sequence_means
     )
 
 

@@ -104,3 +104,59 @@ def neurons_flops(dims: ModelDims, vocab_real: int | None = None) -> float:
 def induction_flops(dims: ModelDims, n: int = 64, sequences: int = 32) -> float:
     a, m, _ = block_parts(dims, 2 * n + 1)
     return float(sequences * dims.n_layers * (a + m))
+
+
+def unit_weights(
+    dims: ModelDims,
+    seq_len: int,
+    batch: int,
+    n_batches: int,
+    units: dict[str, tuple[int, int]],
+    *,
+    parallel: bool = False,
+    induction: tuple[int, int] = (64, 32),
+) -> dict[str, tuple[float, float]]:
+    """Per family, what one of its progress units weighs: (a unit of a batch, a unit of its
+    finish), scaled so that the weighted units of the whole sweep add up to its plain count.
+
+    A family reports progress in units of its own (a layer of head ablations, one drop, a lens
+    point), and those cost very different amounts: on Gemma 3 270M a layer of `heads` is four
+    downstream passes with their 262,144-column unembeddings, an `intervention` unit one, so an
+    ETA that counted units was four times too long while heads ran. Weighted by these FLOPs
+    (`family_flops` per batch over its units; neurons and induction from their own formulas) a
+    progress fraction is a fraction of the work. `units`: family -> (units per batch, units
+    at finish). A unit with no FLOP formula (or none counted, as the tuned lens's) weighs the
+    sweep's mean unit."""
+    per_sequence = family_flops(dims, seq_len, list(units), parallel=parallel)
+    cost: dict[str, tuple[float | None, float | None]] = {}
+    for name, (per_batch, at_finish) in units.items():
+        batch_cost = per_sequence.get(name, 0.0) * batch / per_batch if per_batch else None
+        finish_cost: float | None = None
+        if at_finish and name == "neurons":
+            finish_cost = neurons_flops(dims) / at_finish
+        elif at_finish and name == "heads":
+            finish_cost = induction_flops(dims, *induction) / at_finish
+        cost[name] = (batch_cost or None, finish_cost or None)
+    counts = {
+        name: (per_batch * n_batches, at_finish) for name, (per_batch, at_finish) in units.items()
+    }
+    total_units = sum(a + b for a, b in counts.values())
+    known = [
+        (c, n)
+        for name in units
+        for c, n in zip(cost[name], counts[name], strict=True)
+        if c is not None and n
+    ]
+    if not known or total_units == 0:
+        return {name: (1.0, 1.0) for name in units}
+    mean = sum(c * n for c, n in known) / sum(n for _, n in known)
+    total_cost = sum(
+        (c if c is not None else mean) * n
+        for name in units
+        for c, n in zip(cost[name], counts[name], strict=True)
+    )
+    scale = total_units / total_cost
+    return {
+        name: tuple((c if c is not None else mean) * scale for c in cost[name])  # type: ignore[misc]
+        for name in units
+    }

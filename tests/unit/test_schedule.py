@@ -248,3 +248,41 @@ def test_logit_blocks_and_head_groups_by_device(
     assert head_group_size(gpu, 64, 128, small) == max(  # type: ignore[arg-type]
         1, min(lm.n_heads, 8 * 2**20 // per_variant))
     assert head_group_size(gpu, 1, 16, opts) == lm.n_heads  # type: ignore[arg-type]
+
+
+def test_progress_is_a_fraction_of_the_work(
+        tiny_factories: dict[str, Callable[..., Any]]) -> None:
+    """Progress counts the families' units weighted by their FLOPs: what a family's reports
+    advance is its share of the counted work (compute.flops), not of the units; the total
+    is the plain unit count; reports only grow and end at the total. Here a wide vocabulary
+    makes each layer of head ablations (4 downstream passes, 4 unembeddings) far costlier than
+    an intervention unit."""
+    from compute.flops import induction_flops, neurons_flops
+
+    lm = tiny_factories["random"](seed=7, n_layers=3, d_vocab=4000)
+    n_seq, seq_len = 4, 12
+    tokens = tiny_factories["tokens"](n_seq, seq_len, lm.d_vocab_real, lm.bos_token_id, seed=1)
+    families = ["intervention", "heads", "neurons"]
+    seen: list[Any] = []
+    sweep(lm, tokens, families, EngineOptions(batch_size=2, **OPTS), progress=seen.append)
+    units = sum(f.units_per_batch(lm) for f in families_named(families)) * 2 + sum(
+        f.units_at_finish(lm, EngineOptions(**OPTS)) for f in families_named(families))
+    assert {p.total for p in seen} == {units}
+    dones = [p.done for p in seen]
+    assert dones == sorted(dones)
+    assert dones[-1] == units
+    dims = ModelDims.of(lm)
+    per_seq = family_flops(dims, seq_len, families, parallel=lm.parallel)
+    n = min(OPTS["induction_n"], (lm.n_ctx - 1) // 2)
+    work = {"intervention": per_seq["intervention"] * n_seq, "neurons": neurons_flops(dims),
+            "heads": per_seq["heads"] * n_seq + induction_flops(dims, n,
+                                                                OPTS["induction_sequences"])}
+    # The first batch runs intervention, then heads: the reports between them measure heads.
+    per_batch = {f.name: f.units_per_batch(lm) for f in families_named(families)}
+    first_intervention = seen[per_batch["intervention"] - 1].done
+    first_heads = seen[per_batch["intervention"] + per_batch["heads"] - 1].done - first_intervention
+    share = sum(work.values())
+    assert first_intervention / units == pytest.approx(work["intervention"] / 2 / share, abs=0.02)
+    heads_batch = per_seq["heads"] * n_seq / 2
+    assert first_heads / units == pytest.approx(heads_batch / share, abs=0.02)
+    assert first_heads > 3 * first_intervention / per_batch["intervention"] * per_batch["heads"]
