@@ -239,3 +239,32 @@ def test_record_table_validates(any_sweep: tuple[Any, list[Record]]) -> None:
     assert all(r.n > 0 for r in records)
     assert all(asdict(r)["component"] in (None, "drop", "swap", "drop_attn", "drop_mlp", "none",
                                           "attn", "mlp", "swap-drop") for r in records)
+
+
+@pytest.mark.parametrize(("seq_len", "window"), [(128, None), (24, None), (40, 8)])
+def test_attention_chance_levels_are_the_closed_forms(seq_len: int, window: int | None) -> None:
+    """The chance level of each attention metric (uniform attention over the visible keys)
+    against its closed form, query by query: prev_k = k / visible, bos = 1 / visible (0 once
+    a sliding window has left position 0), entropy = log2(visible), over the evaluated queries
+    1..T-2 (q > k for prev_k)."""
+    import math
+
+    from compute.metrics.attention import chance_levels
+
+    ks = (1, 2, 5, 16)
+    got = chance_levels(seq_len, ks, window)
+    visible = [min(q + 1, window or q + 1) for q in range(seq_len)]
+    queries = range(1, seq_len - 1)
+    assert got["bos"] == pytest.approx(
+        sum((1 / visible[q]) if q < (window or seq_len) else 0.0 for q in queries)
+        / len(queries), rel=1e-6)
+    assert got["entropy"] == pytest.approx(
+        sum(math.log2(visible[q]) for q in queries) / len(queries), rel=1e-6)
+    for k in ks:
+        if k > seq_len - 3:
+            assert f"prev_{k}" not in got
+            continue
+        qs = [q for q in queries if q > k]
+        want = sum(min(k, visible[q] - 1) / visible[q] for q in qs) / len(qs)
+        assert got[f"prev_{k}"] == pytest.approx(want, rel=1e-6), k
+        assert got[f"prev_{k}_mean"] == pytest.approx(want / k, rel=1e-6), k
