@@ -354,80 +354,61 @@ def reference_distribution(
     *,
     chunks: LogitChunks,
 ) -> Reference:
-    """The reference P = softmax(z) of the clean final residual, as one [n, vocab] float32
-    tensor, made block by block with the same calls and sums as every comparison.
+    """The reference P = softmax(z) of the clean final residual, made block by block with the
+    same calls and sums as every comparison: kept whole as one [n, vocab] float32 tensor, or as
+    W_U p and b_U . p where the logits are linear (`Reference`, `keeps_probs`).
 
-    The first pass over a row chunk's blocks gives logsumexp, argmax and the target's logit,
-    and leaves each block's logits in P's own storage; the second turns them into P = exp(z -
-    lse) in place and sums p.z in float64 over the same blocks. So H(P) = lse - p.z is exactly
-    what a comparison of these logits with P computes, and an intervention that changes
-    nothing gets KL 0 to the bit.
+    Per block of rows, the first pass over the column blocks gives logsumexp, argmax and the
+    target's logit and keeps the logits (in P's own storage when P is kept whole); the second
+    turns each column block into p = exp(z - lse) and either writes it in place and sums p.z in
+    float64, or adds its (W_U p, b_U . p) to float64 running sums. So H(P) = lse - p.z is
+    exactly what a comparison of these logits with P computes, and an intervention that
+    changes nothing gets KL 0 to the bit.
     """
-    n = resid.shape[0]
+    n, d = resid.shape
     if n == 0:
         raise ComputeError("no evaluated positions to build the reference distribution from")
-    if not keeps_probs(unembed):
-        return _pulled_back_reference(unembed, resid, targets, chunks=chunks)  # type: ignore[arg-type]
-    vocab = unembed.d_vocab
-    probs = torch.empty(n, vocab, dtype=torch.float32, device=resid.device)
-    argmax = torch.empty(n, dtype=torch.long, device=resid.device)
-    loss = torch.empty(n, dtype=torch.float32, device=resid.device)
-    entropy = torch.empty(n, dtype=torch.float64, device=resid.device)
-    for start in range(0, n, chunks.rows):
-        rows = slice(start, min(n, start + chunks.rows))
-        lse, _, _, argmax[rows], z_target = _streamed_logit_stats(
-            unembed, unembed.normed(resid[rows]), None, targets[rows], chunks.cols, keep=probs[rows]
-        )
-        _check_finite(lse, "clean model logits")
-        loss[rows] = lse - z_target
-        pz = torch.zeros_like(lse)
-        for c0 in range(0, vocab, chunks.cols):
-            block = probs[rows, c0 : c0 + chunks.cols]
-            p = torch.exp(block - lse[:, None].float())
-            pz += torch.linalg.vecdot(p, block).to(torch.float64)
-            block.copy_(p)
-        entropy[rows] = lse - pz
-    return Reference(probs, argmax, entropy, loss, targets)
-
-
-def _pulled_back_reference(
-    unembed: LinearUnembedding,
-    resid: Float[Tensor, "n d_model"],
-    targets: Int[Tensor, " n"],
-    *,
-    chunks: LogitChunks,
-) -> Reference:
-    """The reference with P kept as W_U p and b_U . p (float64 running sums over float32
-    blocks). Per block of rows: one pass over the vocabulary's column blocks gives lse, argmax
-    and the target's logit and keeps the logits; a second turns each column block into p and
-    adds its (W_U p, b_U . p). H(P) = lse - p.z with p.z from those, exactly as a comparison
-    takes it: unchanged logits compared with P give KL 0 to the bit."""
-    n, d = resid.shape
-    vocab, f64 = unembed.d_vocab, torch.float64
-    rows_at_once = max(1, min(chunks.rows, REFERENCE_BLOCK_BYTES // (4 * vocab)))
-    argmax = torch.empty(n, dtype=torch.long, device=resid.device)
-    loss = torch.empty(n, dtype=torch.float32, device=resid.device)
-    entropy = torch.empty(n, dtype=f64, device=resid.device)
-    pull = torch.zeros(n, d, dtype=f64, device=resid.device)
-    pull_bias = torch.zeros(n, dtype=f64, device=resid.device)
+    vocab, f64, device = unembed.d_vocab, torch.float64, resid.device
+    whole = keeps_probs(unembed)
+    linear: LinearUnembedding = unembed  # type: ignore[assignment]  # used only when not whole
+    rows_at_once = (
+        chunks.rows if whole else max(1, min(chunks.rows, REFERENCE_BLOCK_BYTES // (4 * vocab)))
+    )
+    probs = torch.empty(n, vocab, dtype=torch.float32, device=device) if whole else None
+    pull = None if whole else torch.zeros(n, d, dtype=f64, device=device)
+    pull_bias = None if whole else torch.zeros(n, dtype=f64, device=device)
+    argmax = torch.empty(n, dtype=torch.long, device=device)
+    loss = torch.empty(n, dtype=torch.float32, device=device)
+    entropy = torch.empty(n, dtype=f64, device=device)
     for start in range(0, n, rows_at_once):
         rows = slice(start, min(n, start + rows_at_once))
         x = unembed.normed(resid[rows])
-        logits = torch.empty(x.shape[0], vocab, dtype=torch.float32, device=resid.device)
+        logits = (
+            probs[rows]
+            if probs is not None
+            else torch.empty(x.shape[0], vocab, dtype=torch.float32, device=device)
+        )
         lse, _, _, argmax[rows], z_target = _streamed_logit_stats(
             unembed, x, None, targets[rows], chunks.cols, keep=logits
         )
         _check_finite(lse, "clean model logits")
         loss[rows] = lse - z_target
+        pz = torch.zeros_like(lse)
         for c0 in range(0, vocab, chunks.cols):
             c1 = min(vocab, c0 + chunks.cols)
-            p = torch.exp(logits[:, c0:c1] - lse[:, None].float())
-            w_p, b_p = unembed.pulled_back(p, c0, c1)
-            pull[rows] += w_p.to(f64)
-            pull_bias[rows] += b_p.to(f64)
-        del logits
-        entropy[rows] = lse - _pulled_back_pz(x, pull[rows], pull_bias[rows])
-    return Reference(None, argmax, entropy, loss, targets, pull, pull_bias)
+            block = logits[:, c0:c1]
+            p = torch.exp(block - lse[:, None].float())
+            if pull is None or pull_bias is None:
+                pz += torch.linalg.vecdot(p, block).to(f64)
+                block.copy_(p)
+            else:
+                w_p, b_p = linear.pulled_back(p, c0, c1)
+                pull[rows] += w_p.to(f64)
+                pull_bias[rows] += b_p.to(f64)
+        if pull is not None and pull_bias is not None:
+            pz = _pulled_back_pz(x, pull[rows], pull_bias[rows])
+        entropy[rows] = lse - pz
+    return Reference(probs, argmax, entropy, loss, targets, pull, pull_bias)
 
 
 def compare_distributions(
