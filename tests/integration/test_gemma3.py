@@ -22,7 +22,6 @@ are skipped, except in CI, where they fail. The model is loaded once for the mod
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -37,6 +36,7 @@ from compute.tokens import TokenSpec, load_tokens, resolve_token_spec
 from service.api.app import create_app
 from service.settings import ApiSettings, Settings
 from service.store import Store
+from tests.integration.real_models import data_dir_beside, require_gguf
 from tests.unit.test_hf_forward import strata_log_probs
 
 FILE = "gemma-3-270m-q4_k_m.gguf"
@@ -51,33 +51,14 @@ KL_TOL = 1e-9
 KEY = "gemma3-test-key"
 
 
-def _gguf_path() -> Path | None:
-    explicit = os.environ.get("STRATA_GEMMA3_GGUF")
-    if explicit:
-        return Path(explicit)
-    cache = os.environ.get("STRATA_MODELS_CACHE") or \
-        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "strata" / "models"
-    path = Path(cache) / FILE
-    return path if path.is_file() else None
-
-
 @pytest.fixture(scope="module")
 def gguf_file() -> Path:
-    path = _gguf_path()
-    if path is None:
-        message = "Gemma 3 270M's GGUF is not fetched: run scripts/fetch_gemma3.sh"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    return path
+    return require_gguf(FILE, "STRATA_GEMMA3_GGUF", "Gemma 3 270M", "scripts/fetch_gemma3.sh")
 
 
 @pytest.fixture(scope="module")
 def data_dir(gguf_file: Path) -> Path:
-    """A data directory beside the file, so the dequantized checkpoint is made once a machine."""
-    path = gguf_file.parent / "strata-data"
-    strata_gguf.set_cache_dir(path / "gguf")
-    return path
+    return data_dir_beside(gguf_file)
 
 
 @pytest.fixture(scope="module")

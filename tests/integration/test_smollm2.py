@@ -15,7 +15,6 @@ only the first run on a machine pays for dequantizing (about a minute).
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import polars as pl
@@ -28,6 +27,7 @@ from compute.models import LoadedModel, load_model, resolve_model_spec
 from service.api.app import create_app
 from service.settings import ApiSettings, Settings
 from service.store import Store
+from tests.integration.real_models import data_dir_beside, require_gguf
 from tests.serving import run_strata
 from tests.unit.test_hf_forward import strata_log_probs
 
@@ -37,33 +37,14 @@ TOL = 2e-4
 KEY = "smollm2-test-key"
 
 
-def _gguf_path() -> Path | None:
-    explicit = os.environ.get("STRATA_SMOLLM2_GGUF")
-    if explicit:
-        return Path(explicit)
-    cache = os.environ.get("STRATA_MODELS_CACHE") or \
-        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "strata" / "models"
-    path = Path(cache) / FILE
-    return path if path.is_file() else None
-
-
 @pytest.fixture(scope="module")
 def gguf_file() -> Path:
-    path = _gguf_path()
-    if path is None:
-        message = "SmolLM2's GGUF is not fetched: run scripts/fetch_smollm2.sh"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    return path
+    return require_gguf(FILE, "STRATA_SMOLLM2_GGUF", "SmolLM2", "scripts/fetch_smollm2.sh")
 
 
 @pytest.fixture(scope="module")
 def data_dir(gguf_file: Path) -> Path:
-    """A data directory beside the file, so the dequantized checkpoint is made once a machine."""
-    path = gguf_file.parent / "strata-data"
-    strata_gguf.set_cache_dir(path / "gguf")
-    return path
+    return data_dir_beside(gguf_file)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,45 @@
+"""The shipped real models' GGUF files, as their tests find them: one lookup for all.
+
+Each is fetched by its script (`scripts/fetch_smollm2.sh`, `scripts/fetch_gemma3.sh`, run by
+setup) into the models cache; an environment variable names another copy. Missing, a test
+skips with the command that fetches it, and fails under CI, which runs setup first."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from compute import gguf as strata_gguf
+
+
+def gguf_path(file: str, env: str) -> Path | None:
+    """`$env` if set, else `file` in the models cache (STRATA_MODELS_CACHE, or the XDG cache's
+    strata/models) if it is there."""
+    explicit = os.environ.get(env)
+    if explicit:
+        return Path(explicit)
+    cache = os.environ.get("STRATA_MODELS_CACHE") or \
+        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "strata" / "models"
+    path = Path(cache) / file
+    return path if path.is_file() else None
+
+
+def require_gguf(file: str, env: str, what: str, script: str) -> Path:
+    """The file, or skip (fail under CI) naming the script that fetches it."""
+    path = gguf_path(file, env)
+    if path is None:
+        message = f"{what}'s GGUF is not fetched: run {script}"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
+
+
+def data_dir_beside(gguf_file: Path) -> Path:
+    """A data directory beside the file, so the dequantized checkpoint is made once a
+    machine."""
+    path = gguf_file.parent / "strata-data"
+    strata_gguf.set_cache_dir(path / "gguf")
+    return path
