@@ -117,6 +117,7 @@ def check(model: str, dtype: str, device: str, as_json: bool) -> None:
     from compute.errors import ParityError
     from compute.models import load_model, resolve_model_spec
 
+    get_settings()  # points the GGUF cache at <data_dir>/gguf, as every other command does
     try:
         spec = resolve_model_spec(model, dtype=dtype)  # type: ignore[arg-type]
         lm = load_model(spec, device)
