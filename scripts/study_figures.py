@@ -13,7 +13,8 @@ stage boundaries are drawn at their layer with their bootstrap interval shaded. 
   tuned_lens.png      the same three for the tuned lens, the logit lens dotted beside it
   neurons.png         prediction and suppression neurons by depth (calibrated and fixed)
   similarity.png      component-output cosines under adjacent swaps (self, index, adjacent)
-  attention.png       attention locality (prev_k) and the sink score (bos) by layer
+  attention.png       attention locality (prev_k) and the sink score (bos) by layer, each
+                      with its chance level (uniform causal attention) dotted
   induction.png       induction score of every head (layer x head)
   compare.png         drop KL and logit-lens KL against --compare models on relative depth
 Figures whose metrics the model has no run for are skipped (and listed).
@@ -59,6 +60,18 @@ def errorbar(ax: Any, frame: pl.DataFrame | None, label: str, x: str = "layer",
     err = frame["stderr"].fill_null(0.0).to_list() if "stderr" in frame.columns else None
     ax.errorbar(frame[x].to_list(), frame["value"].to_list(), yerr=err, label=label, capsize=2,
                 marker="o", markersize=3, linewidth=1.2, **style)
+
+
+def attention_chance(client: Client, model: str) -> dict[str, float]:
+    """The chance level of each attention metric at the sequence length of the model's current
+    attention run (`compute.metrics.attention.chance_levels`: uniform causal attention)."""
+    from compute.metrics.attention import chance_levels
+
+    run_id = client.current_runs(model).get("attention")
+    if run_id is None:
+        return {}
+    config = client.run(run_id).config
+    return chance_levels(int(config["tokens"]["seq_len"]), (1, 2, 4, 5, 8, 16))
 
 
 def stage_lines(client: Client, model: str, axes: list[Any]) -> None:
@@ -179,13 +192,20 @@ def draw_all(client: Client, model: str, compare: list[str], out: Path) -> list[
 
     def attention(ax: list[Any]) -> bool:
         drawn = False
+        chance = attention_chance(client, model)
         for k in (1, 2, 4, 8, 16):
             frame = curve(client, model, f"attention.prev_{k}")
             if frame is not None:
                 drawn = True
                 errorbar(ax[0], frame, f"prev_{k}")
-        ax[0].set_ylabel("attention on previous k")
+                color = ax[0].get_lines()[-1].get_color()
+                if f"prev_{k}" in chance:
+                    ax[0].axhline(chance[f"prev_{k}"], color=color, linestyle=":", linewidth=1)
+        ax[0].set_ylabel("attention on previous k\n(dotted: uniform attention)")
         errorbar(ax[1], curve(client, model, "attention.bos"), "bos (sink)")
+        if "bos" in chance:
+            ax[1].axhline(chance["bos"], color="grey", linestyle=":", linewidth=1,
+                          label=f"uniform attention ({chance['bos']:.3f})")
         ax[1].set_ylabel("attention on BOS")
         stage_lines(client, model, ax)
         return drawn

@@ -196,6 +196,10 @@ class BaseClient(ABC, Generic[FrameT]):
             offset = page.next_offset
         return self._frame(frame_of(items, Run, flatten=["timings"]).to_arrow())
 
+    def run(self, run_id: int) -> Run:
+        """One run: its configuration (model, tokens, families, options), status, timings."""
+        return self._get(f"{V1}/runs/{run_id}", Run)
+
     # -- results
     def metrics(
         self,
