@@ -125,18 +125,22 @@ def unit_weights(
     ETA that counted units was four times too long while heads ran. Weighted by these FLOPs
     (`family_flops` per batch over its units; neurons and induction from their own formulas) a
     progress fraction is a fraction of the work. `units`: family -> (units per batch, units
-    at finish). A unit with no FLOP formula (or none counted, as the tuned lens's) weighs the
-    sweep's mean unit."""
+    at finish). A unit with no FLOP formula (the tuned lens's) weighs the sweep's mean unit;
+    one counted as free (similarity beside intervention, whose swaps it shares) weighs 0."""
     per_sequence = family_flops(dims, seq_len, list(units), parallel=parallel)
     cost: dict[str, tuple[float | None, float | None]] = {}
     for name, (per_batch, at_finish) in units.items():
-        batch_cost = per_sequence.get(name, 0.0) * batch / per_batch if per_batch else None
+        # None: no formula (the sweep's mean unit); 0.0: counted as free (work shared with
+        # another family, as similarity's with intervention's swaps)
+        batch_cost = (
+            per_sequence[name] * batch / per_batch if per_batch and name in per_sequence else None
+        )
         finish_cost: float | None = None
         if at_finish and name == "neurons":
             finish_cost = neurons_flops(dims) / at_finish
         elif at_finish and name == "heads":
             finish_cost = induction_flops(dims, *induction) / at_finish
-        cost[name] = (batch_cost or None, finish_cost or None)
+        cost[name] = (batch_cost, finish_cost)
     counts = {
         name: (per_batch * n_batches, at_finish) for name, (per_batch, at_finish) in units.items()
     }

@@ -338,7 +338,9 @@ class LinearUnembedding(Unembedding, Protocol):
 
 # The reference's logits are kept for one block of rows between its two passes (when P is kept
 # as W_U p): at most this many bytes, whatever the vocabulary (Gemma 3's 262,144 columns make a
-# 512-row block 512 MiB).
+# 512-row block 512 MiB). `compute.metrics.base.logit_chunks` caps its rows by it, so that the
+# reference and every comparison make their logits in the same row blocks (the same matmuls:
+# unchanged logits compare to KL 0 to the bit).
 REFERENCE_BLOCK_BYTES = 256 * 2**20
 
 
@@ -371,9 +373,7 @@ def reference_distribution(
     vocab, f64, device = unembed.d_vocab, torch.float64, resid.device
     whole = keeps_probs(unembed)
     linear: LinearUnembedding = unembed  # type: ignore[assignment]  # used only when not whole
-    rows_at_once = (
-        chunks.rows if whole else max(1, min(chunks.rows, REFERENCE_BLOCK_BYTES // (4 * vocab)))
-    )
+    rows_at_once = chunks.rows  # the comparisons' own row blocks: the same matmuls, bit for bit
     probs = torch.empty(n, vocab, dtype=torch.float32, device=device) if whole else None
     pull = None if whole else torch.zeros(n, d, dtype=f64, device=device)
     pull_bias = None if whole else torch.zeros(n, dtype=f64, device=device)

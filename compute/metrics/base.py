@@ -24,11 +24,13 @@ from compute.lens.config import LensTraining
 from compute.models import BlockRun, LoadedModel
 from compute.records import Record
 from compute.reduce import (
+    REFERENCE_BLOCK_BYTES,
     LogitChunks,
     MeanAccumulator,
     Reference,
     TokenStats,
     compare_distributions,
+    keeps_probs,
 )
 
 
@@ -115,12 +117,14 @@ def logit_chunks(lm: LoadedModel, opts: EngineOptions) -> LogitChunks:
     as `chunk_mb` MiB or a quarter of the logits budget holds: memory bandwidth there is ample.
     """
     vocab = lm.d_vocab
+    # Where the reference keeps W_U p it holds one row block's whole logits between its passes.
+    most = REFERENCE_BLOCK_BYTES // (4 * vocab) if not keeps_probs(lm) else None
     if lm.device == "cpu":
         cols = min(vocab, CPU_LOGIT_COLS)
         block = (opts.chunk_mb or CPU_LOGIT_BLOCK_MB) * 2**20 // 4
-        return LogitChunks(rows=max(1, block // cols), cols=cols)
+        return LogitChunks(rows=max(1, min(block // cols, most or block)), cols=cols)
     block = (opts.chunk_mb or opts.logits_budget_mb // 4) * 2**20 // 4
-    return LogitChunks(rows=max(1, block // vocab), cols=vocab)
+    return LogitChunks(rows=max(1, min(block // vocab, most or block)), cols=vocab)
 
 
 # The per-sequence means behind every per-layer mean (rows with head null): what a bootstrap over

@@ -87,7 +87,10 @@ def _atp_part(
             zs.append(run.z)
             resid = run.resid
         final = resid[:, 1:-1].reshape(-1, lm.d_model)
-        grad_final = loss_gradient(lm, final, tokens[:, 2:].reshape(-1), rows)
+        # a normal tensor: on an accelerator the batch's tokens were moved there in inference
+        # mode, and cross-entropy saves its targets for the backward
+        targets = tokens[:, 2:].reshape(-1).clone()
+        grad_final = loss_gradient(lm, final, targets, rows)
         grads = torch.autograd.grad(final, zs, grad_outputs=grad_final)
     # [b, pos, head, d_head] -> per sequence and head: -z . g summed over positions and d_head
     estimate = torch.stack(

@@ -342,12 +342,12 @@ class LoadedModel:
 
     @property
     def logits_are_linear(self) -> bool:
-        """Whether logits are x W_U + b_U to float32 rounding: no soft-cap, and float32 (or
-        float64) weights, whose logits are not rounded to a narrower dtype. The reference
-        distribution is then kept as W_U p (`compute.reduce.Reference`)."""
+        """Whether logits are x W_U + b_U to float32 rounding: no soft-cap (TransformerLens
+        caps where `output_logits_soft_cap` > 0), and float32 weights, whose logits are not
+        rounded to a narrower dtype (nor computed in a wider one than P's float32 p). The
+        reference distribution is then kept as W_U p (`compute.reduce.Reference`)."""
         cap = self.cfg.output_logits_soft_cap
-        wide = self.model.unembed.W_U.dtype in (torch.float32, torch.float64)
-        return wide and not (cap is not None and cap > 0)
+        return self.model.unembed.W_U.dtype == torch.float32 and not (cap is not None and cap > 0)
 
     def pulled_back(self, p: Tensor, start: int, stop: int) -> tuple[Tensor, Tensor]:
         """(W_U[:, start:stop] p, b_U[start:stop] . p) for weights p [n, stop-start]: what

@@ -286,3 +286,31 @@ def test_progress_is_a_fraction_of_the_work(
     heads_batch = per_seq["heads"] * n_seq / 2
     assert first_heads / units == pytest.approx(heads_batch / share, abs=0.02)
     assert first_heads > 3 * first_intervention / per_batch["intervention"] * per_batch["heads"]
+
+
+def test_a_wide_vocabulary_compares_unchanged_logits_to_zero_kl(
+        tiny_factories: dict[str, Callable[..., Any]]) -> None:
+    """With P kept as W_U p the reference holds one row block's whole logits, so its rows are
+    capped (REFERENCE_BLOCK_BYTES) — and the comparisons' rows with them: the same row blocks
+    make the same matmuls, so unchanged logits still compare to KL 0 to the bit at a
+    vocabulary as wide as Gemma 3's."""
+    from compute.metrics.base import logit_chunks
+    from compute.reduce import (
+        REFERENCE_BLOCK_BYTES,
+        compare_distributions,
+        reference_distribution,
+    )
+
+    lm = tiny_factories["random"](seed=9, n_layers=1, d_model=16, n_heads=2, d_head=8,
+                                  d_mlp=32, d_vocab=300_000)
+    chunks = logit_chunks(lm, EngineOptions())
+    assert chunks.rows == REFERENCE_BLOCK_BYTES // (4 * lm.d_vocab) < 512
+    gen = torch.Generator().manual_seed(2)
+    resid = torch.randn(600, 16, generator=gen) * 3
+    targets = torch.randint(0, lm.d_vocab, (600,), generator=gen)
+    with torch.inference_mode():
+        ref = reference_distribution(lm, resid, targets, chunks=chunks)
+        got = compare_distributions(lm, resid[None], ref, chunks=chunks)
+    assert ref.probs is None
+    assert torch.equal(got.kl[0], torch.zeros(600))
+    assert torch.equal(got.loss[0], ref.loss)
