@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 from typing import Protocol
 
+from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from compute.errors import SpecError
@@ -158,7 +159,7 @@ class FamilyJobs:
         for name in names:
             try:
                 new = self.plan(name)
-            except SpecError as exc:
+            except (SpecError, ValidationError) as exc:  # one family's, not every family's
                 log.warning("refit family %s has no stability to compute: %s", name, exc)
                 continue
             with self.jobs.store.read() as conn, Session(bind=conn) as session:

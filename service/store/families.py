@@ -89,22 +89,25 @@ def _models(session: Session, refs: Sequence[str]) -> list[RegisteredModelRow]:
 
 
 def check_architectures(models: Sequence[RegisteredModelRow]) -> None:
-    """`FamilyError` unless every model agrees with the first on the numbers known for both."""
-    first = models[0]
-    for other in models[1:]:
-        differ = [
-            f"{k} {getattr(first, k)} vs {getattr(other, k)}"
-            for k in SHARED
-            if getattr(first, k) is not None
-            and getattr(other, k) is not None
-            and getattr(first, k) != getattr(other, k)
-        ]
-        if differ:
-            raise FamilyError(
-                f"{other.name!r} is not a refit of {first.name!r}'s architecture "
-                f"({'; '.join(differ)}): a family's members must share the architecture, "
-                "layers, heads, width and vocabulary; leave it out or make it a family of its own"
-            )
+    """`FamilyError` unless every two models agree on the numbers known for both (pairwise:
+    a model whose numbers are unknown, as a hub model registered without loading, must not let
+    two members that differ from each other through)."""
+    for i, first in enumerate(models):
+        for other in models[i + 1 :]:
+            differ = [
+                f"{k} {getattr(first, k)} vs {getattr(other, k)}"
+                for k in SHARED
+                if getattr(first, k) is not None
+                and getattr(other, k) is not None
+                and getattr(first, k) != getattr(other, k)
+            ]
+            if differ:
+                raise FamilyError(
+                    f"{other.name!r} is not a refit of {first.name!r}'s architecture "
+                    f"({'; '.join(differ)}): a family's members must share the architecture, "
+                    "layers, heads, width and vocabulary; leave it out or make it a family of "
+                    "its own"
+                )
 
 
 def _check_name(name: str) -> None:
@@ -222,6 +225,12 @@ def create(store: Store, request: FamilyRequest) -> StoredFamily:
                 )
             anchor = named
         check_architectures([anchor, *[m for m in models if m.id != anchor.id]])
+        contexts = [m.n_ctx for m in models if m.n_ctx is not None]
+        if contexts and request.options.prompt_len > min(contexts):
+            raise FamilyError(
+                f"prompt_len {request.options.prompt_len} exceeds the members' context "
+                f"({min(contexts)} tokens): give a prompt_len of at most {min(contexts)}"
+            )
         family = RefitFamily(
             name=request.name,
             anchor_model_id=anchor.id,

@@ -50,7 +50,7 @@ def succeeded_run(session: Session, config_hash: str, metric_version: str) -> Ru
 
 def model(session: Session, ref: str) -> RegisteredModelRow | None:
     """A registered model by id, or by name (the latest registration of that name)."""
-    if ref.isdigit():
+    if ref.isascii() and ref.isdigit() and len(ref) < 19:  # an id that fits a BIGINT
         found = session.get(RegisteredModelRow, int(ref))
         if found is not None:
             return found

@@ -119,6 +119,20 @@ class StabilitySummary:
     results: int
 
 
+def _refuse_managed(session: Session, name: str) -> None:
+    """A comparison stored outside a job defines its family's members; a family made through
+    the families API keeps the members that API gave it (with its architecture and anchor
+    checks): `IngestError`, nothing stored."""
+    family = session.scalars(sa.select(RefitFamily).where(RefitFamily.name == name)).one_or_none()
+    settings = session.get(RefitFamilySettings, family.id) if family is not None else None
+    if settings is not None and settings.origin == "api":
+        raise IngestError(
+            f"refit family {name!r} is managed through the families API: change its members "
+            f"there (POST/DELETE /api/v1/families/{name}/members) and compute it with POST "
+            f"/api/v1/families/{name}/stability, or store this comparison under another name"
+        )
+
+
 def ingest_stability(
     store: Store,
     result: StabilityResult,
@@ -162,6 +176,7 @@ def ingest_stability(
         if keep_members:
             family = _existing_family(session, result.family)
         else:
+            _refuse_managed(session, result.family)
             family = _family(session, result.family, anchor.id, [m.id for m in models])
             if session.get(RefitFamilySettings, family.id) is None:
                 options = StabilityOptions.model_validate(result.options)

@@ -95,6 +95,12 @@ def test_bad_families_are_refused_with_what_to_fix_and_nothing_is_stored(jobs: J
         ({"name": "neg", "members": ["tiny-4l-s0", "tiny-4l-s1"], "n_null": -1}, 400, "n_null"),
         ({"name": "extra", "members": ["tiny-4l-s0", "tiny-4l-s1"], "colour": "red"}, 400,
          "colour"),
+        # the zoo's tiny models have a 256-token context: prompts longer fail every job
+        ({"name": "long", "members": ["tiny-4l-s0", "tiny-4l-s1"], "prompt_len": 1000}, 422,
+         "exceeds the members' context"),
+        # a member id beyond any BIGINT, and a digit that is not ASCII: unknown models, not 500s
+        ({"name": "huge", "members": ["tiny-4l-s0", "9" * 40]}, 422, "not registered"),
+        ({"name": "super", "members": ["tiny-4l-s0", "\u00b2"]}, 422, "not registered"),
     ]
     for body, status, words in cases:
         answer = make(jobs, **body)

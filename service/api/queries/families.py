@@ -12,7 +12,7 @@ from compute.run import METRIC_VERSION
 from service.api.errors import NotFoundHttpError, UnprocessableHttpError
 from service.api.queries.answers import Answer, check_layers, check_metric, model_ref, run_ref
 from service.api.queries.cache import Reader
-from service.api.queries.index import Snapshot
+from service.api.queries.index import RunEntry, Snapshot
 from service.api.queries.models_and_runs import utc
 from service.schemas.common import ModelRef
 from service.schemas.families import (
@@ -52,16 +52,36 @@ def get_family(reader: Reader, snap: Snapshot, name: str) -> Family:
         return family_out(session, snap, stored_families.load(session, name))
 
 
+def _run_members(session: Session, run: RunEntry) -> set[str]:
+    row = session.get(RunRow, run.id)
+    return {
+        json.dumps(m, sort_keys=True)
+        for m in ((row.config or {}) if row else {}).get("members", [])
+    }
+
+
+def current_stability_run(
+    session: Session, snap: Snapshot, stored: StoredFamily, metric_version: str = METRIC_VERSION
+) -> RunEntry | None:
+    """The family's current stability run: the newest of its present members (a run of an
+    earlier membership that finished late does not displace it, and reconciliation, which
+    finds the present configuration computed, would never replace it again); else the newest."""
+    runs = snap.stability_runs(stored.family.name, metric_version)
+    present = {json.dumps(m.spec, sort_keys=True) for m in stored.members}
+    return next((r for r in runs if _run_members(session, r) == present), runs[0] if runs else None)
+
+
+def _current_run(reader: Reader, snap: Snapshot, name: str, version: str) -> RunEntry | None:
+    with reader.store.read() as conn, Session(bind=conn) as session:
+        return current_stability_run(session, snap, stored_families.load(session, name), version)
+
+
 def family_out(session: Session, snap: Snapshot, stored: StoredFamily) -> Family:
     """A family as the API shows it: anchor, members with their state, settings, its current
     stability run and newest stability job."""
     name = stored.family.name
-    run = snap.stability_run(name)
-    computed: set[str] = set()
-    if run is not None:
-        row = session.get(RunRow, run.id)
-        members = (row.config or {}).get("members", []) if row is not None else []
-        computed = {json.dumps(m, sort_keys=True) for m in members}
+    run = current_stability_run(session, snap, stored)
+    computed = _run_members(session, run) if run is not None else set()
     job = job_rows.latest_stability_job(session, name)
 
     def ref(model: RegisteredModelRow) -> ModelRef:
@@ -115,7 +135,7 @@ def stability(
             )
     check_layers(layer_min, layer_max)
     family = get_family(reader, snap, name)
-    run = snap.stability_run(name, metric_version or METRIC_VERSION)
+    run = _current_run(reader, snap, name, metric_version or METRIC_VERSION)
     if run is None:
         raise NotFoundHttpError(
             f"refit family {name!r} has no stored stability run under this metric version"
@@ -155,7 +175,7 @@ def stability_importance(
         )
     family = get_family(reader, snap, name)
     version = metric_version or METRIC_VERSION
-    run = snap.stability_run(name, version)
+    run = _current_run(reader, snap, name, version)
     if run is None:
         raise NotFoundHttpError(
             f"refit family {name!r} has no stored stability run under this metric version"

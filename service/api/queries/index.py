@@ -121,7 +121,8 @@ class Snapshot:
         picked = {f: self.current_run(model_id, family=f) for f in families}
         return {f: run.id for f, run in picked.items() if run is not None}
 
-    def stability_run(self, family: str, metric_version: str = METRIC_VERSION) -> RunEntry | None:
+    def stability_runs(self, family: str, metric_version: str = METRIC_VERSION) -> list[RunEntry]:
+        """The family's succeeded stability runs under `metric_version`, newest first."""
         runs = [
             r
             for r in self.runs.values()
@@ -129,7 +130,7 @@ class Snapshot:
             and r.status == "succeeded"
             and r.metric_version == metric_version
         ]
-        return max(runs, key=lambda r: r.order, default=None)
+        return sorted(runs, key=lambda r: r.order, reverse=True)
 
 
 class StoreIndex:
