@@ -36,6 +36,7 @@ import httpx
 import numpy as np
 import uvicorn
 
+from compute.metrics import DEFAULT_FAMILIES
 from compute.metrics.base import EngineOptions
 from compute.models import ModelSpec, Processing, resolve_model_spec
 from compute.records import Record, records_to_table
@@ -122,6 +123,7 @@ def zoo_run(tmp: Path) -> RunResult:
     config = RunConfig(model=resolve_model_spec("zoo:tiny-2l-s0"),
                        tokens=TokenSpec(source="npy", path=str(tmp / "zoo.npy"), n_sequences=0,
                                         seq_len=0),
+                       families=(*DEFAULT_FAMILIES, "heads_atp"),  # every family a sweep has
                        options=EngineOptions(induction_n=6, induction_sequences=2))
     return compute_run(config)
 

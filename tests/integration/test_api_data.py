@@ -209,6 +209,12 @@ def test_heads(server: Api) -> None:
     assert table["value"].to_list() == pytest.approx(expected["value"].to_list())
     assert server.get(f"{V1}/models/tiny-2l-s0/heads",
                       params={"metric": "intervention.kl"}).status_code == 422
+    # the head screen is per head too, beside the exact numbers it estimates
+    screen = rows(server.get(f"{V1}/models/tiny-2l-s0/heads",
+                             params={"metric": "heads_atp.loss_delta"}))
+    stored = records(server, "tiny-2l-s0").filter(pl.col("metric") == "heads_atp.loss_delta")
+    assert len(screen) == len(stored) == 2 * 4  # 2 layers x 4 heads
+    assert sorted(screen["value"].to_list()) == pytest.approx(sorted(stored["value"].to_list()))
 
 
 def test_neurons_top_k_with_tokens_and_counts(server: Api) -> None:
