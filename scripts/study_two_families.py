@@ -220,7 +220,11 @@ def draw(table: pl.DataFrame, models: list[str], path: Path) -> None:
     depth = "relative_depth" if "relative_depth" in table.columns else "bin"
     for ax, signal in zip(np.atleast_1d(axes), signals, strict=True):
         for m in models:
-            rows = table.filter((pl.col("signal") == signal) & (pl.col("model") == m)).sort(depth)
+            rows = table.filter(
+                (pl.col("signal") == signal)
+                & (pl.col("model") == m)
+                & pl.col("value").is_not_null()
+            ).sort(depth)
             err = rows["stderr"].fill_null(0.0).to_list() if "stderr" in rows.columns else None
             ax.errorbar(rows[depth].to_list(), rows["value"].to_list(), yerr=err, label=m,
                         capsize=2, marker="o", markersize=2, linewidth=1)

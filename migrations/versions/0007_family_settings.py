@@ -6,8 +6,8 @@ Create Date: 2026-12-10
 
 Written by hand. One row per refit family made through the API (`POST /api/v1/families`) or
 stored by `strata stability --store`: the comparison options, the current anchor (which
-`refit_families`, referenced by its members, cannot be updated to) and the family's origin. A table of
-its own (DuckDB cannot alter `refit_families`, which `refit_family_members` references); no
+`refit_families`, referenced by its members, cannot be updated to) and the family's origin. A
+table of its own (DuckDB cannot alter `refit_families`, which `refit_family_members` references); no
 database key, as the row is updated in place (see `service/store/tables/family_settings.py`).
 Families stored before this revision have no row: their latest stability run's options stand
 in, until the family's settings are next written.

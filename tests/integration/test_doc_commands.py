@@ -47,6 +47,11 @@ MARKED = {
     ".venv/bin/strata serve &",
     ".venv/bin/strata models add zoo:demo-4l",
     '.venv/bin/strata models add "$(bash scripts/fetch_smollm2.sh)"',
+    # docs/study-gemma3.md's and docs/study-two-families.md's: the study's service and Gemma 3's
+    # 46-minute default run
+    '.venv/bin/strata models add "$(bash scripts/fetch_gemma3.sh)"',
+    ".venv/bin/strata jobs submit --model gemma-3-270m-q4_k_m",
+    'curl -s "$API/compare?metric=intervention.kl&component=drop&models=SmolLM2',
 }
 
 

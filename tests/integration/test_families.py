@@ -64,7 +64,8 @@ def work(jobs: Jobs, job: dict[str, Any], worker: str = "w1") -> Any:
 
     body, _ = stability_body(config, settings=jobs.service.settings, device="cpu",
                              cache=ModelCache(4, load_model), progress=progress)
-    assert beats[-1][0] == beats[-1][1] and len(beats) == beats[-1][1]  # every unit reported
+    assert beats[-1][0] == beats[-1][1]
+    assert len(beats) == beats[-1][1]
     return jobs.http.post(f"{V1}/runs/ingest", content=body, params={"job_id": job["id"]},
                           headers=ARROW)
 
@@ -116,7 +117,8 @@ def test_bad_families_are_refused_with_what_to_fix_and_nothing_is_stored(jobs: J
     made = make(jobs, name="t4", members=["tiny-4l-s0", "tiny-4l-s1"])
     assert made.status_code == 201, made.text
     taken = make(jobs, name="t4", members=["tiny-4l-s0", "tiny-4l-s1"])
-    assert taken.status_code == 409 and "exists already" in taken.json()["detail"]
+    assert taken.status_code == 409
+    assert "exists already" in taken.json()["detail"]
     for answer, status, words in [
         (jobs.http.post(f"{V1}/families/t4/members", json={"members": ["fam4l-adamw-s0"]}),
          422, "not a refit"),
@@ -147,7 +149,8 @@ def test_a_family_is_made_grown_computed_as_a_job_and_served(jobs: Jobs, tmp_pat
     assert family["origin"] == "api"
     assert [(m["model"]["name"], m["anchor"], m["state"]) for m in family["member_states"]] == [
         ("tiny-4l-s0", True, "pending"), ("tiny-4l-s1", False, "pending")]
-    assert family["stability_run_id"] is None and family["job"] is None
+    assert family["stability_run_id"] is None
+    assert family["job"] is None
     assert [f["name"] for f in jobs.http.get(f"{V1}/families").json()] == ["t4"]
 
     submitted = jobs.http.post(f"{V1}/families/t4/stability", json={})
@@ -155,15 +158,18 @@ def test_a_family_is_made_grown_computed_as_a_job_and_served(jobs: Jobs, tmp_pat
     job = submitted.json()
     assert (job["state"], job["model"], job["families"]) == ("queued", "tiny-4l-s0",
                                                              ["stability"])
-    assert job["config"]["refit_family"] == "t4" and len(job["config"]["members"]) == 2
+    assert job["config"]["refit_family"] == "t4"
+    assert len(job["config"]["members"]) == 2
     assert jobs.broker.sent == [(job["id"], 0, "gpu")]  # a person's job: sent at once
     again = jobs.http.post(f"{V1}/families/t4/stability")
-    assert again.status_code == 200 and again.json()["id"] == job["id"]  # one per configuration
+    assert again.status_code == 200
+    assert again.json()["id"] == job["id"]
 
     delivered = work(jobs, job)
     assert delivered.status_code == 201, delivered.text
     done = jobs.job(job["id"])
-    assert done["state"] == "succeeded" and done["run_id"] == delivered.json()["run_id"]
+    assert done["state"] == "succeeded"
+    assert done["run_id"] == delivered.json()["run_id"]
     family = jobs.http.get(f"{V1}/families/t4").json()
     assert family["stability_run_id"] == done["run_id"]
     assert family["job"] == {"id": job["id"], "state": "succeeded", "reason": "api",
@@ -193,7 +199,8 @@ def test_a_family_is_made_grown_computed_as_a_job_and_served(jobs: Jobs, tmp_pat
     assert states == {"tiny-4l-s0": "current", "tiny-4l-s1": "current",
                       "tiny-4l-s2": "pending"}
     second = jobs.http.post(f"{V1}/families/t4/stability").json()
-    assert second["id"] != job["id"] and len(second["config"]["members"]) == 3
+    assert second["id"] != job["id"]
+    assert len(second["config"]["members"]) == 3
     assert work(jobs, second).status_code == 201
     family = jobs.http.get(f"{V1}/families/t4").json()
     assert {m["state"] for m in family["member_states"]} == {"current"}
@@ -242,7 +249,8 @@ def test_reconciliation_queues_a_family_once_behind_people_and_again_when_it_gro
         jobs.service.reconcile()
         listed = jobs.http.get(f"{V1}/jobs", params={"limit": 100}).json()["items"]
         stability = [j for j in listed if j["families"] == ["stability"]]
-        assert len(stability) == 1 and stability[0]["reason"] == "reconcile"
+        assert len(stability) == 1
+        assert stability[0]["reason"] == "reconcile"
         first = stability[0]
         assert first["config"]["refit_family"] == "t4"
         assert jobs.service.reconcile() == []  # once
@@ -258,7 +266,8 @@ def test_reconciliation_queues_a_family_once_behind_people_and_again_when_it_gro
                               json={"members": ["tiny-4l-s2"]}).status_code == 200
         jobs.service.reconcile()
         latest = jobs.http.get(f"{V1}/families/t4").json()["job"]
-        assert latest["id"] != first["id"] and latest["reason"] == "reconcile"
+        assert latest["id"] != first["id"]
+        assert latest["reason"] == "reconcile"
         assert len(jobs.job(latest["id"])["config"]["members"]) == 3
 
 
@@ -294,7 +303,8 @@ def test_the_importance_join_reads_the_anchors_heads_run_once_it_lands(jobs: Job
     assert work(jobs, jobs.http.post(f"{V1}/families/t4/stability").json()).status_code == 201
     url = f"{V1}/families/t4/stability-importance"
     missing = jobs.http.get(url)
-    assert missing.status_code == 404 and "no heads run" in missing.json()["detail"]
+    assert missing.status_code == 404
+    assert "no heads run" in missing.json()["detail"]
     heads = jobs.submit("tiny-4l-s0", metrics=["heads"], n_sequences=2, seq_len=16).json()
     config = jobs.claim(heads["id"], 0).json()["config"]
     assert jobs.deliver(heads["id"], config).status_code == 201

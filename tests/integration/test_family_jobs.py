@@ -66,7 +66,8 @@ def test_a_family_is_made_grown_and_computed_by_a_worker_over_http_cli_and_clien
     job = d.client.post(f"{V1}/families/t4/stability", json={}).json()
     done = d.wait_state(job["id"], "succeeded", "failed", timeout=180)
     assert done["state"] == "succeeded", done["error"]
-    assert done["worker"] and done["attempts"] == 1
+    assert done["worker"]
+    assert done["attempts"] == 1
     rows = stability_rows(d, "t4")
     assert len([r for r in rows if r["head"] is None]) == 4
     assert {r["n"] for r in rows if r["head"] is not None} == {1}  # one refit
@@ -80,10 +81,12 @@ def test_a_family_is_made_grown_and_computed_by_a_worker_over_http_cli_and_clien
     assert computed.exit_code == 0, computed.output
     assert "succeeded" in computed.output
     listed = run_strata(["families", "list"], env)
-    assert listed.exit_code == 0 and "tiny-4l-s2: current" in listed.output, listed.output
+    assert listed.exit_code == 0, listed.output
+    assert "tiny-4l-s2: current" in listed.output, listed.output
     assert {r["n"] for r in stability_rows(d, "t4") if r["head"] is not None} == {2}
     refused = run_strata(["families", "create", "solo", "--member", "tiny-4l-s0"], env)
-    assert refused.exit_code == 2 and "at least two distinct members" in refused.output
+    assert refused.exit_code == 2
+    assert "at least two distinct members" in refused.output
 
     # the Python client: another family of the same refits, computed and read
     with Client(d.base, api_key=KEY) as client:
@@ -145,7 +148,8 @@ def test_beat_recomputes_a_family_when_it_gains_a_member() -> None:
         assert grown.status_code == 200, grown.text
         second = wait_for("the grown family's stability to be queued", lambda: family_job(3),
                           120)
-        assert second["reason"] == "reconcile" and second["id"] != first["id"]
+        assert second["reason"] == "reconcile"
+        assert second["id"] != first["id"]
         done = d.wait_state(second["id"], "succeeded", "failed", timeout=240)
         assert done["state"] == "succeeded", done["error"]
         family = d.client.get(f"{V1}/families/t4").json()
