@@ -129,7 +129,8 @@ def _get(session: Session, name: str) -> RefitFamily:
     return family
 
 
-def _members(session: Session, family_id: int) -> list[RegisteredModelRow]:
+def members_of(session: Session, family_id: int) -> list[RegisteredModelRow]:
+    """A family's members, in registration order."""
     return list(
         session.scalars(
             sa.select(RegisteredModelRow)
@@ -163,7 +164,7 @@ def load(session: Session, name: str) -> StoredFamily:
     """The family `name` (`FamilyNotFoundError` if there is none)."""
     family = _get(session, name)
     options, origin, anchor = _settings(session, family)
-    return StoredFamily(family, _members(session, family.id), options, origin, anchor)
+    return StoredFamily(family, members_of(session, family.id), options, origin, anchor)
 
 
 def all_families(session: Session) -> list[StoredFamily]:

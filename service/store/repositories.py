@@ -436,12 +436,7 @@ def list_families(conn: sa.Connection) -> list[RefitFamily]:
 
 
 def family_members(conn: sa.Connection, family_id: int) -> list[RegisteredModelRow]:
+    from service.store.families import members_of
+
     with Session(bind=conn) as session:
-        return list(
-            session.scalars(
-                sa.select(RegisteredModelRow)
-                .join(RefitFamilyMember, RefitFamilyMember.model_id == RegisteredModelRow.id)
-                .where(RefitFamilyMember.family_id == family_id)
-                .order_by(RegisteredModelRow.id)
-            )
-        )
+        return members_of(session, family_id)
