@@ -150,9 +150,12 @@ function showJob(job) {
 /* Read the family and its newest job; keep polling while the job is live. */
 async function refresh() {
   const name = page.family;
-  const family = await get(url(`/families/${encodeURIComponent(name)}`));
-  showFamily(family);
+  let family = await get(url(`/families/${encodeURIComponent(name)}`));
   const job = family.job ? await get(url(`/jobs/${family.job.id}`)) : null;
+  // A job that ended between the two reads: read the family again, after it, so that its
+  // stability run is in it (polling stops here, and the plots would otherwise never come).
+  if (job && FINAL.includes(job.state)) family = await get(url(`/families/${encodeURIComponent(name)}`));
+  showFamily(family);
   showJob(job);
   await drawPlots(family);
   clearTimeout(page.polling);
