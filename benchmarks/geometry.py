@@ -5,13 +5,16 @@ peak RSS — each family a whole `strata compute` process (model load included).
     .venv/bin/python benchmarks/geometry.py --geometry gpt2-small --families intervention,heads
     .venv/bin/python benchmarks/geometry.py --device cuda --dtype bfloat16   # on a GPU
     .venv/bin/python benchmarks/geometry.py --default-run --model smollm2  # what users run
+    .venv/bin/python benchmarks/geometry.py --default-run --model gemma3 --dtypes bfloat16
 
 `--default-run` times the default run itself: `strata compute --model M --out F` (every family,
 the built-in corpus, 32 x 128 tokens unless --n-sequences / --seq-len say otherwise) as a whole
 process, once per dtype of --dtypes (float32,bfloat16), with the matmul yardsticks at the model's
 own shapes, float32 and bfloat16, measured in the same benchmark run before and after each
-process (`--model smollm2` is SmolLM2-135M-Instruct's GGUF, `scripts/fetch_smollm2.sh`; any
-other value is a model reference or a geometry above).
+process (`--model smollm2` is SmolLM2-135M-Instruct's GGUF, `scripts/fetch_smollm2.sh`,
+`--model gemma3` Gemma 3 270M's, `scripts/fetch_gemma3.sh`; any other value is a model reference
+or a geometry above). Each run's seconds by part (load, clean passes, each family) come from its
+output's `timings_s`.
 
 Geometries are built locally with random weights (timing does not depend on them) and saved as
 Hugging Face checkpoints under build/geometry/, then loaded the way a user's checkpoint is:
@@ -52,6 +55,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 BUILD = ROOT / "build" / "geometry"
 GEOMETRIES = ("gpt2-small", "pythia-160m", "gpt2-6l-256", "smollm2-135m")
+# --model's names for the real models scripts/setup.sh fetches: (variable, file, fetch script)
+REAL_MODELS = {
+    "smollm2": ("STRATA_SMOLLM2_GGUF", "SmolLM2-135M-Instruct.Q4_1.gguf", "fetch_smollm2.sh"),
+    "gemma3": ("STRATA_GEMMA3_GGUF", "gemma-3-270m-q4_k_m.gguf", "fetch_gemma3.sh"),
+}
 FAMILIES = ("intervention", "logit_lens", "neurons", "similarity", "attention", "norms", "heads")
 
 
@@ -240,16 +248,25 @@ def model_dims(ref: str) -> dict[str, int]:
             "gated": int(m.gated_mlp), "d_vocab": m.d_vocab}
 
 
+def run_timings(out: Path) -> dict[str, float]:
+    """Where a `strata compute` run's time went, from its output's metadata (`timings_s`:
+    the load, the clean passes, each family)."""
+    import pyarrow.parquet as pq
+
+    meta = pq.read_schema(out).metadata or {}
+    return dict(json.loads(meta.get(b"strata", b"{}")).get("timings_s", {}))
+
+
 def default_run(args: argparse.Namespace) -> None:
     """The default run of one model as users run it, per dtype, whole process each, with the
     matmul yardsticks at its shapes measured around each process."""
     ref = args.model
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    if ref == "smollm2":
-        gguf_file = Path(env.get("STRATA_SMOLLM2_GGUF") or Path.home() / ".cache" / "strata"
-                         / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf")
+    if ref in REAL_MODELS:
+        variable, name, script = REAL_MODELS[ref]
+        gguf_file = Path(env.get(variable) or Path.home() / ".cache" / "strata" / "models" / name)
         if not gguf_file.is_file():
-            raise SystemExit(f"{gguf_file} is missing: run scripts/fetch_smollm2.sh")
+            raise SystemExit(f"{gguf_file} is missing: run scripts/{script}")
         ref = str(gguf_file)
         data_dir = gguf_file.parent / "strata-data"  # the tests': dequantized once a machine
     else:
@@ -279,14 +296,16 @@ def default_run(args: argparse.Namespace) -> None:
         marks = yardsticks(model_dims(ref))
         row = {"model": args.model, "dtype": dtype, "n_sequences": args.n_sequences,
                "seq_len": args.seq_len, "families": args.families, "wall_s": wall,
-               "peak_rss_mb_children": rss, "yardsticks_after": marks,
-               "load_avg": os.getloadavg()[0]}
+               "timings_s": run_timings(out), "peak_rss_mb_children": rss,
+               "yardsticks_after": marks, "load_avg": os.getloadavg()[0]}
         results.append(row)
         print(f"{args.model} default run ({args.n_sequences} x {args.seq_len}) {dtype}: "
               f"{wall:8.1f} s whole process (load average {row['load_avg']:.1f}); "
               "yardsticks after it, GFLOP/s fp32/bf16: " + ", ".join(
                   f"{k} {v['float32']:.0f}/{v['bfloat16']:.0f}" for k, v in marks.items()),
               flush=True)
+        print("  seconds by part of the run: " + ", ".join(
+            f"{k} {v:.1f}" for k, v in row["timings_s"].items()), flush=True)
         if args.out:
             Path(args.out).write_text(json.dumps(results, indent=1))
     if len(results) == 2:

@@ -69,6 +69,8 @@ class SweepResult:
     wall_s: float = 0.0
     # per-sequence means of every per-layer mean (compute.metrics.base.SEQUENCE_MEANS_SCHEMA)
     sequence_means: pa.Table = field(default_factory=SEQUENCE_MEANS_SCHEMA.empty_table)
+    # seconds spent in each family's batches and finish, and in the clean passes ("clean_pass")
+    family_s: dict[str, float] = field(default_factory=dict)
 
 
 # Tokens per batch on a CPU: measured with `benchmarks/sweep.py --batch-scan` (docs/performance.md).
@@ -175,6 +177,7 @@ def sweep(
     names = frozenset(f.name for f in families)
     accs = {f.name: MeanAccumulator(lm.device, n_seq) for f in families}
     state = {"done": 0.0, "tokens": 0}
+    spent = dict.fromkeys(["clean_pass", *(f.name for f in families)], 0.0)
     start = time.perf_counter()
 
     def tick(work: float) -> None:
@@ -206,27 +209,38 @@ def sweep(
                 chunk = chunk.pin_memory().to(lm.device, non_blocking=True)  # no device wait
             else:
                 chunk = chunk.to(lm.device)
+            mark = time.perf_counter()
             ctx = clean_pass(
                 lm, chunk, needs_patterns, chunks, tick, capture_z=needs_z, families=names
             )
+            spent["clean_pass"] += time.perf_counter() - mark
             state["tokens"] += chunk.shape[0] * (seq_len - 2)
             for family in families:
                 release_free_memory()  # what the previous step freed, before this one's peak
+                mark = time.perf_counter()
                 accs[family.name].start_batch(first, chunk.shape[0])
                 ctx.tick = weighted(family.name, 0)
                 family.on_batch(ctx, accs[family.name], opts)
+                spent[family.name] += time.perf_counter() - mark
             tick(0)
             del ctx
             release_free_memory()
-        outputs: list[FamilyOutput] = [
-            f.finish(lm, accs[f.name], opts, weighted(f.name, 1)) for f in families
-        ]
+        outputs: list[FamilyOutput] = []
+        for f in families:
+            mark = time.perf_counter()
+            outputs.append(f.finish(lm, accs[f.name], opts, weighted(f.name, 1)))
+            spent[f.name] += time.perf_counter() - mark
     records = [r for o in outputs for r in o.records]
     neuron_tokens = [t for o in outputs for t in o.neuron_tokens]
     means = [o.sequence_means for o in outputs if o.sequence_means is not None]
     sequence_means = pa.concat_tables(means) if means else SEQUENCE_MEANS_SCHEMA.empty_table()
     return SweepResult(
-        records, neuron_tokens, int(state["tokens"]), time.perf_counter() - start, sequence_means
+        records,
+        neuron_tokens,
+        int(state["tokens"]),
+        time.perf_counter() - start,
+        sequence_means,
+        {name: round(s, 3) for name, s in spent.items()},
     )
 
 

@@ -99,6 +99,9 @@ class RunResult:
     sequence_means: pa.Table = field(default_factory=SEQUENCE_MEANS_SCHEMA.empty_table)
     # the tuned lens the run evaluated: its key, whether this run trained it, the budget used
     lens: dict[str, Any] | None = None
+    # where wall_s went, in seconds: "load" (model and tokens), "lens_training" where the run
+    # trained its lens, "clean_pass" and each family (`compute.engine.SweepResult.family_s`)
+    timings_s: dict[str, float] = field(default_factory=dict)
 
 
 def sweep_units(lm: LoadedModel, tokens: torch.Tensor, config: RunConfig) -> int:
@@ -189,6 +192,7 @@ def compute_run(
         token_spec, lm.tokenizer, bos_token_id=lm.bos_token_id, d_vocab=lm.d_vocab, n_ctx=lm.n_ctx
     )
     config = config.model_copy(update={"tokens": token_spec})
+    loaded = time.perf_counter()
     lens, lens_info = None, None
     store = lenses or LensStore()
     training = config.options.tuned_lens
@@ -206,6 +210,7 @@ def compute_run(
         lens, lens_info = provide_lens(
             lm, token_spec, training, store, phases.training if phases else None
         )
+    trained = time.perf_counter()
     with lm.using_lens(lens):
         result = sweep(
             lm, tokens, list(config.families), config.options, phases.sweeping if phases else None
@@ -227,6 +232,11 @@ def compute_run(
         },
         sequence_means=result.sequence_means,
         lens=lens_info,
+        timings_s={
+            "load": round(loaded - start, 3),
+            **({"lens_training": round(trained - loaded, 3)} if trains else {}),
+            **result.family_s,
+        },
     )
 
 
@@ -239,6 +249,7 @@ def result_metadata(result: RunResult) -> dict[str, Any]:
         "tokens_evaluated": result.tokens_evaluated,
         "device": result.device,
         "wall_s": round(result.wall_s, 3),
+        **({"timings_s": result.timings_s} if result.timings_s else {}),
         "environment": result.environment,
         "metric_version": result.config.metric_version,
         "stderr_basis": stderr_basis(result.config.metric_version),

@@ -44,6 +44,14 @@ def test_compute_writes_every_format_with_the_same_rows(tmp_path: Path) -> None:
     meta = json.loads(pq.read_schema(out).metadata[b"strata"])
     assert meta["tokens_evaluated"] == 3 * 22
     assert meta["stderr_basis"] == "sequence"
+    # where the run's time went: the load, the clean passes and each family, within its wall
+    timings = meta["timings_s"]
+    assert set(timings) == {"load", "clean_pass", "intervention", "logit_lens", "norms",
+                            "neurons"}
+    assert all(t >= 0 for t in timings.values())
+    assert timings["intervention"] > 0
+    assert timings["load"] > 0
+    assert sum(timings.values()) <= meta["wall_s"] + 1e-3
     side = tmp_path / "r.neuron_tokens.parquet"
     assert side.exists()
     assert pl.read_parquet(side).height > 0
