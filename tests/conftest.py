@@ -231,7 +231,8 @@ SHARED = {"server": "api-server", "web": "web-service"}
 # xdist hands a process the next group when it is free, in collection order: the longest groups
 # and the modules of long single tests go first (longest first, measured), the many short unit
 # tests last, so that none starts late and runs on alone while the other processes sit idle.
-LONGEST_FIRST = ["tests/integration/test_smollm2.py", "tests/integration/test_gemma3.py",
+LONGEST_FIRST = ["tests/integration/test_doc_commands.py",
+                 "tests/integration/test_smollm2.py", "tests/integration/test_gemma3.py",
                  "web-service", "api-server",
                  "tests/integration/test_first_run.py", "test_jobs-running",
                  "tests/integration/test_jobs.py",
