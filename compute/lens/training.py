@@ -27,6 +27,7 @@ from torch import Tensor
 from compute.engine import Progress, ProgressFn
 from compute.errors import ComputeError
 from compute.lens.config import LensTraining
+from compute.memory import allocator_for_sweeping
 from compute.models import LoadedModel
 
 
@@ -94,6 +95,7 @@ def train_translators(
     )
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, config))
     batches = batch_order(tokens.shape[0], config)
+    allocator_for_sweeping()  # each step frees and makes again the same [rows, vocab] blocks
     per_token = tokens.shape[1] - 2  # evaluated positions 1..T-2, as every metric
     losses: list[float] = []
     start = time.perf_counter()
