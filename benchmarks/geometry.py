@@ -1,7 +1,7 @@
 """Capacity at real model geometries: per family, tokens/s, achieved FLOP/s, share of matmul,
 peak RSS — each family a whole `strata compute` process (model load included).
 
-    .venv/bin/python benchmarks/geometry.py                         # all three geometries
+    .venv/bin/python benchmarks/geometry.py                         # the first four geometries
     .venv/bin/python benchmarks/geometry.py --geometry gpt2-small --families intervention,heads
     .venv/bin/python benchmarks/geometry.py --device cuda --dtype bfloat16   # on a GPU
     .venv/bin/python benchmarks/geometry.py --default-run --model smollm2  # what users run
@@ -25,6 +25,9 @@ Hugging Face checkpoints under build/geometry/, then loaded the way a user's che
                vocabulary 4,096
   smollm2-135m SmolLM2-135M (Llama): 30 layers, d_model 576, 9 query heads over 3 key/value
                heads, SiLU-gated d_mlp 1536, RMSNorm, rotary, tied embeddings, vocabulary 49,152
+  gemma3-270m  Gemma 3 270M: 18 layers (five 512-token sliding-window layers to each global
+               one), d_model 640, 4 query heads of 256 over 1 key/value head, GELU-gated d_mlp
+               2048, RMSNorm with QK-norm, tied embeddings, vocabulary 262,144
 Each family runs in a fresh subprocess through `compute.run.compute_run` (what `strata compute`
 calls) on seeded random tokens (.npy), n_sequences x seq_len (BOS included). The child measures
 this machine's dense float32 matmul rate in the same process (2048^2, same threads, best of
@@ -54,7 +57,8 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 BUILD = ROOT / "build" / "geometry"
-GEOMETRIES = ("gpt2-small", "pythia-160m", "gpt2-6l-256", "smollm2-135m")
+GEOMETRIES = ("gpt2-small", "pythia-160m", "gpt2-6l-256", "smollm2-135m", "gemma3-270m")
+DEFAULT_GEOMETRIES = GEOMETRIES[:4]  # Gemma 3's vocabulary makes it hours on a CPU: by name
 # --model's names for the real models scripts/setup.sh fetches: (variable, file, fetch script)
 REAL_MODELS = {
     "smollm2": ("STRATA_SMOLLM2_GGUF", "SmolLM2-135M-Instruct.Q4_1.gguf", "fetch_smollm2.sh"),
@@ -96,6 +100,19 @@ def build_checkpoint(name: str) -> Path:
             num_key_value_heads=3, intermediate_size=1536, hidden_act="silu",
             max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=100000.0,
             tie_word_embeddings=True, bos_token_id=1, eos_token_id=2))
+    elif name == "gemma3-270m":  # Gemma 3 270M's config, as its GGUF file gives it
+        from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+        pattern = ["sliding_attention"] * 5 + ["full_attention"]
+        model = Gemma3ForCausalLM(Gemma3TextConfig(
+            vocab_size=262144, hidden_size=640, num_hidden_layers=18, num_attention_heads=4,
+            num_key_value_heads=1, head_dim=256, intermediate_size=2048,
+            hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=256,
+            sliding_window=512, layer_types=pattern * 3, max_position_embeddings=32768,
+            rms_norm_eps=1e-6, tie_word_embeddings=True, bos_token_id=2, eos_token_id=1,
+            pad_token_id=0, rope_parameters={
+                "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}}))
     else:
         raise SystemExit(f"unknown geometry {name!r}; choose from {', '.join(GEOMETRIES)}")
     model.save_pretrained(path)
@@ -316,7 +333,7 @@ def default_run(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--geometry", default=",".join(GEOMETRIES))
+    parser.add_argument("--geometry", default=",".join(DEFAULT_GEOMETRIES))
     parser.add_argument("--families", default=",".join(FAMILIES))
     parser.add_argument("--n-sequences", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=128)

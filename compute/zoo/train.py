@@ -70,7 +70,7 @@ class ZooModelConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     name: str
-    n_layers: int = Field(ge=1, le=6)
+    n_layers: int = Field(ge=1, le=48)
     d_model: int = Field(default=128, ge=8)
     n_heads: int = Field(default=4, ge=1)
     d_mlp: int | None = None  # None: 4 * d_model
@@ -93,6 +93,9 @@ class ZooModelConfig(BaseModel):
     # every head dimension and a sequential (not parallel) residual: previous-token heads need
     # no learned position table, so induction circuits form in fewer steps.
     positional: Literal["learned", "rotary"] = "learned"
+    # The validation loss every this many steps (and at the last), kept as `val_curve` in
+    # strata_zoo.json: how a caller tells a plateau (`plateau_change`). None: only at the end.
+    eval_every: int | None = Field(default=None, ge=1)
 
     @model_validator(mode="after")
     def _check_shapes(self) -> ZooModelConfig:
@@ -214,10 +217,12 @@ def _make_optimizer(model: PreTrainedModel, cfg: ZooModelConfig) -> torch.optim.
         {"params": decay, "weight_decay": cfg.resolved_weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
+    # On a GPU one fused kernel per step rather than a launch per tensor (the same update)
+    fused = {"fused": True} if next(model.parameters()).is_cuda else {}
     if cfg.optimizer == "adamw":
-        return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95))
+        return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), **fused)
     # Plain Adam: any weight decay is L2 added to the gradient (usually 0).
-    return torch.optim.Adam(groups, lr=cfg.lr, betas=(0.9, 0.95))
+    return torch.optim.Adam(groups, lr=cfg.lr, betas=(0.9, 0.95), **fused)
 
 
 def _windows_with_bos(stream: torch.Tensor, starts: torch.Tensor, length: int) -> torch.Tensor:
@@ -263,6 +268,7 @@ def validation_loss(
     with torch.inference_mode():
         for i in range(0, n_windows, batch_size):
             batch = _windows_with_bos(stream, starts[i : i + batch_size], seq_len)
+            batch = batch.to(model.device)
             logits = model(batch).logits[:, :-1].float()
             targets = batch[:, 1:]
             loss = torch.nn.functional.cross_entropy(
@@ -289,12 +295,17 @@ def train_zoo_model(
     tokenizer_dir: str | Path | None = None,
     progress: ProgressFn | None = None,
     documents: Sequence[str] | None = None,
+    corpus: str | None = None,
+    device: str = "cpu",
 ) -> Path:
     """Train one zoo model and write a self-contained checkpoint directory; return its path.
 
     `tokenizer_dir` reuses a saved zoo tokenizer (every zoo model should share one); without it
-    a tokenizer is trained on the corpus. `documents` replaces the built-in corpus (tests).
-    The last 5% of the token stream is held out for the validation loss.
+    a tokenizer is trained on the corpus. `documents` replaces the built-in corpus (tests, or
+    the built-in corpus as another interpreter extracted it); `corpus` names them in the
+    metadata ("custom" by default). The last 5% of the token stream is held out for the
+    validation loss. `device` trains there (a CUDA device, say);
+    batches are always sampled on the CPU, so a seed gives the same batches on every device.
     """
     out = Path(out_dir)
     docs = list(builtin_corpus_documents() if documents is None else documents)
@@ -318,12 +329,14 @@ def train_zoo_model(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
         model = new_model(cfg)
+    torch.nn.Module.to(model, device)  # (transformers' typing of .to admits a dtype only)
     model.train()
     optimizer = _make_optimizer(model, cfg)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _lr_factor(s, cfg))
     sampler = torch.Generator().manual_seed(cfg.seed)
     max_start = len(train_stream) - (seq_len - 1)
     curve: list[tuple[int, float]] = []
+    val_curve: list[tuple[int, float]] = []
     recent: list[float] = []
     for step in range(cfg.steps):
         starts = torch.randint(0, max_start, (cfg.batch_size,), generator=sampler)
@@ -331,6 +344,7 @@ def train_zoo_model(
         n_repeated = round(cfg.repeat_fraction * cfg.batch_size)
         if n_repeated:
             batch[-n_repeated:] = repeated_rows(n_repeated, seq_len, len(tokenizer), sampler)
+        batch = batch.to(device)
         # Labels = inputs: HF shifts them, so position p predicts token p+1 (BOS predicts text).
         loss = model(batch, labels=batch).loss
         optimizer.zero_grad(set_to_none=True)
@@ -344,6 +358,10 @@ def train_zoo_model(
         recent = ([*recent, value])[-LOSS_CURVE_EVERY:]
         if step % LOSS_CURVE_EVERY == 0 or step == cfg.steps - 1:
             curve.append((step, round(value, 4)))
+        if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step == cfg.steps - 1):
+            model.eval()
+            val_curve.append((step + 1, round(validation_loss(model, val_stream, seq_len), 4)))
+            model.train()
         if progress is not None:
             progress(step + 1, cfg.steps, value)
     wall_time = time.perf_counter() - started
@@ -353,7 +371,7 @@ def train_zoo_model(
     val_loss = validation_loss(model, val_stream, seq_len)
 
     out.mkdir(parents=True, exist_ok=True)
-    save_model = model.to(getattr(torch, cfg.save_dtype))
+    save_model = model.cpu().to(getattr(torch, cfg.save_dtype))
     save_model.save_pretrained(out, safe_serialization=True)
     save_zoo_tokenizer(tokenizer, out)
     metadata: dict[str, Any] = {
@@ -365,11 +383,13 @@ def train_zoo_model(
         "steps": cfg.steps,
         "train_tokens_seen": cfg.steps * cfg.batch_size * seq_len,
         "wall_time_s": round(wall_time, 1),
-        "corpus": BUILTIN_CORPUS_NAME if documents is None else "custom",
+        "corpus": BUILTIN_CORPUS_NAME if documents is None else (corpus or "custom"),
         "corpus_fingerprint": documents_fingerprint(docs),
         "corpus_tokens": len(stream),
         "validation_tokens": len(val_stream),
         "loss_curve": [list(point) for point in curve],
+        **({"val_curve": [list(point) for point in val_curve]} if val_curve else {}),
+        "device": str(device),
         "versions": {
             "python": platform.python_version(),
             "torch": torch.__version__,
@@ -378,6 +398,18 @@ def train_zoo_model(
     }
     (out / ZOO_METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n")
     return out
+
+
+def plateau_change(val_curve: Sequence[Sequence[float]], fraction: float = 0.2) -> float:
+    """Relative change of the validation loss over the last `fraction` of training:
+    (loss at the end - loss at the first evaluation at or after (1 - fraction) of the steps)
+    / that earlier loss. A plateau is |change| < 0.01 (issue 38's criterion: less than 1% over
+    the last 20% of steps); negative means it was still falling."""
+    if len(val_curve) < 2:
+        raise ValueError("a plateau needs a validation curve of two points or more")
+    last_step, last = val_curve[-1]
+    start = next(loss for step, loss in val_curve if step >= (1 - fraction) * last_step)
+    return float((last - start) / start)
 
 
 def train_family(

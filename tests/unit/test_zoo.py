@@ -100,3 +100,39 @@ def test_training_smoke_writes_a_loadable_checkpoint(tmp_path: Path) -> None:
     # Same seed, same weights.
     again = train_zoo_model(cfg, tmp_path / "again", tokenizer_dir=out, documents=DOCS)
     assert (again / "model.safetensors").read_bytes() == (out / "model.safetensors").read_bytes()
+
+
+def test_the_validation_curve_is_the_validation_loss_at_each_step(tmp_path: Path) -> None:
+    from compute.zoo.train import validation_loss
+
+    cfg = ZooModelConfig(name="curve", n_layers=1, d_model=32, n_heads=2, n_ctx=32,
+                         vocab_size=400, steps=5, batch_size=4, eval_every=2,
+                         save_dtype="float32")
+    out = train_zoo_model(cfg, tmp_path / "curve", documents=DOCS, corpus="two hundred docs")
+    meta = json.loads((out / ZOO_METADATA_FILE).read_text())
+    assert [step for step, _ in meta["val_curve"]] == [2, 4, 5]  # every 2 steps, and the last
+    assert meta["corpus"] == "two hundred docs"
+    assert meta["device"] == "cpu"
+    # the last point is the saved model's validation loss (float32: no rounding on saving),
+    # recomputed here from the checkpoint over the same held-out stream
+    from transformers import AutoModelForCausalLM
+
+    from compute.zoo.train import VALIDATION_FRACTION, token_stream
+
+    stream = torch.from_numpy(token_stream(load_zoo_tokenizer(out), DOCS))
+    held_out = stream[-max(32, int(len(stream) * VALIDATION_FRACTION)):]
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    assert meta["val_curve"][-1][1] == pytest.approx(meta["val_loss"], abs=1e-4)
+    assert validation_loss(model, held_out, 32) == pytest.approx(meta["val_loss"], abs=1e-4)
+
+
+def test_plateau_change_is_the_relative_change_over_the_last_fifth() -> None:
+    from compute.zoo.train import plateau_change
+
+    curve = [(100, 4.0), (200, 3.5), (300, 3.2), (400, 3.1), (500, 3.08)]
+    # the last 20% of 500 steps starts at step 400
+    assert plateau_change(curve) == pytest.approx((3.08 - 3.1) / 3.1)
+    assert abs(plateau_change(curve)) < 0.01  # a plateau by issue 38's criterion
+    assert plateau_change(curve, fraction=0.5) == pytest.approx((3.08 - 3.2) / 3.2)
+    with pytest.raises(ValueError, match="two points"):
+        plateau_change([(10, 1.0)])
