@@ -116,13 +116,14 @@ CATALOG: dict[str, str] = {
             ("stability_greedy_std", "cosine"),
             ("stability_null_greedy", "cosine"),
             ("stability_null_greedy_std", "cosine"),
+            ("peer_similarity", "cosine"),
         ]
     },
 }
 PATTERNS: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"attention\.prev_[1-9]\d*"), "fraction"),
     (re.compile(r"attention\.prev_[1-9]\d*_mean"), "fraction"),
-    (re.compile(r"heads\.residual_cka\.(linear|rbf)"), "cka"),
+    (re.compile(r"heads\.residual_cka(_null)?\.(linear|rbf)"), "cka"),
     (re.compile(r"stages\.boundary_[123]"), "relative_depth"),
 ]
 # Families indexed by residual point i = 0..L (0 = embeddings, i = output of block i-1), not by

@@ -226,19 +226,60 @@ def stability_records(
                 f"stability_null{suffix}",
                 torch.stack([head_match(base, o, matching=matching) for o in nulls]),
             )
+    records += _peer_records(peer_similarity(base))
     for layer in range(anchor.n_layers):
         for kind, fn in (("linear", linear_cka), ("rbf", rbf_cka)):
-            values = torch.tensor([fn(base.resid[layer], o.resid[layer]) for o in others])
+            for name, compared in (("residual_cka", others), ("residual_cka_null", nulls)):
+                if not compared:
+                    continue
+                values = torch.tensor([fn(base.resid[layer], o.resid[layer]) for o in compared])
+                records.append(
+                    Record.of(
+                        f"heads.{name}.{kind}",
+                        float(values.mean()),
+                        len(values),
+                        layer=layer,
+                        stderr=_stderr(values),
+                    )
+                )
+    step()
+    return records
+
+
+def peer_similarity(acts: ModelActivations) -> Float[Tensor, "layer head"]:
+    """For each head, the prompt-averaged cosine of its pattern with each other head of its own
+    layer, averaged over those heads (NaN where a layer has one head): how much a head's pattern
+    is shared within its model. 1 - this is the head's distinctness."""
+    p = acts.patterns
+    cos = torch.einsum("lhpk,lgpk->lhg", p, p) / p.shape[2]
+    n_heads = cos.shape[-1]
+    if n_heads < 2:
+        return torch.full(cos.shape[:2], float("nan"))
+    off_diagonal = cos.sum(-1) - cos.diagonal(dim1=-2, dim2=-1)
+    return off_diagonal / (n_heads - 1)
+
+
+def _peer_records(peer: Float[Tensor, "layer head"]) -> list[Record]:
+    """heads.peer_similarity per head, and per layer the mean over its heads."""
+    if torch.isnan(peer).any():  # one head per layer: no peers
+        return []
+    records = []
+    for layer in range(peer.shape[0]):
+        for head in range(peer.shape[1]):
             records.append(
                 Record.of(
-                    f"heads.residual_cka.{kind}",
-                    float(values.mean()),
-                    len(values),
+                    "heads.peer_similarity",
+                    float(peer[layer, head]),
+                    peer.shape[1] - 1,
                     layer=layer,
-                    stderr=_stderr(values),
+                    head=head,
                 )
             )
-    step()
+        records.append(
+            Record.of(
+                "heads.peer_similarity", float(peer[layer].mean()), peer.shape[1], layer=layer
+            )
+        )
     return records
 
 

@@ -162,15 +162,38 @@ def export_corpus(path: Path) -> None:
 
 
 def training_table() -> pl.DataFrame:
+    """One row per refit: its budget, losses and the plateau test (`plateau_change`)."""
+    from compute.zoo.train import plateau_change
+
     rows = []
     for d in DEPTHS:
         for o in OPTIMIZERS:
             for s in SEEDS:
                 meta = json.loads((model_dir(d, o, s) / "strata_zoo.json").read_text())
+                curve = meta.get("val_curve", [])
                 rows.append({"depth": d, "optimizer": o, "seed": s, "steps": meta["steps"],
+                             "weight_decay": meta["config"]["weight_decay"],
                              "val_loss": meta["val_loss"],
+                             "min_val_loss": min((v for _, v in curve), default=None),
+                             "plateau_change": plateau_change(curve) if len(curve) > 1
+                             else None,
                              "final_train_loss": meta["final_train_loss"],
-                             "wall_time_s": meta["wall_time_s"]})
+                             "wall_time_s": meta["wall_time_s"],
+                             "device": meta.get("device", "cpu")})
+    return pl.DataFrame(rows)
+
+
+def curves_table() -> pl.DataFrame:
+    """Every refit's training-loss and validation-loss curves, long."""
+    rows = []
+    for d in DEPTHS:
+        for o in OPTIMIZERS:
+            for s in SEEDS:
+                meta = json.loads((model_dir(d, o, s) / "strata_zoo.json").read_text())
+                for kind, key in (("train", "loss_curve"), ("validation", "val_curve")):
+                    rows += [{"depth": d, "optimizer": o, "seed": s, "curve": kind,
+                              "step": int(step), "loss": float(loss)}
+                             for step, loss in meta.get(key, [])]
     return pl.DataFrame(rows)
 
 
@@ -178,11 +201,11 @@ def training_table() -> pl.DataFrame:
 
 COLOURS = {2: "tab:blue", 4: "tab:orange", 6: "tab:green"}
 STYLES = {"adamw": "-", "adam": "--"}
-LABEL = {"adamw": "AdamW (wd 0.1)", "adam": "Adam (no wd)"}
+LABEL = {"adamw": "AdamW (wd 0.5)", "adam": "Adam (no wd)"}
 
 
 def figures(frames: dict[str, pl.DataFrame], out: Path) -> list[Path]:
-    """The five figures, one per claim (PNG, matplotlib's Agg backend)."""
+    """The study's figures (PNG, matplotlib's Agg backend)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -198,16 +221,46 @@ def figures(frames: dict[str, pl.DataFrame], out: Path) -> list[Path]:
         plt.close(fig)
         paths.append(out / name)
 
+    def by_layer(frame: pl.DataFrame, column: str) -> pl.DataFrame:
+        """Per layer: mean over anchors (and heads) and the anchors' min and max."""
+        per_anchor = frame.group_by("seed", "layer", "relative_depth").agg(pl.col(column).mean())
+        return (per_anchor.group_by("layer", "relative_depth")
+                .agg(pl.col(column).mean().alias("mean"), pl.col(column).min().alias("lo"),
+                     pl.col(column).max().alias("hi")).sort("layer"))
+
+    # training: validation (and training) loss curves of every refit
+    if "curves" in frames:
+        curves = frames["curves"]
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+        for ax, o in zip(axes, OPTIMIZERS, strict=True):
+            for d in DEPTHS:
+                for s in SEEDS:
+                    for kind, style in (("validation", "-"), ("train", ":")):
+                        c = curves.filter((pl.col("depth") == d) & (pl.col("optimizer") == o)
+                                          & (pl.col("seed") == s) & (pl.col("curve") == kind))
+                        if kind == "train":  # every 10th step: thin it for the eye
+                            c = c.filter(pl.col("step") % 50 == 0)
+                        ax.plot(c["step"], c["loss"], style, color=COLOURS[d], linewidth=0.8,
+                                alpha=0.8, label=f"{d} layers, {kind}" if s == 0 else None)
+            ax.axvspan(0.8 * DEFAULT_STEPS, DEFAULT_STEPS, color="grey", alpha=0.1)
+            ax.set_ylim(1.6, 4.5)
+            ax.set_title(f"{LABEL[o]}: 5 seeds per depth; grey = the last 20% of steps")
+            ax.set_xlabel("step")
+        axes[0].set_ylabel("loss (nats/token)")
+        axes[1].legend(fontsize=7)
+        save(fig, "training.png")
+
     # 1a, 2: stability by relative depth, per depth, against the null
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     for ax, o in zip(axes, OPTIMIZERS, strict=True):
         for d in DEPTHS:
-            lay = layers.filter((pl.col("depth") == d) & (pl.col("optimizer") == o))
             hd = heads.filter((pl.col("depth") == d) & (pl.col("optimizer") == o))
-            ax.scatter(hd["relative_depth"], hd["stability"], s=8, alpha=0.35, color=COLOURS[d])
-            ax.errorbar(lay["relative_depth"], lay["stability"], yerr=lay["stability_std"],
-                        color=COLOURS[d], marker="o", capsize=2, label=f"{d} layers")
-            ax.plot(lay["relative_depth"], lay["null"], color=COLOURS[d], linestyle=":",
+            st, nl = by_layer(hd, "stability"), by_layer(hd, "null")
+            ax.scatter(hd["relative_depth"], hd["stability"], s=4, alpha=0.2, color=COLOURS[d])
+            ax.errorbar(st["relative_depth"], st["mean"],
+                        yerr=[st["mean"] - st["lo"], st["hi"] - st["mean"]], color=COLOURS[d],
+                        marker="o", capsize=2, label=f"{d} layers (bars: anchors' range)")
+            ax.plot(nl["relative_depth"], nl["mean"], color=COLOURS[d], linestyle=":",
                     label=f"{d} layers, random-init null")
         ax.axvspan(*MIDDLE, color="grey", alpha=0.1)
         ax.set_title(LABEL[o])
@@ -216,22 +269,22 @@ def figures(frames: dict[str, pl.DataFrame], out: Path) -> list[Path]:
     axes[1].legend(fontsize=7)
     save(fig, "stability.png")
 
-    # 1b: distinctness = 1 - null similarity
+    # 1b: distinctness = 1 - peer similarity
     fig, ax = plt.subplots(figsize=(6, 4))
     for d in DEPTHS:
         for o in OPTIMIZERS:
-            g = (heads.filter((pl.col("depth") == d) & (pl.col("optimizer") == o))
-                 .group_by("layer", "relative_depth")
-                 .agg((1 - pl.col("null")).mean().alias("distinctness")).sort("layer"))
-            ax.plot(g["relative_depth"], g["distinctness"], color=COLOURS[d], linestyle=STYLES[o],
+            hd = heads.filter((pl.col("depth") == d) & (pl.col("optimizer") == o)).with_columns(
+                (1 - pl.col("peer_similarity")).alias("distinctness"))
+            g = by_layer(hd, "distinctness")
+            ax.plot(g["relative_depth"], g["mean"], color=COLOURS[d], linestyle=STYLES[o],
                     marker="o", label=f"{d} layers, {o}")
     ax.axvspan(*MIDDLE, color="grey", alpha=0.1)
     ax.set_xlabel("relative depth l / (L-1)")
-    ax.set_ylabel("distinctness = 1 - heads.stability_null")
+    ax.set_ylabel("distinctness = 1 - heads.peer_similarity")
     ax.legend(fontsize=7)
     save(fig, "distinctness.png")
 
-    # 3: stability vs ablation importance, per head
+    # 3: stability vs ablation importance, per head (every anchor)
     fig, axes = plt.subplots(2, 3, figsize=(12, 7))
     for row, o in enumerate(OPTIMIZERS):
         for col, d in enumerate(DEPTHS):
@@ -240,11 +293,11 @@ def figures(frames: dict[str, pl.DataFrame], out: Path) -> list[Path]:
             cr = corr.filter((pl.col("depth") == d) & (pl.col("optimizer") == o))
             for layer in range(d):
                 h = hd.filter(pl.col("layer") == layer)
-                r = cr.filter(pl.col("layer") == layer)["pearson"].to_list()
-                rtxt = f"{r[0]:+.2f}" if r and r[0] is not None else "n/a"
-                ax.scatter(h["stability"], h["ablation_kl"], s=18,
+                r = cr.filter(pl.col("layer") == layer)["pearson"].drop_nulls()
+                rtxt = f"{r.mean():+.2f}" if len(r) else "n/a"
+                ax.scatter(h["stability"], h["ablation_kl"], s=10,
                            color=plt.cm.viridis(layer / max(1, d - 1)),
-                           label=f"L{layer} r={rtxt}")
+                           label=f"L{layer} mean r={rtxt}")
             ax.set_yscale("log")
             ax.set_title(f"{d} layers, {o}", fontsize=9)
             ax.legend(fontsize=6)
@@ -254,45 +307,46 @@ def figures(frames: dict[str, pl.DataFrame], out: Path) -> list[Path]:
                 ax.set_ylabel("heads.ablation_kl (nats)")
     save(fig, "stability_importance.png")
 
-    # 4: AdamW - Adam per layer
+    # 4: AdamW - Adam per layer, paired by seed (the same initialisation and batches)
     fig, ax = plt.subplots(figsize=(6, 4))
     for d in DEPTHS:
-        xs, ys, lo, hi = [], [], [], []
-        for layer in range(d):
-            w = heads.filter((pl.col("depth") == d) & (pl.col("optimizer") == "adamw")
-                             & (pl.col("layer") == layer))
-            a = heads.filter((pl.col("depth") == d) & (pl.col("optimizer") == "adam")
-                             & (pl.col("layer") == layer))
-            est, low, high = bootstrap([w["stability"].to_numpy(), a["stability"].to_numpy()],
-                                       lambda x, y: x.mean() - y.mean(), n_boot=2_000)
-            xs.append(w["relative_depth"][0])
-            ys.append(est)
-            lo.append(est - low)
-            hi.append(high - est)
-        ax.errorbar(xs, ys, yerr=[lo, hi], color=COLOURS[d], marker="o", capsize=2,
+        per_seed = (heads.filter(pl.col("depth") == d)
+                    .group_by("optimizer", "seed", "layer", "relative_depth")
+                    .agg(pl.col("stability").mean())
+                    .pivot(on="optimizer", index=["seed", "layer", "relative_depth"],
+                           values="stability")
+                    .with_columns((pl.col("adamw") - pl.col("adam")).alias("gain")))
+        g = by_layer(per_seed, "gain")
+        ax.errorbar(g["relative_depth"], g["mean"], yerr=[g["mean"] - g["lo"],
+                    g["hi"] - g["mean"]], color=COLOURS[d], marker="o", capsize=2,
                     label=f"{d} layers")
     ax.axhline(0, color="black", linewidth=0.8)
     ax.set_xlabel("relative depth l / (L-1)")
-    ax.set_ylabel("stability, AdamW - Adam")
-    ax.set_title("per layer, 95% bootstrap over heads", fontsize=9)
+    ax.set_ylabel("stability, AdamW - Adam (same seed)")
+    ax.set_title("per layer: mean over the 5 seed pairs, bars their range", fontsize=9)
     ax.legend(fontsize=8)
     save(fig, "weight_decay.png")
 
-    # 5: residual CKA beside head stability
+    # 5: residual CKA and head stability, each with its null
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     for ax, o in zip(axes, OPTIMIZERS, strict=True):
         for d in DEPTHS:
-            lay = layers.filter((pl.col("depth") == d) & (pl.col("optimizer") == o))
-            ax.errorbar(lay["relative_depth"], lay["cka_linear"], yerr=lay["cka_linear_stderr"],
-                        color=COLOURS[d], marker="s", capsize=2, label=f"{d}L residual CKA linear")
-            ax.plot(lay["relative_depth"], lay["cka_rbf"], color=COLOURS[d], linestyle=":",
-                    label=f"{d}L residual CKA RBF")
+            ly = layers.filter((pl.col("depth") == d) & (pl.col("optimizer") == o))
+            lay = (ly.group_by("layer", "relative_depth")
+                   .agg(pl.col("cka_linear", "cka_null_linear", "stability", "null").mean())
+                   .sort("layer"))
+            ax.plot(lay["relative_depth"], lay["cka_linear"], color=COLOURS[d], marker="s",
+                    label=f"{d}L residual CKA (linear)")
+            ax.plot(lay["relative_depth"], lay["cka_null_linear"], color=COLOURS[d],
+                    linestyle=":", marker="s", markersize=3, label=f"{d}L its null")
             ax.plot(lay["relative_depth"], lay["stability"], color=COLOURS[d], linestyle="--",
                     marker="o", label=f"{d}L head stability")
+            ax.plot(lay["relative_depth"], lay["null"], color=COLOURS[d], linestyle="-.",
+                    marker="o", markersize=3, label=f"{d}L its null")
         ax.set_title(LABEL[o])
         ax.set_xlabel("relative depth l / (L-1)")
-    axes[0].set_ylabel("similarity across refits")
-    axes[1].legend(fontsize=6)
+    axes[0].set_ylabel("similarity across refits (mean over anchors)")
+    axes[1].legend(fontsize=6, ncol=2)
     save(fig, "residual.png")
     return paths
 
@@ -310,26 +364,31 @@ def write_outputs(frames: dict[str, pl.DataFrame], results: list[Claim]) -> None
 
 def claims_markdown(results: list[Claim]) -> str:
     """The claim table as Markdown (results/head-stability/claims.md; the study doc quotes it)."""
-    lines = ["| claim | statistic | estimate | 95% interval | predicted | interval over "
-             "| verdict |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| claim | statistic | estimate | 95% interval | one anchor at a time (min to max) "
+             "| predicted | interval over | verdict |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for c in results:
+        spread = list(c.per_anchor.values())
         lines.append(f"| {c.claim} | {c.statistic} | {c.estimate:+.3f} | [{c.low:+.3f}, "
-                     f"{c.high:+.3f}] | {c.predicted} | {c.interval} | **{c.verdict}** |")
+                     f"{c.high:+.3f}] | {min(spread):+.3f} to {max(spread):+.3f} "
+                     f"| {c.predicted} | {c.interval} | **{c.verdict}** |")
     return "\n".join(lines) + "\n"
 
 
 def print_claims(results: list[Claim]) -> None:
     for c in results:
         parts = ", ".join(f"{k} {v:+.3f}" for k, v in c.parts.items())
+        anchors = ", ".join(f"{k} {v:+.3f}" for k, v in c.per_anchor.items())
         print(f"claim {c.claim}: {c.statistic} = {c.estimate:+.4f} [{c.low:+.4f}, {c.high:+.4f}]"
-              f" (predicted {c.predicted}; {c.interval}) -> {c.verdict}\n    {parts}")
+              f" (predicted {c.predicted}; {c.interval}) -> {c.verdict}\n    {parts}\n"
+              f"    {anchors}")
 
 
 def analyse() -> None:
     started = time.perf_counter()
     frames = serve_and_fetch()
     frames["training"] = training_table()
+    frames["curves"] = curves_table()
     results = claims(frames)
     write_outputs(frames, results)
     for path in figures(frames, FIGURES):
@@ -355,80 +414,100 @@ def database() -> Path:
     return Path(os.environ.get("STRATA_DATABASE", BUILD / "strata.duckdb"))
 
 
+def anchored_name(depth: int, optimizer: str, seed: int) -> str:
+    """The stored family of one anchor: every seed is the anchor once (`<family>-a<seed>`)."""
+    return f"{family_name(depth, optimizer)}-a{seed}"
+
+
 def store() -> None:
-    """Per family: the stability run and the anchor's heads run, stored (skipped when done, and
-    while a refit is still training: run it again, alongside `train`, until every family is)."""
+    """Per family and per anchor seed: the stability run (that seed against the others, with
+    the null models) and the anchor's heads run, stored (skipped when done, and while a refit
+    is still training: run it again, alongside `train`, until every family is)."""
     for d in DEPTHS:
         for o in OPTIMIZERS:
             family = family_name(d, o)
-            anchor = model_dir(d, o, 0)
-            done = BUILD / f".stored-{family}"
-            if done.exists():
-                continue
             if not all((model_dir(d, o, s) / "strata_zoo.json").exists() for s in SEEDS):
                 print(f"{family}: not all refits trained yet, skipped", flush=True)
                 continue
-            started = time.perf_counter()
-            _strata("stability", "--family", str(BUILD / family), "--anchor", anchor.name,
-                    "--n-null", str(N_NULL), "--store", "--name", family, "--out",
-                    str(BUILD / f"stability-{family}.parquet"))
-            _strata("compute", "--model", str(anchor), "--metrics", "heads", "--n-sequences",
-                    str(HEADS_RUN["n_sequences"]), "--seq-len", str(HEADS_RUN["seq_len"]),
-                    "--store", "--quiet")
-            done.write_text(f"{time.perf_counter() - started:.1f}\n")
-            print(f"{family}: stored in {done.read_text().strip()} s", flush=True)
+            for seed in SEEDS:
+                name = anchored_name(d, o, seed)
+                done = BUILD / f".stored-{name}"
+                if done.exists():
+                    continue
+                anchor = model_dir(d, o, seed)
+                started = time.perf_counter()
+                _strata("stability", "--family", str(BUILD / family), "--anchor", anchor.name,
+                        "--n-null", str(N_NULL), "--store", "--name", name, "--out",
+                        str(BUILD / f"stability-{name}.parquet"))
+                _strata("compute", "--model", str(anchor), "--metrics", "heads",
+                        "--n-sequences", str(HEADS_RUN["n_sequences"]), "--seq-len",
+                        str(HEADS_RUN["seq_len"]), "--store", "--quiet")
+                done.write_text(f"{time.perf_counter() - started:.1f}\n")
+                print(f"{name}: stored in {done.read_text().strip()} s", flush=True)
 
 
 # ------------------------------------------------------------------------------- read back (API)
 
 
-def fetch(url: str, families: Sequence[tuple[str, int, str]] | None = None
+def fetch(url: str, families: Sequence[tuple[str, int, str, int]] | None = None
           ) -> dict[str, pl.DataFrame]:
     """Everything the claims need, read through the Python client from a running service.
-    `families`: (name, depth, optimizer), by default the study's six."""
+    `families`: (stored name, depth, optimizer, anchor seed), by default the study's six
+    families with each seed as the anchor once."""
     from service.client import Client
 
     if families is None:
-        families = [(family_name(d, o), d, o) for d in DEPTHS for o in OPTIMIZERS]
+        families = [(anchored_name(d, o, s), d, o, s)
+                    for d in DEPTHS for o in OPTIMIZERS for s in SEEDS]
     heads, layers, corr = [], [], []
+    renames = {
+        "heads.stability": "stability", "heads.stability_std": "stability_std",
+        "heads.stability_null": "null", "heads.stability_null_std": "null_std",
+        "heads.residual_cka.linear": "cka_linear", "heads.residual_cka.rbf": "cka_rbf",
+        "heads.residual_cka_null.linear": "cka_null_linear",
+        "heads.residual_cka_null.rbf": "cka_null_rbf",
+        "heads.peer_similarity": "peer_similarity",
+    }
     with Client(url) as client:
         anchors = {f.name: f.anchor.name for f in client.families()}
-        for family, d, o in families:
-            tag = [pl.lit(family).alias("family"), pl.lit(d).alias("depth"),
-                   pl.lit(o).alias("optimizer")]
-            rows = client.stability(family, per_head=True)
+        for stored, d, o, seed in families:
+            tag = [pl.lit(family_name(d, o)).alias("family"), pl.lit(d).alias("depth"),
+                   pl.lit(o).alias("optimizer"), pl.lit(seed).alias("seed")]
+            rows = client.stability(stored, per_head=True)
             per_layer = rows.filter(pl.col("head").is_null())
             wide = per_layer.pivot(on="metric", index=["layer", "relative_depth"],
                                    values="value")
             cka_se = per_layer.filter(pl.col("metric") == "heads.residual_cka.linear").select(
                 "layer", pl.col("stderr").alias("cka_linear_stderr"))
-            layers.append(wide.rename({
-                "heads.stability": "stability", "heads.stability_std": "stability_std",
-                "heads.stability_null": "null", "heads.stability_null_std": "null_std",
-                "heads.residual_cka.linear": "cka_linear",
-                "heads.residual_cka.rbf": "cka_rbf",
-            }).join(cka_se, on="layer").with_columns(tag))
+            layers.append(wide.rename({k: v for k, v in renames.items() if k in wide.columns})
+                          .join(cka_se, on="layer").with_columns(tag))
             per_head = rows.filter(pl.col("head").is_not_null())
+
+            def column(metric: str, alias: str, frame: pl.DataFrame = per_head) -> pl.DataFrame:
+                return frame.filter(pl.col("metric") == metric).select(
+                    "layer", "head", pl.col("value").alias(alias))
+
             stab = per_head.filter(pl.col("metric") == "heads.stability").select(
                 "layer", "head", "relative_depth", pl.col("value").alias("stability"),
                 pl.col("stderr").alias("stability_stderr"))
-            null = per_head.filter(pl.col("metric") == "heads.stability_null").select(
-                "layer", "head", pl.col("value").alias("null"))
-            anchor = anchors[family]
+            anchor = anchors[stored]
             kl = client.heads(anchor, "heads.ablation_kl").select(
                 "layer", "head", pl.col("value").alias("ablation_kl"))
             dloss = client.heads(anchor, "heads.ablation_loss_delta").select(
                 "layer", "head", pl.col("value").alias("ablation_loss_delta"))
-            heads.append(stab.join(null, on=["layer", "head"])
+            heads.append(stab.join(column("heads.stability_null", "null"), on=["layer", "head"])
+                         .join(column("heads.peer_similarity", "peer_similarity"),
+                               on=["layer", "head"])
                          .join(kl, on=["layer", "head"])
                          .join(dloss, on=["layer", "head"]).with_columns(tag))
-            corr.append(client.stability_importance(family).with_columns(tag))
-    return {"heads": pl.concat(heads).sort("depth", "optimizer", "layer", "head"),
-            "layers": pl.concat(layers, how="diagonal").sort("depth", "optimizer", "layer"),
-            "stability_importance": pl.concat(corr).sort("depth", "optimizer", "layer")}
+            corr.append(client.stability_importance(stored).with_columns(tag))
+    return {"heads": pl.concat(heads).sort("depth", "optimizer", "seed", "layer", "head"),
+            "layers": pl.concat(layers, how="diagonal").sort("depth", "optimizer", "seed",
+                                                              "layer"),
+            "stability_importance": pl.concat(corr).sort("depth", "optimizer", "seed", "layer")}
 
 
-def serve_and_fetch(families: Sequence[tuple[str, int, str]] | None = None
+def serve_and_fetch(families: Sequence[tuple[str, int, str, int]] | None = None
                     ) -> dict[str, pl.DataFrame]:
     """Start `strata serve` on the study database, read everything back, stop it."""
     import httpx
@@ -464,12 +543,16 @@ MIDDLE = (0.25, 0.75)  # relative depth l / (L-1) of a "middle" layer, bounds in
 DEEPER = 0.5  # claim 3's "deeper layers": relative depth >= 0.5
 N_BOOT = 10_000
 LEVEL = 0.95
+HEAD_COLUMNS = ("stability", "null", "peer_similarity", "ablation_kl")
+LAYER_COLUMNS = ("stability", "null", "cka_linear", "cka_null_linear")
 
 
 @dataclass(frozen=True)
 class Claim:
     """One claim's deciding number: estimate, its interval, the direction the claim predicts
-    and the verdict that follows (`verdict`)."""
+    and the verdict that follows (`verdict`); `parts` breaks it down (per family or depth) and
+    `per_anchor` is the same statistic with each seed as the only anchor (the spread an
+    analysis with one anchor would not show)."""
 
     claim: str
     statistic: str
@@ -479,7 +562,8 @@ class Claim:
     predicted: str  # "<0" or ">0"
     interval: str  # what the interval is over
     verdict: str
-    parts: dict[str, float]  # the same statistic per family / depth, for the table
+    parts: dict[str, float]
+    per_anchor: dict[str, float]
 
 
 def verdict(low: float, high: float, predicted: str) -> str:
@@ -515,160 +599,263 @@ def bootstrap_mean(values: np.ndarray, **kw: Any) -> tuple[float, float, float]:
     return bootstrap([values], np.mean, **kw)
 
 
-def fisher_pool(r: np.ndarray, n: np.ndarray, level: float = LEVEL) -> tuple[float, float, float]:
-    """Fixed-effect pooled correlation of independent samples: mean of atanh(r) weighted by
-    n - 3, interval +- z / sqrt(sum(n - 3)), back through tanh."""
-    from scipy.stats import norm
+def t_pool(z: np.ndarray, level: float = LEVEL) -> tuple[float, float, float]:
+    """Random-effects pool of per-unit Fisher z values whose sampling variances are equal (each
+    unit: one layer's 4 heads, averaged over the same anchors): the pooled z is their mean and
+    its interval the Student-t interval over the units, so the spread between units (the
+    between-layer variance tau^2 a fixed-effect pool ignores) sets the width; back through
+    tanh. Returns (r, low, high)."""
+    from scipy.stats import t
 
-    r, n = np.asarray(r, float), np.asarray(n, float)
-    w = n - 3
-    if (w <= 0).any() or len(r) == 0:
-        raise ValueError("every correlation needs n >= 4")
-    z = np.sum(w * np.arctanh(np.clip(r, -0.999999, 0.999999))) / w.sum()
-    half = norm.ppf(0.5 + level / 2) / math.sqrt(w.sum())
-    return float(np.tanh(z)), float(np.tanh(z - half)), float(np.tanh(z + half))
-
-
-def band(relative_depth: pl.Expr) -> pl.Expr:
-    return (pl.when(relative_depth.is_between(*MIDDLE)).then(pl.lit("middle"))
-            .otherwise(pl.lit("edge")).alias("band"))
+    z = np.asarray(z, float)
+    if len(z) < 2:
+        raise ValueError("a random-effects pool needs at least two units")
+    mean, se = float(z.mean()), float(z.std(ddof=1) / math.sqrt(len(z)))
+    half = float(t.ppf(0.5 + level / 2, len(z) - 1)) * se
+    return math.tanh(mean), math.tanh(mean - half), math.tanh(mean + half)
 
 
-def _middle_minus_edge(heads: pl.DataFrame, column: str, families: Sequence[str]
-                       ) -> tuple[list[np.ndarray], Any, dict[str, float]]:
-    """Strata (family x band) and the statistic mean over families of (middle - edge)."""
-    groups, parts = [], {}
-    for f in families:
-        sub = heads.filter(pl.col("family") == f).with_columns(band(pl.col("relative_depth")))
-        mid = sub.filter(pl.col("band") == "middle")[column].to_numpy()
-        edge = sub.filter(pl.col("band") == "edge")[column].to_numpy()
-        groups += [mid, edge]
-        parts[f] = float(mid.mean() - edge.mean())
-
-    def stat(*g: np.ndarray) -> float:
-        return float(np.mean([g[i].mean() - g[i + 1].mean() for i in range(0, len(g), 2)]))
-
-    return groups, stat, parts
+def cochran_q(z: np.ndarray, n: np.ndarray) -> float:
+    """Cochran's Q of per-unit Fisher z with sampling variances 1 / (n - 3): how far the units
+    disagree beyond sampling error (about its df = units - 1 when they agree)."""
+    z, w = np.asarray(z, float), np.asarray(n, float) - 3
+    pooled = float(np.sum(w * z) / w.sum())
+    return float(np.sum(w * (z - pooled) ** 2))
 
 
-def claim_1(heads: pl.DataFrame, n_boot: int = N_BOOT) -> list[Claim]:
-    """(1a) middle-layer heads are the least stable: mean stability of middle heads minus edge
-    heads (< 0); (1b) ... yet the most distinct: the same for distinctness = 1 - null similarity
-    (> 0). 1a' repeats 1a on the excess over the null (stability - null similarity, per head).
-    Families with a middle band only (depth >= 3); pooled = mean over families."""
-    heads = heads.with_columns((1 - pl.col("null")).alias("distinctness"),
-                               (pl.col("stability") - pl.col("null")).alias("excess"))
-    families = sorted(heads.filter(pl.col("depth") >= 3)["family"].unique().to_list())
-    out = []
-    for name, column, predicted in (("1a", "stability", "<0"), ("1a'", "excess", "<0"),
-                                    ("1b", "distinctness", ">0")):
-        groups, stat, parts = _middle_minus_edge(heads, column, families)
-        est, low, high = bootstrap(groups, stat, n_boot=n_boot)
-        out.append(Claim(name, f"mean {column}: middle heads - edge heads", est, low, high,
-                         predicted, "bootstrap over heads within (family, band)",
-                         verdict(low, high, predicted), parts))
+@dataclass
+class Cube:
+    """One family's per-head numbers as arrays [anchor seed, layer, head] (and per layer
+    [anchor seed, layer]), the unit the hierarchical bootstrap resamples."""
+
+    depth: int
+    optimizer: str
+    seeds: list[int]
+    relative_depth: np.ndarray  # [layer]
+    heads: dict[str, np.ndarray]  # column -> [seed, layer, head]
+    layers: dict[str, np.ndarray]  # column -> [seed, layer]
+
+    def take(self, seeds: np.ndarray, head_index: np.ndarray | None) -> Cube:
+        """The cube with anchors `seeds` (indices, repeats allowed) and, per (anchor, layer),
+        heads `head_index` [len(seeds), layer, head] (None: all heads, as they are)."""
+        heads = {}
+        for name, values in self.heads.items():
+            picked = values[seeds]
+            if head_index is not None:
+                picked = np.take_along_axis(picked, head_index, axis=2)
+            heads[name] = picked
+        return Cube(self.depth, self.optimizer, [self.seeds[i] for i in seeds],
+                    self.relative_depth, heads, {k: v[seeds] for k, v in self.layers.items()})
+
+
+def cubes_of(heads: pl.DataFrame, layers: pl.DataFrame) -> dict[str, Cube]:
+    """The frames as one `Cube` per family (`family` = the six refit families; `seed` = the
+    anchor)."""
+    out = {}
+    for (family,), hd in heads.group_by("family", maintain_order=True):
+        hd = hd.sort("seed", "layer", "head")
+        seeds = sorted(hd["seed"].unique().to_list())
+        n_layers, n_heads = hd["layer"].max() + 1, hd["head"].max() + 1
+        shape = (len(seeds), n_layers, n_heads)
+        ly = layers.filter(pl.col("family") == family).sort("seed", "layer")
+        rel = hd.filter((pl.col("seed") == seeds[0]) & (pl.col("head") == 0))
+        out[str(family)] = Cube(
+            depth=int(hd["depth"][0]), optimizer=str(hd["optimizer"][0]), seeds=seeds,
+            relative_depth=rel["relative_depth"].to_numpy(),
+            heads={c: hd[c].to_numpy().reshape(shape) for c in HEAD_COLUMNS if c in hd.columns},
+            layers={c: ly[c].to_numpy().reshape(len(seeds), n_layers)
+                    for c in LAYER_COLUMNS if c in ly.columns})
     return out
 
 
-def claim_2(heads: pl.DataFrame, n_boot: int = N_BOOT) -> Claim:
+def hierarchical_bootstrap(cubes: dict[str, Cube], stat: Any, *, n_boot: int = N_BOOT,
+                           seed: int = 0, level: float = LEVEL, heads: bool = True
+                           ) -> tuple[float, float, float]:
+    """`stat(cubes)` and its percentile interval under a two-level resample: the anchor seeds
+    with replacement, one draw shared by every family (so AdamW and Adam of one seed, which
+    share initialisation and batches, stay paired), then each (anchor, layer)'s heads with
+    replacement (`heads=False`: the heads as they are, for layer-level statistics)."""
+    rng = np.random.default_rng(seed)
+    n_seeds = {len(c.seeds) for c in cubes.values()}
+    if len(n_seeds) != 1:
+        raise ValueError("every family needs the same anchor seeds")
+    s = n_seeds.pop()
+    draws = np.empty(n_boot)
+    for i in range(n_boot):
+        picked = rng.integers(0, s, s)
+        resampled = {}
+        for name, cube in cubes.items():
+            shape = next(iter(cube.heads.values())).shape
+            index = rng.integers(0, shape[2], shape) if heads else None
+            resampled[name] = cube.take(picked, index)
+        draws[i] = stat(resampled)
+    tail = (1 - level) / 2
+    low, high = np.quantile(draws, [tail, 1 - tail])
+    return float(stat(cubes)), float(low), float(high)
+
+
+def per_anchor(cubes: dict[str, Cube], stat: Any) -> dict[str, float]:
+    """The statistic with each anchor seed alone."""
+    seeds = next(iter(cubes.values())).seeds
+    return {f"anchor s{s}": float(stat({k: c.take(np.array([i]), None)
+                                        for k, c in cubes.items()}))
+            for i, s in enumerate(seeds)}
+
+
+def _claim(name: str, statistic: str, cubes: dict[str, Cube], stat: Any, predicted: str,
+           parts: dict[str, float], *, n_boot: int, heads: bool = True) -> Claim:
+    est, low, high = hierarchical_bootstrap(cubes, stat, n_boot=n_boot, heads=heads)
+    over = ("anchor seeds (paired across optimizers), then heads within (anchor, layer)"
+            if heads else "anchor seeds (paired across optimizers)")
+    return Claim(name, statistic, est, low, high, predicted, over,
+                 verdict(low, high, predicted), parts, per_anchor(cubes, stat))
+
+
+def head_values(cube: Cube, column: str) -> np.ndarray:
+    """[seed, layer, head] of a column, or a derived one: excess = stability - null,
+    distinctness = 1 - peer_similarity."""
+    if column == "excess":
+        return cube.heads["stability"] - cube.heads["null"]
+    if column == "distinctness":
+        return 1.0 - cube.heads["peer_similarity"]
+    return cube.heads[column]
+
+
+def band_dip(cube: Cube, column: str, *, first_layer: bool = True) -> float:
+    """Mean over middle-band heads minus mean over edge heads (all anchors pooled);
+    `first_layer=False` leaves layer 0 out of the edge."""
+    values = head_values(cube, column)
+    rel = cube.relative_depth
+    middle = (rel >= MIDDLE[0]) & (rel <= MIDDLE[1])
+    edge = ~middle
+    if not first_layer:
+        edge = edge & (np.arange(len(rel)) > 0)
+    return float(values[:, middle].mean() - values[:, edge].mean())
+
+
+def _with_middle(cubes: dict[str, Cube]) -> dict[str, Cube]:
+    return {k: c for k, c in sorted(cubes.items()) if c.depth >= 3}
+
+
+def claim_1(cubes: dict[str, Cube], n_boot: int = N_BOOT) -> list[Claim]:
+    """(1a) middle-layer heads are the least stable: mean stability of middle heads minus edge
+    heads (< 0), with and without layer 0 in the edge; (1a') the same on the excess over the
+    null; (1b) ... yet the most distinct: the same for distinctness = 1 - peer similarity, how
+    unlike the other heads of its own layer a head attends (> 0; no refit or null enters it,
+    so it is not 1a by another name). Families with a middle band (depth >= 3), averaged."""
+    fams = _with_middle(cubes)
+    out = []
+    for name, column, predicted in (("1a", "stability", "<0"), ("1a'", "excess", "<0"),
+                                    ("1b", "distinctness", ">0")):
+        for first in (True, False):
+            def stat(c: dict[str, Cube], column: str = column, first: bool = first) -> float:
+                return float(np.mean([band_dip(x, column, first_layer=first)
+                                      for x in c.values()]))
+
+            label = name if first else f"{name} (no layer 0)"
+            parts = {k: band_dip(c, column, first_layer=first) for k, c in fams.items()}
+            out.append(_claim(label, f"mean {column}: middle heads - edge heads"
+                              + ("" if first else ", layer 0 left out"), fams, stat, predicted,
+                              parts, n_boot=n_boot))
+    return out
+
+
+def claim_2(cubes: dict[str, Cube], n_boot: int = N_BOOT) -> Claim:
     """Deeper models diverge more at mid-depth: the middle - edge dip of the deepest family
     minus that of the shallowest family with a middle band, per optimizer, averaged (< 0)."""
-    depths = sorted(d for d in heads["depth"].unique().to_list() if d >= 3)
+    fams = _with_middle(cubes)
+    depths = sorted({c.depth for c in fams.values()})
     shallow, deep = depths[0], depths[-1]
-    groups: list[np.ndarray] = []
-    parts = {}
-    for o in sorted(heads["optimizer"].unique().to_list()):
-        fams = [f"hs{deep}l-{o}", f"hs{shallow}l-{o}"]
-        g, _, p = _middle_minus_edge(heads, "stability", fams)
-        groups += g
-        parts[o] = p[fams[0]] - p[fams[1]]
+    optimizers = sorted({c.optimizer for c in fams.values()})
 
-    def stat(*g: np.ndarray) -> float:
-        dips = [g[i].mean() - g[i + 1].mean() for i in range(0, len(g), 2)]
-        return float(np.mean(dips[0::2]) - np.mean(dips[1::2]))
+    def stat(c: dict[str, Cube]) -> float:
+        return float(np.mean([band_dip(c[f"hs{deep}l-{o}"], "stability")
+                              - band_dip(c[f"hs{shallow}l-{o}"], "stability")
+                              for o in optimizers]))
 
-    est, low, high = bootstrap(groups, stat, n_boot=n_boot)
-    return Claim("2", f"mid-depth dip (middle - edge) of {deep} layers minus {shallow} layers",
-                 est, low, high, "<0", "bootstrap over heads within (family, band)",
-                 verdict(low, high, "<0"), parts)
+    parts = {o: band_dip(fams[f"hs{deep}l-{o}"], "stability")
+             - band_dip(fams[f"hs{shallow}l-{o}"], "stability") for o in optimizers}
+    return _claim("2", f"mid-depth dip (middle - edge) of {deep} layers minus {shallow} layers",
+                  fams, stat, "<0", parts, n_boot=n_boot)
 
 
-def claim_3(corr: pl.DataFrame, *, importance: str = "heads.ablation_kl") -> Claim:
-    """Unstable heads in deeper layers matter more: the within-layer Pearson r between
-    stability and ablation importance, pooled (Fisher z) over the layers at relative depth
-    >= DEEPER of every family (< 0)."""
-    deep = corr.filter((pl.col("relative_depth") >= DEEPER) & pl.col("pearson").is_not_null()
-                       & (pl.col("n_heads") >= 4))
-    est, low, high = fisher_pool(deep["pearson"].to_numpy(), deep["n_heads"].to_numpy())
-    parts = {f"{r['family']} L{r['layer']}": float(r["pearson"])
-             for r in deep.iter_rows(named=True)}
-    return Claim("3", f"pooled within-layer r(stability, {importance}), deeper layers",
-                 est, low, high, "<0",
-                 f"Fisher z over {int(deep['n_heads'].sum())} heads in {deep.height} layers",
-                 verdict(low, high, "<0"), parts)
+def claim_3(corr: pl.DataFrame, *, column: str = "pearson") -> Claim:
+    """Unstable heads in deeper layers matter more: the within-layer correlation between
+    stability and ablation importance (heads.ablation_kl) over the layers at relative depth
+    >= DEEPER. Each (family, layer) is one unit: its Fisher z averaged over the anchors (the
+    anchors' correlations share the refits, so they are not independent samples); the units
+    pooled by `t_pool` (random effects), so the effective n is the number of layers (< 0)."""
+    deep = corr.filter((pl.col("relative_depth") >= DEEPER) & pl.col(column).is_not_null())
+    units = (deep.with_columns(pl.col(column).clip(-0.999999, 0.999999).arctanh().alias("z"))
+             .group_by("family", "layer", maintain_order=True)
+             .agg(pl.col("z").mean(), pl.col("n_heads").first(), pl.col("seed").n_unique()))
+    est, low, high = t_pool(units["z"].to_numpy())
+    q = cochran_q(units["z"].to_numpy(), units["n_heads"].to_numpy())
+    parts = {f"{r['family']} L{r['layer']}": math.tanh(r["z"])
+             for r in units.iter_rows(named=True)}
+    anchors = {}
+    for (s,), g in deep.group_by("seed", maintain_order=True):
+        z = np.arctanh(np.clip(g[column].to_numpy(), -0.999999, 0.999999))
+        anchors[f"anchor s{s}"] = math.tanh(float(z.mean()))
+    name = "3" if column == "pearson" else "3'"
+    return Claim(name, f"pooled within-layer {column} r(stability, heads.ablation_kl), deeper "
+                 "layers", est, low, high, "<0",
+                 f"random effects (t over {units.height} layers = the effective n; Cochran's Q "
+                 f"{q:.1f} on {units.height - 1} df)", verdict(low, high, "<0"), parts,
+                 dict(sorted(anchors.items())))
 
 
-def claim_3_spearman(corr: pl.DataFrame, n_boot: int = N_BOOT) -> Claim:
-    """Claim 3 by ranks: the mean within-layer Spearman rho over the same deeper layers, with
-    a bootstrap over layers (each layer's rho taken as one unit)."""
-    deep = corr.filter((pl.col("relative_depth") >= DEEPER) & pl.col("spearman").is_not_null())
-    est, low, high = bootstrap_mean(deep["spearman"].to_numpy(), n_boot=n_boot)
-    parts = {f"{r['family']} L{r['layer']}": float(r["spearman"])
-             for r in deep.iter_rows(named=True)}
-    return Claim("3'", "mean within-layer Spearman rho(stability, importance), deeper layers",
-                 est, low, high, "<0", f"bootstrap over {deep.height} layers",
-                 verdict(low, high, "<0"), parts)
-
-
-def claim_4(heads: pl.DataFrame, n_boot: int = N_BOOT, column: str = "stability") -> Claim:
+def claim_4(cubes: dict[str, Cube], n_boot: int = N_BOOT, column: str = "stability") -> Claim:
     """Weight decay improves stability: mean head stability AdamW - Adam per depth, averaged
-    over depths (> 0); `column="excess"` (stability - null) is claim 4'. Strata: (depth,
-    optimizer, layer), so a resample keeps each family's layer composition."""
-    groups: list[np.ndarray] = []
-    index: list[tuple[int, str]] = []
-    parts = {}
-    for d in sorted(heads["depth"].unique().to_list()):
-        means = {}
-        for o in ("adamw", "adam"):
-            sub = heads.filter((pl.col("depth") == d) & (pl.col("optimizer") == o))
-            means[o] = float(sub[column].mean())
-            for layer in sorted(sub["layer"].unique().to_list()):
-                groups.append(sub.filter(pl.col("layer") == layer)[column].to_numpy())
-                index.append((d, o))
-        parts[f"{d} layers"] = means["adamw"] - means["adam"]
+    over depths (> 0); `column="excess"` (stability - null) is claim 4'. The bootstrap pairs
+    the two optimizers by seed."""
+    depths = sorted({c.depth for c in cubes.values()})
 
-    def stat(*g: np.ndarray) -> float:
-        family_mean: dict[tuple[int, str], list[float]] = {}
-        for values, key in zip(g, index, strict=True):
-            family_mean.setdefault(key, []).append(values.mean())  # equal heads per layer
-        depths = sorted({d for d, _ in index})
-        return float(np.mean([np.mean(family_mean[(d, "adamw")]) - np.mean(family_mean[(d, "adam")])
-                              for d in depths]))
+    def gain(c: dict[str, Cube], d: int) -> float:
+        return float(head_values(c[f"hs{d}l-adamw"], column).mean()
+                     - head_values(c[f"hs{d}l-adam"], column).mean())
 
-    est, low, high = bootstrap(groups, stat, n_boot=n_boot)
-    name = "4" if column == "stability" else "4'"
-    return Claim(name, f"mean head {column} AdamW - Adam (mean over depths)", est, low, high,
-                 ">0", "bootstrap over heads within (family, layer)",
-                 verdict(low, high, ">0"), parts)
+    def stat(c: dict[str, Cube]) -> float:
+        return float(np.mean([gain(c, d) for d in depths]))
+
+    parts = {f"{d} layers": gain(cubes, d) for d in depths}
+    return _claim("4" if column == "stability" else "4'",
+                  f"mean head {column} AdamW - Adam (mean over depths)", cubes, stat, ">0",
+                  parts, n_boot=n_boot)
 
 
-def claim_5(layers: pl.DataFrame, n_boot: int = N_BOOT) -> Claim:
-    """The residual stream is comparatively stable: linear CKA of the residual after a block
-    minus the mean head stability of that block, over every (family, layer) (> 0)."""
-    diff = (layers["cka_linear"] - layers["stability"]).to_numpy()
-    est, low, high = bootstrap_mean(diff, n_boot=n_boot)
-    parts = {f: float((g["cka_linear"] - g["stability"]).mean())
-             for (f,), g in layers.group_by("family", maintain_order=True)}
-    return Claim("5", "residual CKA (linear) - mean head stability, per layer",
-                 est, low, high, ">0", f"bootstrap over {len(diff)} (family, layer) units",
-                 verdict(low, high, ">0"), parts)
+def normalised_excess(value: np.ndarray, null: np.ndarray) -> np.ndarray:
+    """How far from its null towards identity a similarity is: (value - null) / (1 - null)."""
+    return (value - null) / np.clip(1.0 - null, 1e-9, None)
 
 
-def claims(frames: dict[str, pl.DataFrame]) -> list[Claim]:
-    heads, layers, corr = frames["heads"], frames["layers"], frames["stability_importance"]
-    heads = heads.with_columns((pl.col("stability") - pl.col("null")).alias("excess"))
-    return [*claim_1(heads), claim_2(heads), claim_3(corr), claim_3_spearman(corr),
-            claim_4(heads), claim_4(heads, column="excess"), claim_5(layers)]
+def claim_5(cubes: dict[str, Cube], n_boot: int = N_BOOT) -> Claim:
+    """The residual stream is comparatively stable: per layer, the residual's linear CKA and
+    the heads' mean stability, each as its normalised excess over its own null (CKA against
+    the random-init models; head stability against the same), residual minus heads, averaged
+    over every (family, anchor, layer) (> 0). Both sides are 'the fraction of the way from
+    what an untrained model of the architecture gives to identity', so a cosine is never
+    compared with a CKA directly."""
+    def gap(c: Cube) -> np.ndarray:
+        resid = normalised_excess(c.layers["cka_linear"], c.layers["cka_null_linear"])
+        head = normalised_excess(c.layers["stability"], c.layers["null"])
+        return resid - head
+
+    def stat(c: dict[str, Cube]) -> float:
+        return float(np.mean(np.concatenate([gap(x).ravel() for x in c.values()])))
+
+    parts = {k: float(gap(c).mean()) for k, c in sorted(cubes.items())}
+    return _claim("5", "residual CKA's normalised excess over its null - the heads' (per layer)",
+                  cubes, stat, ">0", parts, n_boot=n_boot, heads=False)
+
+
+def claims(frames: dict[str, pl.DataFrame], n_boot: int = N_BOOT) -> list[Claim]:
+    cubes = cubes_of(frames["heads"], frames["layers"])
+    corr = frames["stability_importance"]
+    return [*claim_1(cubes, n_boot), claim_2(cubes, n_boot), claim_3(corr),
+            claim_3(corr, column="spearman"), claim_4(cubes, n_boot),
+            claim_4(cubes, n_boot, column="excess"), claim_5(cubes, n_boot)]
+
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])

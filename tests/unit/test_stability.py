@@ -294,3 +294,54 @@ def test_greedy_matching_is_stored_beside_the_one_to_one_default() -> None:
         assert len(one) == len(greedy) == 3
         assert all(g >= o - 1e-6 for g, o in zip(greedy, one, strict=True))
         assert len(per_layer(df, f"heads.{name}_greedy_std")) == 3
+
+
+def test_peer_similarity_against_a_loop_over_head_pairs() -> None:
+    anchor = random_model(1)
+    df = frame(stability_records(anchor, [random_model(2)], prompts(), OPTS, load_model))
+    # the slow obvious reference: each head's attention pattern, per prompt, as the causal lower
+    # triangle, cosine with every other head of its layer, mean over prompts, then over heads
+    rows, cols = torch.tril_indices(OPTS.prompt_len, OPTS.prompt_len)
+    with torch.inference_mode():
+        _, cache = anchor.model.run_with_cache(prompts())
+    for layer in range(ARCH["n_layers"]):
+        pattern = cache["pattern", layer]  # [prompt, head, query, key]
+        for head in range(ARCH["n_heads"]):
+            cosines = []
+            for other in range(ARCH["n_heads"]):
+                if other == head:
+                    continue
+                per_prompt = [
+                    torch.nn.functional.cosine_similarity(
+                        pattern[p, head][rows, cols], pattern[p, other][rows, cols], dim=0)
+                    for p in range(OPTS.n_prompts)
+                ]
+                cosines.append(float(torch.stack(per_prompt).mean()))
+            got = df.filter((pl.col("metric") == "heads.peer_similarity")
+                            & (pl.col("layer") == layer) & (pl.col("head") == head))["value"]
+            assert got.to_list() == pytest.approx([sum(cosines) / len(cosines)], abs=1e-5)
+    # per layer: the mean over the layer's heads
+    heads = df.filter((pl.col("metric") == "heads.peer_similarity") & pl.col("head").is_not_null())
+    means = heads.group_by("layer").agg(pl.col("value").mean()).sort("layer")["value"].to_list()
+    assert per_layer(df, "heads.peer_similarity") == pytest.approx(means, abs=1e-6)
+
+
+def test_residual_cka_has_its_null_against_the_random_models() -> None:
+    anchor = random_model(1)
+    opts = OPTS
+    df = frame(stability_records(anchor, [anchor], prompts(), opts, load_model))
+    # against itself CKA is 1; against the null models it is the CKA of the anchor with each
+    # random model of its architecture (seeds 10,000 + i), averaged: recomputed here directly
+    base = model_activations(anchor, prompts(), opts.cka_tokens)
+    nulls = [model_activations(load_model(random_counterpart(anchor, 10_000 + i)), prompts(),
+                               opts.cka_tokens) for i in range(opts.n_null)]
+    for kind, fn in (("linear", linear_cka), ("rbf", rbf_cka)):
+        want = [sum(fn(base.resid[layer], n.resid[layer]) for n in nulls) / len(nulls)
+                for layer in range(ARCH["n_layers"])]
+        assert per_layer(df, f"heads.residual_cka_null.{kind}") == pytest.approx(want, abs=1e-6)
+        assert all(v < 0.999 for v in want)
+    # no null models, no null CKA
+    none = frame(stability_records(anchor, [anchor], prompts(),
+                                   StabilityOptions(**{**OPTS.model_dump(), "n_null": 0}),
+                                   load_model))
+    assert none.filter(pl.col("metric").str.starts_with("heads.residual_cka_null")).height == 0

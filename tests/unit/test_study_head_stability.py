@@ -32,27 +32,50 @@ def study() -> Iterator[ModuleType]:
 
 def synthetic_heads(*, middle: float, edge: float, deep_extra_dip: float = 0.0,
                     adamw_gain: float = 0.0, null_middle: float = 0.5,
-                    null_edge: float = 0.5) -> pl.DataFrame:
-    """Families hs{2,4,6}l-{adamw,adam} with 4 heads per layer; stability `middle` in the
-    middle band, `edge` outside it (lower by `deep_extra_dip` in the middle of 6-layer
-    models), AdamW higher by `adamw_gain`; +-0.01 head jitter that averages to zero."""
+                    null_edge: float = 0.5, peer_middle: float = 0.5, peer_edge: float = 0.5,
+                    seed_gain: float = 0.0, first_layer: float | None = None,
+                    seeds: tuple[int, ...] = (0, 1, 2, 3)) -> pl.DataFrame:
+    """Families hs{2,4,6}l-{adamw,adam}, each seed the anchor once, 4 heads per layer;
+    stability `middle` in the middle band, `edge` outside it (`first_layer` at layer 0 if
+    given; lower by `deep_extra_dip` in the middle of 6-layer models), AdamW higher by
+    `adamw_gain` plus `seed_gain` x seed (so the paired gain varies by seed); +-0.01 head
+    jitter that averages to zero."""
     rows = []
     jitter = [-0.01, 0.01, -0.005, 0.005]
     for depth in (2, 4, 6):
         for opt in ("adamw", "adam"):
-            for layer in range(depth):
-                rel = layer / (depth - 1)
-                mid = 0.25 <= rel <= 0.75
-                base = (middle - (deep_extra_dip if depth == 6 else 0.0)) if mid else edge
-                for head in range(4):
-                    rows.append({
-                        "family": f"hs{depth}l-{opt}", "depth": depth, "optimizer": opt,
-                        "layer": layer, "head": head, "relative_depth": rel,
-                        "stability": base + (adamw_gain if opt == "adamw" else 0.0)
-                        + jitter[head],
-                        "null": (null_middle if mid else null_edge) + jitter[head],
-                    })
+            for seed in seeds:
+                for layer in range(depth):
+                    rel = layer / (depth - 1)
+                    mid = 0.25 <= rel <= 0.75
+                    base = (middle - (deep_extra_dip if depth == 6 else 0.0)) if mid else edge
+                    if layer == 0 and first_layer is not None:
+                        base = first_layer
+                    gain = adamw_gain + seed_gain * seed if opt == "adamw" else 0.0
+                    for head in range(4):
+                        rows.append({
+                            "family": f"hs{depth}l-{opt}", "depth": depth, "optimizer": opt,
+                            "seed": seed, "layer": layer, "head": head, "relative_depth": rel,
+                            "stability": base + gain + jitter[head],
+                            "null": (null_middle if mid else null_edge) + jitter[head],
+                            "peer_similarity": (peer_middle if mid else peer_edge)
+                            + jitter[head],
+                            "ablation_kl": 1.0 + jitter[head],
+                        })
     return pl.DataFrame(rows)
+
+
+def layers_of(heads: pl.DataFrame, cka: float = 0.9, cka_null: float = 0.8) -> pl.DataFrame:
+    """The per-layer frame the API gives: head means, and a residual CKA with its null."""
+    return (heads.group_by("family", "depth", "optimizer", "seed", "layer", "relative_depth")
+            .agg(pl.col("stability", "null").mean())
+            .with_columns(pl.lit(cka).alias("cka_linear"),
+                          pl.lit(cka_null).alias("cka_null_linear"))
+            .sort("family", "seed", "layer"))
+
+
+def cubes(study: ModuleType, heads: pl.DataFrame) -> dict[str, object]:
+    return study.cubes_of(heads, layers_of(heads))
 
 
 def test_verdict_reads_the_interval_against_the_predicted_side(study: ModuleType) -> None:
@@ -77,79 +100,119 @@ def test_bootstrap_is_exact_on_constants_and_covers_the_mean(study: ModuleType) 
         study.bootstrap([np.array([])], np.mean)
 
 
-def test_fisher_pool_matches_the_closed_form(study: ModuleType) -> None:
-    est, low, high = study.fisher_pool(np.array([0.5]), np.array([28]))
-    z, half = math.atanh(0.5), 1.959963984540054 / 5
-    assert (est, low, high) == pytest.approx((0.5, math.tanh(z - half), math.tanh(z + half)))
-    # equal weights: the pooled z is the mean z
-    est, *_ = study.fisher_pool(np.array([0.2, 0.6]), np.array([4, 4]))
-    assert est == pytest.approx(math.tanh((math.atanh(0.2) + math.atanh(0.6)) / 2))
-    with pytest.raises(ValueError, match="n >= 4"):
-        study.fisher_pool(np.array([0.1]), np.array([3]))
+def test_t_pool_is_the_t_interval_of_the_mean_z(study: ModuleType) -> None:
+    from scipy.stats import t
+
+    r = np.array([-0.2, -0.5, -0.7, -0.1])
+    z = np.arctanh(r)
+    est, low, high = study.t_pool(z)
+    half = t.ppf(0.975, 3) * z.std(ddof=1) / 2
+    assert (est, low, high) == pytest.approx(
+        (math.tanh(z.mean()), math.tanh(z.mean() - half), math.tanh(z.mean() + half)))
+    # units that agree give a narrow interval, units that disagree a wide one
+    assert study.t_pool(np.array([0.5, 0.51, 0.49]))[2] < study.t_pool(
+        np.array([-0.5, 0.5, 1.5]))[2]
+    with pytest.raises(ValueError, match="two units"):
+        study.t_pool(np.array([0.3]))
 
 
-def test_claim_1_middle_dip_and_distinctness(study: ModuleType) -> None:
-    heads = synthetic_heads(middle=0.5, edge=0.8, null_middle=0.4, null_edge=0.7)
-    stability, excess, distinct = study.claim_1(heads, n_boot=NB)
-    assert stability.estimate == pytest.approx(-0.3)
-    assert stability.verdict == "holds"
-    assert set(stability.parts) == {"hs4l-adam", "hs4l-adamw", "hs6l-adam", "hs6l-adamw"}
-    assert excess.estimate == pytest.approx(0.0, abs=1e-12)  # the null dips as much
-    assert (excess.low, excess.high) == pytest.approx((0.0, 0.0), abs=1e-12)
-    assert distinct.estimate == pytest.approx(0.3)  # 1 - null: middle 0.6, edge 0.3
-    assert distinct.verdict == "holds"
-    flat = study.claim_1(synthetic_heads(middle=0.8, edge=0.5), n_boot=NB)[0]
+def test_cochran_q_against_its_formula(study: ModuleType) -> None:
+    z, n = np.array([0.1, 0.5, -0.2]), np.array([4, 8, 13])
+    w = n - 3
+    pooled = (w * z).sum() / w.sum()
+    assert study.cochran_q(z, n) == pytest.approx(float((w * (z - pooled) ** 2).sum()))
+    assert study.cochran_q(np.array([0.3, 0.3]), np.array([4, 4])) == pytest.approx(0.0)
+
+
+def test_the_hierarchical_bootstrap_pairs_the_optimizers_by_seed(study: ModuleType) -> None:
+    # AdamW beats Adam by 0.01 + 0.02 x seed: every seed pair agrees on the sign, so a paired
+    # interval stays above zero; the per-anchor estimates are each seed's own gain
+    heads = synthetic_heads(middle=0.6, edge=0.8, adamw_gain=0.01, seed_gain=0.02)
+    claim = study.claim_4(cubes(study, heads), n_boot=NB)
+    assert claim.estimate == pytest.approx(0.01 + 0.02 * 1.5)
+    assert claim.per_anchor == pytest.approx({f"anchor s{s}": 0.01 + 0.02 * s
+                                              for s in range(4)})
+    assert 0.01 <= claim.low < claim.estimate < claim.high <= 0.07 + 1e-9
+    assert claim.verdict == "holds"
+
+
+def test_claim_1_middle_dip_with_and_without_layer_0(study: ModuleType) -> None:
+    heads = synthetic_heads(middle=0.5, edge=0.8, null_middle=0.4, null_edge=0.7,
+                            peer_middle=0.3, peer_edge=0.6)
+    claims = {c.claim: c for c in study.claim_1(cubes(study, heads), n_boot=NB)}
+    assert set(claims) == {"1a", "1a (no layer 0)", "1a'", "1a' (no layer 0)", "1b",
+                           "1b (no layer 0)"}
+    assert claims["1a"].estimate == pytest.approx(-0.3)
+    assert claims["1a"].verdict == "holds"
+    assert set(claims["1a"].parts) == {"hs4l-adam", "hs4l-adamw", "hs6l-adam", "hs6l-adamw"}
+    assert claims["1a'"].estimate == pytest.approx(0.0, abs=1e-12)  # the null dips as much
+    assert claims["1b"].estimate == pytest.approx(0.3)  # 1 - peer: middle 0.7, edge 0.4
+    assert claims["1b"].verdict == "holds"
+    # a dip carried by layer 0 alone is gone without it
+    only_first = synthetic_heads(middle=0.8, edge=0.8, first_layer=0.95)
+    by_name = {c.claim: c for c in study.claim_1(cubes(study, only_first), n_boot=NB)}
+    assert by_name["1a"].estimate < -0.01
+    assert by_name["1a (no layer 0)"].estimate == pytest.approx(0.0, abs=1e-12)
+    flat = study.claim_1(cubes(study, synthetic_heads(middle=0.8, edge=0.5)), n_boot=NB)[0]
     assert flat.verdict == "does not hold"
 
 
 def test_claim_2_deeper_dip(study: ModuleType) -> None:
-    deeper = study.claim_2(synthetic_heads(middle=0.6, edge=0.8, deep_extra_dip=0.1), n_boot=NB)
+    deeper = study.claim_2(cubes(study, synthetic_heads(middle=0.6, edge=0.8,
+                                                        deep_extra_dip=0.1)), n_boot=NB)
     assert deeper.estimate == pytest.approx(-0.1)
     assert deeper.verdict == "holds"
-    same = study.claim_2(synthetic_heads(middle=0.6, edge=0.8), n_boot=NB)
+    same = study.claim_2(cubes(study, synthetic_heads(middle=0.6, edge=0.8)), n_boot=NB)
     assert same.estimate == pytest.approx(0.0, abs=1e-12)
 
 
-def test_claim_3_pools_deeper_layers_only(study: ModuleType) -> None:
+def test_claim_3_pools_deeper_layers_with_layers_as_the_units(study: ModuleType) -> None:
     rows = []
     for depth in (2, 4, 6):
         for layer in range(depth):
             rel = layer / (depth - 1)
-            rows.append({"family": f"hs{depth}l-adamw", "layer": layer, "relative_depth": rel,
-                         "n_heads": 4, "pearson": -0.8 if rel >= 0.5 else 0.9,
-                         "spearman": -0.4 if rel >= 0.5 else 1.0})
+            for seed in range(3):  # three anchors per layer: one unit, their mean z
+                r = (-0.8 + 0.1 * (seed - 1) if depth == 6 else -0.6) if rel >= 0.5 else 0.9
+                rows.append({"family": f"hs{depth}l-adamw", "seed": seed, "layer": layer,
+                             "relative_depth": rel, "n_heads": 4, "pearson": r,
+                             "spearman": r})
     claim = study.claim_3(pl.DataFrame(rows))
-    assert claim.estimate == pytest.approx(-0.8)  # the early layers' +0.9 are left out
-    assert len(claim.parts) == 1 + 2 + 3
-    half = 1.959963984540054 / math.sqrt(6)
-    assert claim.high == pytest.approx(math.tanh(math.atanh(-0.8) + half))
+    deeper_layers = 1 + 2 + 3
+    assert len(claim.parts) == deeper_layers  # the early layers' +0.9 are left out
+    z = []
+    for depth in (2, 4, 6):
+        for layer in range(depth):
+            if layer / (depth - 1) >= 0.5:
+                rs = [-0.8 + 0.1 * (s - 1) if depth == 6 else -0.6 for s in range(3)]
+                z.append(np.mean(np.arctanh(rs)))
+    assert claim.estimate == pytest.approx(math.tanh(np.mean(z)))
+    assert f"t over {deeper_layers} layers" in claim.interval
     assert claim.verdict == "holds"
-    ranks = study.claim_3_spearman(pl.DataFrame(rows), n_boot=NB)
-    assert (ranks.estimate, ranks.low, ranks.high) == pytest.approx((-0.4, -0.4, -0.4))
+    assert study.claim_3(pl.DataFrame(rows), column="spearman").claim == "3'"
 
 
 def test_claim_4_weight_decay_gain(study: ModuleType) -> None:
-    claim = study.claim_4(synthetic_heads(middle=0.6, edge=0.8, adamw_gain=0.05), n_boot=NB)
+    claim = study.claim_4(cubes(study, synthetic_heads(middle=0.6, edge=0.8, adamw_gain=0.05)),
+                          n_boot=NB)
     assert claim.estimate == pytest.approx(0.05)
     assert claim.parts == pytest.approx({"2 layers": 0.05, "4 layers": 0.05, "6 layers": 0.05})
     assert claim.verdict == "holds"
-    excess = study.claim_4(synthetic_heads(middle=0.6, edge=0.8, adamw_gain=0.05)
-                           .with_columns((pl.col("stability") - pl.col("null")).alias("excess")),
+    excess = study.claim_4(cubes(study, synthetic_heads(middle=0.6, edge=0.8, adamw_gain=0.05)),
                            n_boot=NB, column="excess")
     assert excess.claim == "4'"
     assert excess.estimate == pytest.approx(0.05)
-    assert study.claim_4(
-        synthetic_heads(middle=0.6, edge=0.8, adamw_gain=-0.05), n_boot=NB).verdict == (
-        "does not hold"
-    )
+    worse = synthetic_heads(middle=0.6, edge=0.8, adamw_gain=-0.05)
+    assert study.claim_4(cubes(study, worse), n_boot=NB).verdict == "does not hold"
 
 
-def test_claim_5_residual_above_heads(study: ModuleType) -> None:
-    layers = pl.DataFrame({
-        "family": ["a", "a", "b"], "cka_linear": [0.9, 0.85, 0.95],
-        "stability": [0.7, 0.65, 0.75],
-    })
-    claim = study.claim_5(layers, n_boot=NB)
-    assert claim.estimate == pytest.approx(0.2)
-    assert claim.parts == pytest.approx({"a": 0.2, "b": 0.2})
-    assert claim.verdict == "holds"
+def test_claim_5_compares_each_side_with_its_own_null(study: ModuleType) -> None:
+    heads = synthetic_heads(middle=0.7, edge=0.7, null_middle=0.4, null_edge=0.4)
+    # heads: (0.7 - 0.4) / (1 - 0.4) = 0.5 of the way from their null to identity
+    for cka, cka_null, want in ((0.95, 0.9, 0.5 - 0.5), (0.95, 0.5, 0.9 - 0.5),
+                                (0.95, 0.93, 2 / 7 - 0.5)):
+        claim = study.claim_5(study.cubes_of(heads, layers_of(heads, cka, cka_null)),
+                              n_boot=NB)
+        assert claim.estimate == pytest.approx(want, abs=1e-9)
+    # a CKA far above the heads' cosine but no further above its own null is no evidence
+    assert study.claim_5(study.cubes_of(heads, layers_of(heads, 0.95, 0.93)),
+                         n_boot=NB).verdict == "does not hold"

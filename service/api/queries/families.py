@@ -38,6 +38,9 @@ STABILITY_METRICS = (
     "heads.stability_null_std",
     "heads.residual_cka.linear",
     "heads.residual_cka.rbf",
+    "heads.residual_cka_null.linear",
+    "heads.residual_cka_null.rbf",
+    "heads.peer_similarity",
 )
 
 
