@@ -244,7 +244,7 @@ def figures(frames: dict[str, pl.DataFrame], out: Path) -> list[Path]:
                                 alpha=0.8, label=f"{d} layers, {kind}" if s == 0 else None)
             ax.axvspan(0.8 * DEFAULT_STEPS, DEFAULT_STEPS, color="grey", alpha=0.1)
             ax.set_ylim(1.6, 4.5)
-            ax.set_title(f"{LABEL[o]}: 5 seeds per depth; grey = the last 20% of steps")
+            ax.set_title(f"{LABEL[o]}, 5 seeds per depth (grey: last 20% of steps)", fontsize=9)
             ax.set_xlabel("step")
         axes[0].set_ylabel("loss (nats/token)")
         axes[1].legend(fontsize=7)
