@@ -110,7 +110,11 @@ def _center_gram(k: Tensor) -> Tensor:
 
 
 def _cka_from_grams(k: Tensor, other: Tensor) -> float:
-    kc, lc = _center_gram(k), _center_gram(other)
+    return _cka_centered(_center_gram(k), _center_gram(other))
+
+
+def _cka_centered(kc: Tensor, lc: Tensor) -> float:
+    """CKA of two doubly centred Gram matrices."""
     hsic = (kc * lc).sum()
     denom = torch.sqrt((kc * kc).sum() * (lc * lc).sum())
     return float(hsic / denom) if denom > 0 else 0.0
@@ -226,13 +230,23 @@ def stability_records(
                 f"stability_null{suffix}",
                 torch.stack([head_match(base, o, matching=matching) for o in nulls]),
             )
-    records += _peer_records(peer_similarity(base))
+    if anchor.n_heads > 1:  # one head per layer has no peers
+        records += _peer_records(peer_similarity(base))
     for layer in range(anchor.n_layers):
-        for kind, fn in (("linear", linear_cka), ("rbf", rbf_cka)):
+        x = base.resid[layer]
+        base_gram = _center_gram(rbf_gram(x))  # once per layer, for every refit and null
+        for kind in ("linear", "rbf"):
             for name, compared in (("residual_cka", others), ("residual_cka_null", nulls)):
                 if not compared:
                     continue
-                values = torch.tensor([fn(base.resid[layer], o.resid[layer]) for o in compared])
+                values = torch.tensor(
+                    [
+                        linear_cka(x, o.resid[layer])
+                        if kind == "linear"
+                        else _cka_centered(base_gram, _center_gram(rbf_gram(o.resid[layer])))
+                        for o in compared
+                    ]
+                )
                 records.append(
                     Record.of(
                         f"heads.{name}.{kind}",
@@ -248,21 +262,19 @@ def stability_records(
 
 def peer_similarity(acts: ModelActivations) -> Float[Tensor, "layer head"]:
     """For each head, the prompt-averaged cosine of its pattern with each other head of its own
-    layer, averaged over those heads (NaN where a layer has one head): how much a head's pattern
-    is shared within its model. 1 - this is the head's distinctness."""
+    layer, averaged over those heads: how much a head's pattern is shared within its model.
+    1 - this is the head's distinctness. Needs two heads per layer or more."""
     p = acts.patterns
-    cos = torch.einsum("lhpk,lgpk->lhg", p, p) / p.shape[2]
-    n_heads = cos.shape[-1]
+    n_heads = p.shape[1]
     if n_heads < 2:
-        return torch.full(cos.shape[:2], float("nan"))
+        raise ValueError("peer similarity needs two heads per layer or more")
+    cos = torch.einsum("lhpk,lgpk->lhg", p, p) / p.shape[2]
     off_diagonal = cos.sum(-1) - cos.diagonal(dim1=-2, dim2=-1)
     return off_diagonal / (n_heads - 1)
 
 
 def _peer_records(peer: Float[Tensor, "layer head"]) -> list[Record]:
     """heads.peer_similarity per head, and per layer the mean over its heads."""
-    if torch.isnan(peer).any():  # one head per layer: no peers
-        return []
     records = []
     for layer in range(peer.shape[0]):
         for head in range(peer.shape[1]):
