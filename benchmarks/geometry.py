@@ -49,7 +49,9 @@ import resource
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 T_PROCESS = time.perf_counter()
 ROOT = Path(__file__).resolve().parents[1]
@@ -132,15 +134,16 @@ def token_file(n_sequences: int, seq_len: int, vocab: int) -> Path:
     return path
 
 
-def matmul_flops(device: str, dtype: str, size: int = 2048, reps: int = 5,
+def matmul_flops(device: str, dtype: str, size: int | None = None, reps: int = 5,
                  rounds: int = 3) -> float:
     """This machine's dense matmul rate: the best of `rounds` rounds of `reps` products (the
-    rate varies by +-15% between moments on a shared host; the best is the fair yardstick)."""
+    rate varies by +-15% between moments on a shared host; the best is the fair yardstick).
+    `size` by default: 2048 on a CPU, 8192 (with 20 products a round) on a GPU."""
     import torch
 
     dt = getattr(torch, dtype)
-    if device.startswith("cuda"):
-        size, reps = 8192, 20
+    if size is None:
+        size, reps = (8192, 20) if device.startswith("cuda") else (2048, reps)
     a = torch.randn(size, size, device=device, dtype=dt)
     b = torch.randn(size, size, device=device, dtype=dt)
     a @ b
@@ -158,12 +161,26 @@ def matmul_flops(device: str, dtype: str, size: int = 2048, reps: int = 5,
     return best
 
 
+def counted_flops(lm: Any, families: Sequence[str], n_sequences: int, seq_len: int) -> float:
+    """FLOPs of a run by `compute.flops`: every family's passes over the tokens, plus the
+    induction probe (with heads) and the neuron classification (with neurons)."""
+    from compute.flops import family_flops, induction_flops, neurons_flops
+    from compute.memory import ModelDims
+
+    dims = ModelDims.of(lm)
+    flops = sum(family_flops(dims, seq_len, list(families), parallel=lm.parallel).values())
+    flops *= n_sequences
+    if "heads" in families:
+        flops += induction_flops(dims)
+    if "neurons" in families:
+        flops += neurons_flops(dims, lm.d_vocab_real)
+    return flops
+
+
 def child(args: argparse.Namespace) -> None:
     """One family, one whole compute run; prints one JSON line."""
     import torch
 
-    from compute.flops import family_flops, induction_flops, neurons_flops
-    from compute.memory import ModelDims
     from compute.metrics.base import EngineOptions
     from compute.models import load_model, resolve_model_spec
     from compute.run import RunConfig, compute_run
@@ -189,13 +206,7 @@ def child(args: argparse.Namespace) -> None:
     result = compute_run(config, device=args.device, lm=lm)
     sweep_s = time.perf_counter() - start
     sweep_cpu_s = time.process_time() - cpu_start
-    dims = ModelDims.of(lm)
-    n_seq, seq_len = args.n_sequences, args.seq_len
-    flops = sum(family_flops(dims, seq_len, [args.family], parallel=lm.parallel).values()) * n_seq
-    if args.family == "heads":
-        flops += induction_flops(dims)
-    if args.family == "neurons":
-        flops += neurons_flops(dims, lm.d_vocab_real)
+    flops = counted_flops(lm, [args.family], args.n_sequences, args.seq_len)
     wall_s = time.perf_counter() - T_PROCESS
     out = {
         "family": args.family, "device": args.device, "dtype": args.dtype,
