@@ -34,7 +34,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -161,39 +161,40 @@ def export_corpus(path: Path) -> None:
     print(f"wrote {path}: {len(docs)} documents, fingerprint {documents_fingerprint(docs)}")
 
 
+def trained_refits() -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+    """Every refit of the study: ({depth, optimizer, seed}, its strata_zoo.json)."""
+    for d in DEPTHS:
+        for o in OPTIMIZERS:
+            for s in SEEDS:
+                meta = json.loads((model_dir(d, o, s) / "strata_zoo.json").read_text())
+                yield {"depth": d, "optimizer": o, "seed": s}, meta
+
+
 def training_table() -> pl.DataFrame:
     """One row per refit: its budget, losses and the plateau test (`plateau_change`)."""
     from compute.zoo.train import plateau_change
 
     rows = []
-    for d in DEPTHS:
-        for o in OPTIMIZERS:
-            for s in SEEDS:
-                meta = json.loads((model_dir(d, o, s) / "strata_zoo.json").read_text())
-                curve = meta.get("val_curve", [])
-                rows.append({"depth": d, "optimizer": o, "seed": s, "steps": meta["steps"],
-                             "weight_decay": meta["config"]["weight_decay"],
-                             "val_loss": meta["val_loss"],
-                             "min_val_loss": min((v for _, v in curve), default=None),
-                             "plateau_change": plateau_change(curve) if len(curve) > 1
-                             else None,
-                             "final_train_loss": meta["final_train_loss"],
-                             "wall_time_s": meta["wall_time_s"],
-                             "device": meta.get("device", "cpu")})
+    for key, meta in trained_refits():
+        curve = meta.get("val_curve", [])
+        rows.append({**key, "steps": meta["steps"],
+                     "weight_decay": meta["config"]["weight_decay"],
+                     "val_loss": meta["val_loss"],
+                     "min_val_loss": min((v for _, v in curve), default=None),
+                     "plateau_change": plateau_change(curve) if len(curve) > 1 else None,
+                     "final_train_loss": meta["final_train_loss"],
+                     "wall_time_s": meta["wall_time_s"],
+                     "device": meta.get("device", "cpu")})
     return pl.DataFrame(rows)
 
 
 def curves_table() -> pl.DataFrame:
     """Every refit's training-loss and validation-loss curves, long."""
     rows = []
-    for d in DEPTHS:
-        for o in OPTIMIZERS:
-            for s in SEEDS:
-                meta = json.loads((model_dir(d, o, s) / "strata_zoo.json").read_text())
-                for kind, key in (("train", "loss_curve"), ("validation", "val_curve")):
-                    rows += [{"depth": d, "optimizer": o, "seed": s, "curve": kind,
-                              "step": int(step), "loss": float(loss)}
-                             for step, loss in meta.get(key, [])]
+    for key, meta in trained_refits():
+        for kind, field in (("train", "loss_curve"), ("validation", "val_curve")):
+            rows += [{**key, "curve": kind, "step": int(step), "loss": float(loss)}
+                     for step, loss in meta.get(field, [])]
     return pl.DataFrame(rows)
 
 
