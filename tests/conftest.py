@@ -183,6 +183,9 @@ def pytest_configure(config: pytest.Config) -> None:
     global _zygote
     from tests.launcher import SOCKET_ENV, forking, start_zygote
 
+    if hasattr(config.option, "loadscopereorder"):  # pytest-xdist's: keep LONGEST_FIRST's order
+        config.option.loadscopereorder = False
+
     if os.environ.get("PYTEST_XDIST_WORKER") or os.environ.get(SOCKET_ENV) or not forking():
         return
     unit = (Path(__file__).parent / "unit").resolve()
@@ -228,16 +231,25 @@ def single_torch_thread() -> Iterator[None]:
 # the session's API server and dashboard service (made once per process), and the machine's
 # RabbitMQ, whose queues a test purges.
 SHARED = {"server": "api-server", "web": "web-service"}
-# xdist hands a process the next group when it is free, in collection order: the longest groups
-# and the modules of long single tests go first (longest first, measured), the many short unit
-# tests last, so that none starts late and runs on alone while the other processes sit idle.
-LONGEST_FIRST = ["tests/integration/test_doc_commands.py",
-                 "tests/integration/test_smollm2.py", "tests/integration/test_gemma3.py",
-                 "web-service", "api-server",
-                 "tests/integration/test_first_run.py", "test_jobs-running",
-                 "tests/integration/test_jobs.py",
-                 "tests/integration/test_lifetime.py", "tests/integration/test_job_priority.py",
-                 "tests/integration/test_faults.py", "rabbitmq"]
+# xdist hands a process the next group when it is free, in collection order (its default
+# reordering, by number of tests per group, is turned off in `pytest_configure`: it put the
+# one-test groups, the longest of all, last): the longest groups and the modules of long single
+# tests go first (longest first, by the seconds each took with four processes on two cores,
+# measured 2026-12-04), the many short unit tests last, so that none starts late and runs on
+# alone while the other processes sit idle.
+LONGEST_FIRST = ["tests/integration/test_doc_commands.py", "tests/integration/test_gemma3.py",
+                 "web-service", "tests/integration/test_smollm2.py",
+                 "tests/unit/test_reference_engine.py", "api-server",
+                 "tests/unit/test_architectures.py", "tests/integration/test_smollm2_bfloat16.py",
+                 "tests/integration/test_first_run.py", "tests/integration/test_family_jobs.py",
+                 "tests/unit/test_tuned_lens.py", "tests/integration/test_lifetime.py",
+                 "tests/integration/test_families.py", "rabbitmq",
+                 "tests/unit/test_reference_mechanisms.py", "test_jobs-running",
+                 "tests/unit/test_reduce.py", "tests/integration/test_store_ingest.py",
+                 "tests/integration/test_job_states.py", "tests/unit/test_schedule.py",
+                 "tests/unit/test_hub_source.py", "tests/unit/test_planted.py",
+                 "tests/integration/test_store_kill.py", "tests/integration/test_jobs.py",
+                 "tests/integration/test_job_priority.py", "tests/integration/test_faults.py"]
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the groups into the test ids

@@ -112,16 +112,20 @@ class Forked:
         self.send_signal(signal.SIGKILL)
 
 
-def launch(argv: Sequence[str], env: Mapping[str, str], *, log: Path, cwd: Path = ROOT,
-           stderr: Path | None = None, timeout: float = 120) -> Forked:
+def launch(argv: Sequence[str], env: Mapping[str, str], *, log: Path | None, cwd: Path = ROOT,
+           stderr: Path | None = None, timeout: float = 120,
+           streams: tuple[int, int, int] | None = None) -> Forked:
     """Start `strata *argv` (forked by the zygote) with exactly `env`, its output appended to
     `log` (its standard error to `stderr`, if given), in a session of its own; do not wait for
-    it to end."""
+    it to end. With `streams` (three open descriptors) the child's standard input, output and
+    error are those, passed over the socket, instead of the files."""
     path = os.environ.get(SOCKET_ENV)
     if not path:
         raise RuntimeError(f"{SOCKET_ENV} is not set: the session's zygote was not started "
                            "(tests/conftest.py starts it; PYTEST_STRATA_LAUNCH=exec does without)")
-    log.parent.mkdir(parents=True, exist_ok=True)
+    if streams is None:
+        assert log is not None
+        log.parent.mkdir(parents=True, exist_ok=True)
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     deadline = time.monotonic() + timeout
     while True:  # the zygote binds its socket a moment after it starts
@@ -136,8 +140,12 @@ def launch(argv: Sequence[str], env: Mapping[str, str], *, log: Path, cwd: Path 
             raise RuntimeError(f"the tests' zygote (tests/launcher.py) is gone; its log:\n"
                                f"{_zygote_log()}") from None
     request = {"argv": list(argv), "env": dict(env), "cwd": str(cwd), "out": str(log),
-               "err": str(stderr or log)}
-    conn.sendall(json.dumps(request).encode() + b"\n")
+               "err": str(stderr or log), "streams": streams is not None}
+    line = json.dumps(request).encode() + b"\n"
+    if streams is not None:  # the descriptors travel with the request's first bytes
+        sent = socket.send_fds(conn, [line], list(streams))
+        line = line[sent:]
+    conn.sendall(line)
     forked = Forked(conn, argv)
     LAUNCHED.append(forked)
     return forked
@@ -177,6 +185,35 @@ def run(argv: Sequence[str], env: Mapping[str, str], *, cwd: Path = ROOT,
             raise
         return subprocess.CompletedProcess(forked.args, code, out.read_text(errors="replace"),
                                            err.read_text(errors="replace"))
+
+
+def write_command(path: Path) -> Path:
+    """Write an executable `strata` at `path` that runs its command in a process forked by the
+    session's zygote, with this command's arguments, environment, working folder and standard
+    streams, and exits as that process did (128 + the signal that killed it, as a shell says).
+    It is a few standard-library lines, interpreted without site-packages: what it saves is the
+    new interpreter's imports of torch and TransformerLens, not what the command does."""
+    path.write_text(f"#!{sys.executable} -S\n"
+                    f"import sys\nsys.path.insert(0, {str(ROOT)!r})\n"
+                    "from tests.launcher import command_main\ncommand_main()\n")
+    path.chmod(0o755)
+    return path
+
+
+def command_main() -> None:
+    """The body of `write_command`'s `strata`: SIGINT and SIGTERM are passed on to the
+    command's session."""
+    forked = launch(sys.argv[1:], dict(os.environ), log=None, cwd=Path.cwd(),
+                    streams=(0, 1, 2))
+
+    def forward(sig: int, _frame: object) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(forked.pid, sig)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, forward)
+    code = forked.wait()
+    sys.exit(128 - code if code < 0 else code)
 
 
 def kill_leftovers() -> None:
@@ -238,16 +275,21 @@ def _exit_code(exc: SystemExit) -> int:
     return 1
 
 
-def _become(request: dict[str, Any]) -> None:
+def _become(request: dict[str, Any], streams: list[int]) -> None:
     """In the forked child: become `python -m service.cli *argv` and never return."""
     os.setsid()
-    for fd, path in ((1, request["out"]), (2, request["err"])):
-        sink = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        os.dup2(sink, fd)
-        os.close(sink)
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
+    if request.get("streams"):
+        for fd, passed in enumerate(streams):
+            os.dup2(passed, fd)
+            os.close(passed)
+    else:
+        for fd, path in ((1, request["out"]), (2, request["err"])):
+            sink = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            os.dup2(sink, fd)
+            os.close(sink)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
     os.environ.clear()
     os.environ.update(request["env"])
     os.chdir(request["cwd"])
@@ -278,14 +320,24 @@ def _become(request: dict[str, Any]) -> None:
         os._exit(code)
 
 
-def _read_request(conn: socket.socket) -> dict[str, Any]:
-    data = b""
-    while not data.endswith(b"\n"):
-        chunk = conn.recv(65536)
-        if not chunk:
-            raise ConnectionError("the client went away before its request ended")
-        data += chunk
-    return dict(json.loads(data))
+def _read_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
+    """The request, and the descriptors that came with it (its standard streams, if any)."""
+    data, streams = b"", []
+    try:
+        while not data.endswith(b"\n"):
+            chunk, fds, _, _ = socket.recv_fds(conn, 65536, 3)
+            streams += fds
+            if not chunk:
+                raise ConnectionError("the client went away before its request ended")
+            data += chunk
+        request = dict(json.loads(data))
+        if request.get("streams") and len(streams) != 3:
+            raise ValueError(f"three standard streams expected, {len(streams)} came")
+    except BaseException:
+        for fd in streams:
+            os.close(fd)
+        raise
+    return request, streams
 
 
 def serve(path: str) -> None:
@@ -323,8 +375,9 @@ def _loop(listener: socket.socket, selector: selectors.BaseSelector, wake_r: int
         for key, _ in selector.select(timeout=1.0):
             if key.fileobj is listener:
                 conn, _ = listener.accept()
+                streams: list[int] = []
                 try:
-                    request = _read_request(conn)
+                    request, streams = _read_request(conn)
                 except (OSError, ValueError) as exc:
                     print(f"zygote: bad request: {exc}", file=sys.stderr, flush=True)
                     conn.close()
@@ -349,9 +402,11 @@ def _loop(listener: socket.socket, selector: selectors.BaseSelector, wake_r: int
                     os.close(wake_w)
                     try:
                         conn.close()
-                        _become(request)
+                        _become(request, streams)
                     finally:
                         os._exit(1)
+                for passed in streams:  # the child has its copies
+                    os.close(passed)
                 with contextlib.suppress(OSError):
                     conn.sendall(f"{pid}\n".encode())
                 waiting[pid] = conn

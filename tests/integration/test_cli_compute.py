@@ -184,3 +184,30 @@ def test_performance_flags_change_batches_not_numbers_nor_the_run_identity(tmp_p
     assert frames[0].height == frames[1].height > 0
     assert frames[0].drop("value", "stderr").equals(frames[1].drop("value", "stderr"))
     assert (frames[0]["value"] - frames[1]["value"]).abs().max() < 1e-5
+
+
+def test_a_command_forked_by_the_zygote_is_the_command_run_by_exec(tmp_path: Path) -> None:
+    """`tests.launcher.write_command`'s `strata` (the docs test's, forked by the zygote) gives
+    what the installed `.venv/bin/strata` gives: the same exit code, standard output and error,
+    through the caller's own streams (pipes here, passed over the zygote's socket), also as a
+    step of a shell pipeline."""
+    if not launcher.forking():
+        pytest.skip("PYTEST_STRATA_LAUNCH=exec: no zygote")
+    command = launcher.write_command(tmp_path / "strata")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "STRATA_DATABASE": str(tmp_path / "s.duckdb")}
+    tokens = _npy(tmp_path, np.full((2, 16), 10**6, dtype=np.int64))
+    for args in (["--help"], ["compute", "--model", MODEL, "--tokens", tokens, "--quiet",
+                              "--out", str(tmp_path / "never.parquet")]):
+        forked = subprocess.run([str(command), *args], capture_output=True, text=True, env=env,
+                                timeout=120)
+        execed = subprocess.run([str(launcher.ROOT / ".venv" / "bin" / "strata"), *args],
+                                capture_output=True, text=True, env=env, timeout=120)
+        # (standard error's last line: the lines before it are a progress bar with its rate)
+        assert (forked.returncode, forked.stdout, forked.stderr.splitlines()[-1:]) == \
+            (execed.returncode, execed.stdout, execed.stderr.splitlines()[-1:]), args
+    assert forked.returncode == 2
+    assert "vocabulary" in forked.stderr.lower(), forked.stderr
+    piped = subprocess.run(["bash", "-c", f"printf 'a\\nb\\n' | {command} --help >/dev/null "
+                            f"&& {command} compute --model {MODEL} --tokens {tokens}"],
+                           capture_output=True, text=True, env=env, timeout=120)
+    assert piped.returncode == 2, piped.stderr

@@ -37,6 +37,7 @@ import pytest
 from compute.zoo.paths import zoo_path
 from tests.integration.real_models import data_dir_beside, gguf_path
 from tests.integration.test_smollm2 import FILE as SMOLLM2_FILE
+from tests.launcher import forking, write_command
 from tests.serving import wait_for
 
 # Each test on its own (not the module in one process): the commands without a service run
@@ -167,6 +168,27 @@ def _without_service(command: Command) -> bool:
     return any(command.text.startswith(prefix) for prefix in WITHOUT_SERVICE)
 
 
+def _venv(home: Path) -> None:
+    """The clone's `.venv`: the project's, whose `bin/strata` runs each command in a process
+    forked by the session's zygote (`tests.launcher.write_command`: the same `strata` with the
+    same arguments, environment, folder and streams, without a new interpreter's imports of
+    torch and TransformerLens, which were half of these commands' CPU). The real entry point
+    is what `strata serve` runs here, and what the README's first command runs
+    (test_first_run.py); with PYTEST_STRATA_LAUNCH=exec it is every command's."""
+    venv = ROOT / ".venv"
+    if not forking():
+        (home / ".venv").symlink_to(venv)
+        return
+    (home / ".venv" / "bin").mkdir(parents=True)
+    for entry in venv.iterdir():
+        if entry.name != "bin":
+            (home / ".venv" / entry.name).symlink_to(entry)
+    for entry in (venv / "bin").iterdir():
+        if entry.name != "strata":
+            (home / ".venv" / "bin" / entry.name).symlink_to(entry)
+    write_command(home / ".venv" / "bin" / "strata")
+
+
 def _home(tmp_path: Path) -> Path:
     """A fresh working folder, as a clone is: its own ./strata.duckdb and ./.strata, but for
     the dequantized real models (`.strata/gguf`), which are the tests' machine-wide copies, as
@@ -174,8 +196,8 @@ def _home(tmp_path: Path) -> Path:
     first look's time, and tests/unit/test_gguf.py holds the dequantization itself."""
     home = tmp_path / "clone"
     home.mkdir()
-    for name in (".venv", "scripts"):
-        (home / name).symlink_to(ROOT / name)
+    _venv(home)
+    (home / "scripts").symlink_to(ROOT / "scripts")
     smollm2 = gguf_path(SMOLLM2_FILE, "STRATA_SMOLLM2_GGUF")
     if smollm2 is not None:
         shared = data_dir_beside(smollm2) / "gguf"
@@ -242,7 +264,7 @@ def test_every_documented_command_runs_as_written(tmp_path: Path) -> None:
     env = _environment(home)
     log = tmp_path / "serve.log"
     with log.open("w") as out:
-        serve = subprocess.Popen([str(home / ".venv" / "bin" / "strata"), "serve"], cwd=home,
+        serve = subprocess.Popen([str(ROOT / ".venv" / "bin" / "strata"), "serve"], cwd=home,
                                  env=env, stdout=out, stderr=subprocess.STDOUT,
                                  start_new_session=True)
     client = httpx.Client(timeout=30)
@@ -261,6 +283,11 @@ def test_every_documented_command_runs_as_written(tmp_path: Path) -> None:
             model = client.get(f"{V1}/models/{name}").json()
             return {"intervention", "logit_lens"} <= set(model.get("current_runs") or {})
 
+        def queued(name: str) -> list[dict[str, object]]:
+            """The model's jobs: registration answers first and queues its default run from
+            a background reconciliation just after."""
+            return list(client.get(f"{V1}/jobs", params={"model": name}).json()["items"])
+
         # the first results are queryable within a minute or two (the README): wait for the
         # two models the commands read
         for name in ("tiny-2l-s0", "tiny-4l-s0"):
@@ -277,14 +304,14 @@ def test_every_documented_command_runs_as_written(tmp_path: Path) -> None:
                 # registered, and its default run queued; cancelled here (it would compute
                 # SmolLM2 for minutes), which is the test's business, not the docs'
                 name = "SmolLM2-135M-Instruct.Q4_1"
-                jobs = client.get(f"{V1}/jobs", params={"model": name}).json()["items"]
-                assert jobs, f"{name}'s default run was not queued"
+                jobs = wait_for(f"{name}'s default run to be queued",
+                                lambda n=name: queued(n), timeout=60, every=0.5)
                 key = (home / ".strata" / "api-key").read_text().strip()
                 for job in jobs:
                     client.delete(f"{V1}/jobs/{job['id']}", headers={"X-API-Key": key})
             if text.startswith(f".venv/bin/strata models add {mine}"):
-                jobs = client.get(f"{V1}/jobs", params={"model": "my-checkpoint"}).json()
-                assert jobs["items"], "my-checkpoint's default run was not queued"
+                wait_for("my-checkpoint's default run to be queued",
+                         lambda: queued("my-checkpoint"), timeout=60, every=0.5)
         assert len(ran) >= 15, ran
     finally:
         client.close()
