@@ -23,7 +23,7 @@ import torch
 from litestar.testing import TestClient
 
 from compute import gguf as strata_gguf
-from compute.models import LoadedModel, load_model, resolve_model_spec
+from compute.models import LoadedModel, ModelSpec, load_model, resolve_model_spec
 from service.api.app import create_app
 from service.settings import ApiSettings, Settings
 from service.store import Store
@@ -118,7 +118,18 @@ def test_it_is_a_working_language_model(smollm2: LoadedModel) -> None:
     assert second < 3.0, f"the repeat should be copied (induction), loss {second:.2f} nats"
 
 
-def test_compute_store_and_register(gguf_file: Path, data_dir: Path, tmp_path: Path) -> None:
+def test_compute_store_and_register(gguf_file: Path, data_dir: Path, smollm2: LoadedModel,
+                                    tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`strata compute` loads the file in a process of its own; registration over HTTP loads it
+    as a run would and stores what that load measured, and the module's model stands in for
+    that second load (as in test_gemma3.py)."""
+    from service.store import registration
+
+    def loaded(spec: ModelSpec, device: str) -> LoadedModel:
+        assert spec == smollm2.spec
+        return smollm2
+
+    monkeypatch.setattr(registration, "load_model", loaded)
     db, out = tmp_path / "s.duckdb", tmp_path / "r.parquet"
     env = {"HF_HUB_OFFLINE": "1", "STRATA_DATABASE": str(db), "STRATA_DATA_DIR": str(data_dir)}
     ran = run_strata(["compute", "--model", str(gguf_file), "--metrics", "intervention,logit_lens",
