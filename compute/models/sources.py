@@ -19,9 +19,10 @@ from __future__ import annotations
 import contextlib
 import gc
 import hashlib
+import itertools
 import json
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -133,9 +134,9 @@ class HFDirSource:
         )
         state_dict = loading.get_pretrained_state_dict(path, cfg, hf_model, dtype=torch.float32)
         # The converted tensors are copies (or views that keep only their own storage alive):
-        # free the Hugging Face model now, not at the end of the load.
+        # free the Hugging Face model's weights now, not at the end of the load.
+        free_module_tensors(hf_model, keep=state_dict.values())
         del hf_model
-        gc.collect()
         # The model is built in float32 on the host, uninitialised (its pages are never touched
         # before the weights land); the state dict is processed in float32 and each tensor
         # copied into place, key by key. `load_model` measures parity, then casts the model to
@@ -146,6 +147,21 @@ class HFDirSource:
         load_state_dict_into(model, state_dict, applied)
         del state_dict
         return SourceLoad(model, tokenizer, applied, reference)
+
+
+def free_module_tensors(module: torch.nn.Module, keep: Iterable[torch.Tensor] = ()) -> None:
+    """Hand a module's parameter and buffer memory back now: each tensor's data becomes an
+    empty tensor, so its storage is freed by reference counting once nothing else holds it.
+    Tensors in `keep` (the very objects a converted state dict took over) are left alone; a
+    view taken of one keeps its own storage alive either way. This frees what a full
+    `gc.collect()` would have, were the module's objects in reference cycles, without one: a
+    collection walks every object the process holds, up to a second a load in a worker or a
+    test process that has made many."""
+    kept = {id(t) for t in keep}
+    with torch.no_grad():
+        for tensor in itertools.chain(module.parameters(), module.buffers()):
+            if id(tensor) not in kept:
+                tensor.data = torch.empty(0, dtype=tensor.dtype, device=tensor.device)
 
 
 def _bos(tokenizer: Any) -> int:

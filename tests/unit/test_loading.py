@@ -43,3 +43,23 @@ def test_block_by_block_processing_equals_the_whole_dict_processing(
     raw = _weights(ref, Processing(fold_ln=False, center_writing_weights=False,
                                    center_unembed=False, fold_value_biases=False))
     assert not torch.equal(raw["blocks.0.attn.W_Q"], ours["blocks.0.attn.W_Q"])
+
+
+def test_a_freed_module_keeps_only_the_tensors_handed_on() -> None:
+    """The Hugging Face model's weights are freed once converted, without a garbage collection:
+    every parameter and buffer emptied but the very tensors the state dict took over, and a view
+    taken of a freed one keeps its values."""
+    from compute.models.sources import free_module_tensors
+
+    module = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.LayerNorm(8))
+    module.register_buffer("mask", torch.ones(4, 4))
+    module.loop = [module]  # type: ignore[assignment]  # a reference cycle, as models have
+    linear, norm = module[0], module[1]
+    taken = linear.weight
+    view = norm.bias[2:6]
+    values = view.clone()
+    free_module_tensors(module, keep=[taken])
+    assert linear.weight is taken
+    assert linear.weight.shape == (8, 16)
+    assert [t.numel() for t in (linear.bias, norm.weight, norm.bias, module.mask)] == [0] * 4
+    assert torch.equal(view, values)
