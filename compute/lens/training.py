@@ -58,6 +58,13 @@ def residuals(lm: LoadedModel, tokens: Int[Tensor, "b pos"]) -> list[Tensor]:
     return resid
 
 
+def final_terms(final_logp: Tensor) -> tuple[Tensor, Tensor]:
+    """What every point's KL to the final distribution shares: p = exp(log p) [n, vocab] and
+    sum_v p log p per row [n] (made once a step, not once a point)."""
+    p = final_logp.exp()
+    return p, (p * final_logp).sum(-1)
+
+
 def point_kl(
     lm: LoadedModel,
     weight: Tensor,
@@ -65,13 +72,16 @@ def point_kl(
     point: int,
     h: Tensor,
     final_logp: Tensor,
+    terms: tuple[Tensor, Tensor] | None = None,
 ) -> Tensor:
-    """Mean over tokens of KL(final || lens at `point`), differentiable in the translator.
-    `h`: [n, d_model] residuals at the point; `final_logp`: [n, vocab] float32 log-probs."""
+    """Mean over tokens of KL(final || lens at `point`) = sum p log p - sum p log q,
+    differentiable in the translator. `h`: [n, d_model] residuals at the point; `final_logp`:
+    [n, vocab] float32 log-probs; `terms`: its `final_terms`, if already made."""
+    p, p_logp = terms if terms is not None else final_terms(final_logp)
     x = h.float()
     translated = x + torch.addmm(bias[point], x, weight[point].T)
     logq = torch.log_softmax(lm.logits(translated.to(h.dtype)).float(), dim=-1)
-    return (final_logp.exp() * (final_logp - logq)).sum(-1).mean()
+    return (p_logp - (p * logq).sum(-1)).mean()
 
 
 def train_translators(
@@ -106,10 +116,11 @@ def train_translators(
         with torch.no_grad():
             final = resid[n_layers][:, 1:-1].reshape(-1, d)
             final_logp = torch.log_softmax(lm.logits(final).float(), dim=-1)
+            terms = final_terms(final_logp)
         total = 0.0
         for point in range(n_layers):
             h = resid[point][:, 1:-1].reshape(-1, d)
-            loss = point_kl(lm, weight, bias, point, h, final_logp)
+            loss = point_kl(lm, weight, bias, point, h, final_logp, terms)
             loss.backward()
             total += float(loss.detach())
         if not torch.isfinite(torch.tensor(total)):

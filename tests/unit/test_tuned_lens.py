@@ -20,7 +20,7 @@ from compute.engine import sweep
 from compute.errors import LensError, TokenSpecError
 from compute.lens.config import LensTraining
 from compute.lens.store import LensStore, import_lens, lens_key, provide_lens
-from compute.lens.training import point_kl, residuals
+from compute.lens.training import final_terms, point_kl, residuals
 from compute.lens.translators import BASIS_STRATA, LensInfo, TunedLens
 from compute.metrics.base import EngineOptions
 from compute.models import LoadedModel, Processing, load_model, resolve_model_spec
@@ -130,6 +130,9 @@ def test_the_training_loss_is_the_kl_to_final(zoo_lm: LoadedModel) -> None:
     for point in range(zoo_lm.n_layers):
         h = resid[point][:, 1:-1].reshape(-1, zoo_lm.d_model)
         got = point_kl(zoo_lm, lens.weight, lens.bias, point, h, logp.float())
+        shared = point_kl(zoo_lm, lens.weight, lens.bias, point, h, logp.float(),
+                          final_terms(logp.float()))  # as training calls it: made once a step
+        assert float(shared) == float(got)
         moved = h.double() + h.double() @ lens.weight[point].double().T + lens.bias[point]
         logq = torch.log_softmax(reference._logits_from_resid(model, moved.float()).double(), -1)
         want = float((logp.exp() * (logp - logq)).sum(-1).mean())
