@@ -120,16 +120,21 @@ def test_it_is_a_working_language_model(smollm2: LoadedModel) -> None:
 
 def test_compute_store_and_register(gguf_file: Path, data_dir: Path, smollm2: LoadedModel,
                                     tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`strata compute` loads the file in a process of its own; registration over HTTP loads it
-    as a run would and stores what that load measured, and the module's model stands in for
-    that second load (as in test_gemma3.py)."""
+    """`strata compute` on the file computes, writes and stores a run that names the file;
+    registration over HTTP loads it as a run would and stores what that load measured. The
+    module's model stands in for both loads, which would be the same `load_model` of the same
+    spec (held to it here; the load itself is this module's fixture, and the command's own load
+    in a process of its own is the docs' first look, test_doc_commands.py)."""
+    import compute.run
     from service.store import registration
 
-    def loaded(spec: ModelSpec, device: str) -> LoadedModel:
+    def loaded(spec: ModelSpec, device: str = "cpu") -> LoadedModel:
         assert spec == smollm2.spec
+        assert device == "cpu"
         return smollm2
 
     monkeypatch.setattr(registration, "load_model", loaded)
+    monkeypatch.setattr(compute.run, "load_model", loaded)
     db, out = tmp_path / "s.duckdb", tmp_path / "r.parquet"
     env = {"HF_HUB_OFFLINE": "1", "STRATA_DATABASE": str(db), "STRATA_DATA_DIR": str(data_dir)}
     ran = run_strata(["compute", "--model", str(gguf_file), "--metrics", "intervention,logit_lens",
