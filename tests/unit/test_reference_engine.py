@@ -25,6 +25,7 @@ import torch
 from compute.engine import SweepResult, sweep
 from compute.metrics.base import EngineOptions
 from compute.models import zoo_names
+from compute.tokens import windows_fingerprint
 from tests import reference
 
 FAMILIES = list(reference.FAMILIES)
@@ -109,6 +110,7 @@ class Swept:
     tokens: torch.Tensor
     opts: EngineOptions
     result: SweepResult
+    inputs: str  # `inputs_fingerprint` of the model and tokens, made once per case
 
 
 @pytest.fixture(scope="module", params=list(CASES))
@@ -118,7 +120,8 @@ def swept(request: pytest.FixtureRequest, tiny_factories: dict[str, Callable[...
     tokens = tiny_factories["tokens"](case.n_sequences, case.seq_len, lm.d_vocab_real,
                                       lm.bos_token_id, seed=11)
     opts = EngineOptions(batch_size=case.batch_size, **{**OPTS, **case.options})
-    return Swept(lm, tokens, opts, sweep(lm, tokens, FAMILIES, opts))
+    return Swept(lm, tokens, opts, sweep(lm, tokens, FAMILIES, opts),
+                 inputs_fingerprint(lm, tokens))
 
 
 # --------------------------------------------------------------------------- comparison
@@ -185,33 +188,36 @@ def assert_same_sequence_means(result: SweepResult, family: str,
 # reads (`reference.ReferenceOptions`) alone. Cases that differ only in how the engine computes
 # (llama-hf and its fused reductions, the wide vocabulary chunked and fused) hold their engine
 # to the same reference rows, computed once per process.
-_REFERENCE_ROWS: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+_REFERENCE_ROWS: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
 
 
-def _fingerprint(lm: Any, tokens: torch.Tensor, family: str, opts: Any) -> tuple[str, ...]:
-    """What the reference's rows depend on, hashed: every weight as loaded and processed,
-    the model's config, the tokens, the family and the reference's knobs."""
+def inputs_fingerprint(lm: Any, tokens: torch.Tensor) -> str:
+    """What the reference reads of a case, hashed: the model's config, every weight as loaded
+    and processed, and the token windows (`windows_fingerprint`)."""
     digest = hashlib.sha256(repr(lm.model.cfg).encode())
     for name, tensor in sorted(lm.model.state_dict().items()):
         digest.update(name.encode())
-        digest.update(tensor.detach().cpu().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
-    digest.update(tokens.cpu().contiguous().numpy().tobytes())
-    knobs = repr([getattr(opts, f.name) for f in fields(reference.ReferenceOptions)])
-    return digest.hexdigest(), str(tuple(tokens.shape)), family, knobs
+        digest.update(tensor.detach().cpu().reshape(-1).contiguous().view(torch.uint8)
+                      .numpy().tobytes())
+    digest.update(windows_fingerprint(tokens).encode())
+    return digest.hexdigest()
 
 
-def reference_rows_once(lm: Any, tokens: torch.Tensor, family: str,
-                        opts: Any) -> list[dict[str, Any]]:
-    key = _fingerprint(lm, tokens, family, opts)
+def reference_rows_once(swept: Swept, family: str) -> list[dict[str, Any]]:
+    """The reference's rows of one family for a case, made once per process for the same
+    inputs, family and reference knobs."""
+    knobs = repr([getattr(swept.opts, f.name) for f in fields(reference.ReferenceOptions)])
+    key = (swept.inputs, family, knobs)
     if key not in _REFERENCE_ROWS:
-        _REFERENCE_ROWS[key] = reference.reference_rows(lm, tokens, [family], opts)
+        _REFERENCE_ROWS[key] = reference.reference_rows(swept.lm, swept.tokens, [family],
+                                                        swept.opts)
     return _REFERENCE_ROWS[key]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_family_matches_reference(swept: Swept, family: str) -> None:
     """Records (value, stderr over sequences, n = sequences) and the per-sequence means."""
-    rows = reference_rows_once(swept.lm, swept.tokens, family, swept.opts)
+    rows = reference_rows_once(swept, family)
     expected = reference.to_frame(rows)
     assert expected.height > 0 or (family == "neurons" and not swept.lm.has_mlp)
     assert_same(_engine_rows(swept.result, family), expected)
