@@ -26,17 +26,21 @@ from __future__ import annotations
 import argparse
 import json
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 
-def stacks(path: Path) -> list[tuple[list[str], int]]:
-    """(frames outermost first, samples) per line of py-spy's raw output."""
-    rows = []
-    for line in path.read_text().splitlines():
-        text, _, count = line.rpartition(" ")
+def stacks(path: Path) -> Iterator[tuple[list[str], int]]:
+    """(frames outermost first, samples) per stack of py-spy's raw output. With
+    `--subprocesses` a process frame holds its command line, newlines included, so a stack may
+    span lines: each ends at its sample count."""
+    pending = ""
+    for line in path.read_text(errors="replace").splitlines():
+        pending = f"{pending}\n{line}" if pending else line
+        text, _, count = pending.rpartition(" ")
         if text and count.isdigit():
-            rows.append((text.split(";"), int(count)))
-    return rows
+            yield text.split(";"), int(count)
+            pending = ""
 
 
 def part_of(frames: list[str]) -> str | None:

@@ -23,9 +23,13 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks.stack_shares import stacks  # noqa: E402  (py-spy's raw stacks, one parser)
 
 RATE = 25.0  # samples per second, as recorded above
 # (name, substring of a frame): the first one found, innermost frame first, names the stack's
@@ -50,18 +54,6 @@ ACTIVITIES = [
     ("import", "<frozen importlib._bootstrap>"),
 ]
 TEST_FILE = re.compile(r"\(((?:test_\w+|conftest)\.py):")
-
-
-def stacks(path: Path) -> Iterator[tuple[list[str], int]]:
-    """(frames outermost first, samples). A process frame holds its command line, newlines
-    included, so a stack may span lines: one ends at its sample count."""
-    pending = ""
-    for line in path.read_text(errors="replace").splitlines():
-        pending = f"{pending}\n{line}" if pending else line
-        stack, _, count = pending.rpartition(" ")
-        if count.isdigit() and stack:
-            yield stack.split(";"), int(count)
-            pending = ""
 
 
 def process_kind(frames: list[str]) -> tuple[str, list[str]]:
