@@ -112,6 +112,12 @@ class Swept:
     result: SweepResult
     inputs: str  # `inputs_fingerprint` of the model and tokens, made once per case
 
+    @classmethod
+    def of(cls, lm: Any, tokens: torch.Tensor, opts: EngineOptions) -> Swept:
+        """The engine's sweep of every family over `tokens`, with the inputs' fingerprint."""
+        return cls(lm, tokens, opts, sweep(lm, tokens, FAMILIES, opts),
+                   inputs_fingerprint(lm, tokens))
+
 
 @pytest.fixture(scope="module", params=list(CASES))
 def swept(request: pytest.FixtureRequest, tiny_factories: dict[str, Callable[..., Any]]) -> Swept:
@@ -120,8 +126,7 @@ def swept(request: pytest.FixtureRequest, tiny_factories: dict[str, Callable[...
     tokens = tiny_factories["tokens"](case.n_sequences, case.seq_len, lm.d_vocab_real,
                                       lm.bos_token_id, seed=11)
     opts = EngineOptions(batch_size=case.batch_size, **{**OPTS, **case.options})
-    return Swept(lm, tokens, opts, sweep(lm, tokens, FAMILIES, opts),
-                 inputs_fingerprint(lm, tokens))
+    return Swept.of(lm, tokens, opts)
 
 
 # --------------------------------------------------------------------------- comparison
