@@ -237,10 +237,10 @@ SHARED = {"server": "api-server", "web": "web-service"}
 # tests go first (longest first, by the seconds each took with four processes on two cores,
 # measured 2026-12-04), the many short unit tests last, so that none starts late and runs on
 # alone while the other processes sit idle.
-LONGEST_FIRST = ["tests/integration/test_doc_commands.py", "tests/integration/test_gemma3.py",
-                 "web-service", "tests/integration/test_smollm2.py",
+LONGEST_FIRST = ["tests/integration/test_smollm2.py", "tests/integration/test_doc_commands.py",
+                 "tests/integration/test_gemma3.py", "web-service",
                  "tests/unit/test_reference_engine.py", "api-server",
-                 "tests/unit/test_architectures.py", "tests/integration/test_smollm2_bfloat16.py",
+                 "tests/unit/test_architectures.py",
                  "tests/integration/test_first_run.py", "tests/integration/test_family_jobs.py",
                  "tests/unit/test_tuned_lens.py", "tests/integration/test_lifetime.py",
                  "tests/integration/test_families.py", "rabbitmq",
