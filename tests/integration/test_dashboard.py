@@ -491,6 +491,37 @@ def test_head_stability_against_ablation_importance(page: Any, service: Service)
     screenshot(page, "stability-importance")
 
 
+# In the page, before its own scripts: the answer to GET /api/v1/families held back 2 s.
+SLOW_FAMILIES = """
+const realFetch = window.fetch.bind(window);
+window.fetch = (target, init) => {
+  const answer = realFetch(target, init);
+  const path = new URL(String(target instanceof Request ? target.url : target),
+                       location.href).pathname;
+  if (path !== "/api/v1/families") return answer;
+  return answer.then((r) => new Promise((ok) => setTimeout(() => ok(r), 2000)));
+};
+"""
+
+
+def test_the_stability_panels_wait_for_the_family_list(browser: Any, service: Service) -> None:
+    """With the family list slow to arrive, the stability panels finish their first draw with
+    the stored family drawn: they never say "no refit families stored" while the list is still
+    on its way (the page once drew them empty first, and redrew them when the list came)."""
+    added = browser.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument",
+                                    {"source": SLOW_FAMILIES})
+    try:
+        browser.get("about:blank")
+        browser.get(service.base + "/")
+        wait_for(browser, lambda: browser.execute_script("return document.body.dataset.ready"))
+        for panel in ("stability", "stability-importance"):
+            assert drawn(browser, panel)["traces"], panel  # drawn, not "empty", at its first draw
+    finally:
+        browser.execute_cdp_cmd("Page.removeScriptToEvaluateOnNewDocument",
+                                {"identifier": added["identifier"]})
+    assert not console_errors(browser)
+
+
 def test_a_write_without_a_key_shows_the_api_error(browser: Any, service: Service) -> None:
     from selenium.webdriver.common.by import By
 

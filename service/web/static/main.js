@@ -17,7 +17,7 @@ import { get, showStatus, url } from "./api.js";
 import { detectJobs, watchRuns, wireJobs } from "./jobs.js";
 import { clearSelection, loadCatalog, readHash, renderModelList, renderSelection, wireRegister,
   writeHash } from "./models.js";
-import { buildPanels, redrawAll, redrawPanel, selectionChanged } from "./panels.js";
+import { buildPanels, redrawAll, selectionChanged } from "./panels.js";
 import * as state from "./state.js";
 
 function wireKey() {
@@ -74,11 +74,10 @@ async function start() {
   document.getElementById(state.xMode() === "depth" ? "x-depth" : "x-layer").checked = true;
   renderSelection();
   renderModelList();
-  get(url("/families")).then((families) => {
+  // Read beside the selection's panels; the stability panels wait for it (state.familiesLoaded).
+  state.setFamiliesLoading(get(url("/families")).then((families) => {
     state.setRefitFamilies(families);
-    redrawPanel("stability");
-    redrawPanel("stability-importance");
-  }).catch(() => {});
+  }).catch(() => {}));
   await selectionChanged();
   detectJobs();
   watchRuns();

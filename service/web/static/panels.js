@@ -220,10 +220,6 @@ export function redrawAll() {
   for (const panel of panels.values()) redraw(panel);
 }
 
-export function redrawPanel(id) {
-  redraw(panels.get(id));
-}
-
 /* The selection's stage boundaries (for the shading and the stage table), or null. */
 async function loadStages() {
   const ids = state.selectedModels().filter((m) => state.runFor(m, "intervention"))

@@ -293,7 +293,8 @@ function fillFamilies(panel) {
 
 export async function drawStability(panel) {
   const ticket = panel.ticket;
-  await plotlyReady;
+  await Promise.all([plotlyReady, state.familiesLoaded()]);
+  if (ticket !== panel.ticket) return null;
   fillFamilies(panel);
   const family = panel.extra.family;
   if (!family) {
@@ -333,7 +334,8 @@ export async function drawStability(panel) {
  * with its 95% interval, and Spearman rho. */
 export async function drawStabilityImportance(panel) {
   const ticket = panel.ticket;
-  await plotlyReady;
+  await Promise.all([plotlyReady, state.familiesLoaded()]);
+  if (ticket !== panel.ticket) return null;
   fillFamilies(panel);
   const family = panel.extra.family;
   const layout = baseLayout("correlation over heads", { yaxis: { range: [-1.05, 1.05],

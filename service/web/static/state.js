@@ -20,6 +20,7 @@ let shaded = null;
 let stages = null;
 let stagesReady = Promise.resolve();
 let families = [];
+let familiesReady = Promise.resolve();
 
 /* The page's own timings, read by benchmarks/dashboard.py (first plot, the last line drawn). */
 window.strata = { firstPlotAt: null, lastDraw: null };
@@ -106,5 +107,9 @@ export function setStageData(value) { stages = value; }
 export function stagesLoaded() { return stagesReady; }
 export function setStagesLoading(promise) { stagesReady = promise; }
 
+/* The stored refit families; `familiesLoaded()` settles once the list has been read (or could not
+ * be), so that a stability panel never calls the list empty before it has arrived. */
 export function refitFamilies() { return families; }
 export function setRefitFamilies(value) { families = value; }
+export function familiesLoaded() { return familiesReady; }
+export function setFamiliesLoading(promise) { familiesReady = promise; }
