@@ -8,12 +8,14 @@
 (py-spy is not a dependency: `pip install --target /somewhere py-spy` puts it beside the
 project, not in it.) A sample is a thread seen running or waiting for a core at one tick, so with
 four test processes on two cores the seconds printed are thread-seconds, about twice the CPU
-seconds: read them as shares. Each stack is attributed three ways:
+seconds: read them as shares. With `--nonblocking` py-spy cannot tell a thread sleeping in C
+from a running one (a worker's parent-watch loop shows up), so the long-lived servers' and
+workers' shares are upper bounds; benchmarks/suite_cpu.py counts the CPU each kind of process was
+charged. Each stack is attributed three ways:
 
-- by process: the xdist test processes, the tests' zygote and the `strata` commands, servers
-  and workers it forked (a forked child keeps its command line), the `strata` processes started
-  by exec (the README's first command, the local worker and beat a `strata serve` starts), the
-  rest;
+- by process: by its command line, as benchmarks/suite_cpu.py classifies it (the xdist test
+  processes; the tests' zygote and the `strata` commands, servers and workers it forked; the
+  `strata` workers, beats and other commands started by exec; the rest);
 - by test module: the innermost frame in a `test_*.py` or `conftest.py` file (a fixture or test
   of that module; a forked process has none and counts under its process);
 - by activity: the first of the frames named in ACTIVITIES found on the stack, innermost first.
@@ -30,6 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.stack_shares import stacks  # noqa: E402  (py-spy's raw stacks, one parser)
+from benchmarks.suite_cpu import process_kind as command_kind  # noqa: E402  (one classifier)
 
 RATE = 25.0  # samples per second, as recorded above
 # (name, substring of a frame): the first one found, innermost frame first, names the stack's
@@ -65,15 +68,7 @@ def process_kind(frames: list[str]) -> tuple[str, list[str]]:
     while not frames[end].endswith('"') and end + 1 < len(frames):
         end += 1
     own, below = ";".join(frames[marks[-1]:end + 1]), frames[end + 1:]
-    if "sys.stdin.readline" in own:
-        return "test processes (xdist)", below
-    if "tests.launcher" in own:  # a forked child keeps the zygote's command line
-        return "the zygote and the strata processes it forked", below
-    if "service.cli" in own or "bin/strata" in own:
-        return "strata by exec", below
-    if "pytest" in own:
-        return "pytest controller", below
-    return "other: " + own[own.find(":") + 1:][:60], below
+    return command_kind(own), below
 
 
 def main() -> None:
