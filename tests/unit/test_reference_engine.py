@@ -15,6 +15,7 @@ import ast
 import hashlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -110,13 +111,11 @@ class Swept:
     tokens: torch.Tensor
     opts: EngineOptions
     result: SweepResult
-    inputs: str  # `inputs_fingerprint` of the model and tokens, made once per case
 
-    @classmethod
-    def of(cls, lm: Any, tokens: torch.Tensor, opts: EngineOptions) -> Swept:
-        """The engine's sweep of every family over `tokens`, with the inputs' fingerprint."""
-        return cls(lm, tokens, opts, sweep(lm, tokens, FAMILIES, opts),
-                   inputs_fingerprint(lm, tokens))
+    @cached_property
+    def inputs(self) -> str:
+        """`inputs_fingerprint` of the model and tokens: made once per case, when first asked."""
+        return inputs_fingerprint(self.lm, self.tokens)
 
 
 @pytest.fixture(scope="module", params=list(CASES))
@@ -126,7 +125,7 @@ def swept(request: pytest.FixtureRequest, tiny_factories: dict[str, Callable[...
     tokens = tiny_factories["tokens"](case.n_sequences, case.seq_len, lm.d_vocab_real,
                                       lm.bos_token_id, seed=11)
     opts = EngineOptions(batch_size=case.batch_size, **{**OPTS, **case.options})
-    return Swept.of(lm, tokens, opts)
+    return Swept(lm, tokens, opts, sweep(lm, tokens, FAMILIES, opts))
 
 
 # --------------------------------------------------------------------------- comparison

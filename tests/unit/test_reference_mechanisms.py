@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from compute.engine import sweep
 from compute.metrics.base import EngineOptions
 from compute.models import load_model, resolve_model_spec
 from compute.zoo.architectures import CASES_BY_NAME, WINDOW, build_checkpoint
@@ -67,7 +68,7 @@ def swept(
     tokens = torch.randint(0, lm.d_vocab_real, (2, SEQ_LEN), generator=gen)
     tokens[:, 0] = lm.bos_token_id
     opts = EngineOptions(batch_size=2, **OPTS)
-    return Swept.of(lm, tokens, opts)
+    return Swept(lm, tokens, opts, sweep(lm, tokens, FAMILIES, opts))
 
 
 @pytest.mark.parametrize("family", FAMILIES)
