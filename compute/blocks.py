@@ -1,32 +1,32 @@
-"""A fast forward of one TransformerLens block, from the block's own (processed) weights.
+"""A fast forward of one transformer block, from the weights of a TransformerLens bridge.
 
-TransformerLens's `TransformerBlock.forward` is written for hooking, not speed: it re-lays out
-W_Q, W_K, W_V and W_O on every call, runs three projections instead of one, materialises the
-attention pattern even when nobody reads it, and computes GELU in seven elementwise passes. For
-the architectures it covers (`supports`), this module computes the same function with
+The bridge runs each block as its own architecture's module does, with TransformerLens's hook
+points around every piece: exact for any architecture, but written for hooking, not speed. For
+the architectures listed in `FAST_ARCHITECTURES`, whose blocks are the plain pre-norm pattern,
+this module computes the same function from the bridge's weights (read once per block,
+`fast_block`) with
 
 - one fused QKV projection (`addmm` on a [d_model, (n_heads + 2 n_kv) * d_head] matrix laid out
   once; grouped-query attention projects K and V for its n_kv key/value heads only and shares
-  each among its group of query heads, as TransformerLens's `GroupedQueryAttention` does),
+  each among its group of query heads),
 - PyTorch's scaled-dot-product attention (fused, no [q, k] pattern in memory) when no family
-  needs the pattern, and an explicit float32 softmax when one does; GPT-Neo's local layers
-  (`attn_type == "local"`) get the same window mask as TransformerLens's (a key is visible
-  while q - k < window_size),
-- `F.layer_norm` for LayerNorm / LayerNormPre, `F.rms_norm` for RMSNorm / RMSNormPre (float32
-  reductions in any dtype, as TransformerLens's) and `F.gelu(approximate="tanh")` for gelu_new
-  (the same formula as TransformerLens's, fused); rotary embeddings by TransformerLens's
-  formula, on the query and key heads of the fused projection at once,
-- gated MLPs (Llama, Mistral, Qwen, OLMo, Gemma) with W_gate and W_in fused into one matmul,
-  where TransformerLens's `GatedMLP` makes a transposed copy of both on every call.
+  needs the pattern, and an explicit float32 softmax when one does,
+- `F.layer_norm` / `F.rms_norm` (float32 reductions in any dtype) and `F.gelu(approximate=
+  "tanh")` for gelu_new (the same formula, fused); rotary embeddings from the cosines and sines
+  the model's own rotary module gives (so every rope scaling it implements is the model's own),
+  applied to the query and key heads of the fused projection at once,
+- gated MLPs (Llama, Mistral, Qwen 2) with the gate and input projections fused into one matmul.
 
-Anything else — post-norm architectures, ALiBi, soft-capped scores, attention sinks — runs
-through the TransformerLens block with hooks (`LoadedModel.run_block` falls back). The float32
-results agree with TransformerLens to float rounding; the reference tests
-(`tests/unit/test_reference_engine.py`) hold both paths to 1e-4.
+Anything else — post-norms, ALiBi, soft-capped scores, qk-norms, attention sinks, sliding
+windows, mixtures of experts, state-space layers — runs on the bridge's own blocks with hooks
+(`LoadedModel.run_block`). `fast_path_refusal` says, by name, why a model is not eligible; the
+parity report at every load holds either path to the Hugging Face forward, and the reference
+tests (`tests/unit/test_reference_engine.py`) hold both to 1e-4.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
 
-_ACTIVATIONS = {
+_ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
     "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "gelu": F.gelu,
@@ -43,179 +43,277 @@ _ACTIVATIONS = {
     "silu": F.silu,
 }
 
-
-def supports(cfg: Any, block: Any) -> bool:
-    """Whether `fast_block` computes exactly what this TransformerLens block computes."""
-    from transformer_lens.components import LayerNorm, LayerNormPre, RMSNorm, RMSNormPre
-    from transformer_lens.utilities.architectures import POST_NORM_ARCHITECTURES
-
-    norms = (LayerNorm, LayerNormPre, RMSNorm, RMSNormPre)
-    ok = (
-        not cfg.use_attn_in
-        and not cfg.use_split_qkv_input
-        and not cfg.use_attn_result
-        and not cfg.use_normalization_before_and_after
-        and cfg.original_architecture not in POST_NORM_ARCHITECTURES
-        and cfg.positional_embedding_type in ("standard", "rotary")
-        and (not cfg.attn_scores_soft_cap or cfg.attn_scores_soft_cap <= 0)
-    )
-    ok = ok and not getattr(cfg, "use_attention_sinks", False) and cfg.clip_qkv is None
-    ok = ok and not getattr(cfg, "use_logn_attn", False) and cfg.attention_dir == "causal"
-    ok = ok and not getattr(cfg, "use_dynamic_ntk_rope", False) and not cfg.load_in_4bit
-    ok = (
-        ok
-        and not getattr(cfg, "use_qk_norm", False)
-        and cfg.original_architecture
-        not in ("OlmoeForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM")
-    )
-    ok = ok and isinstance(block.ln1, norms)
-    ok = ok and type(block.attn).__name__ in ("Attention", "GroupedQueryAttention")
-    ok = ok and block.attn.attn_type in ("global", "local")
-    if not cfg.attn_only:
-        ok = ok and isinstance(block.ln2, norms)
-    return bool(ok)
+# Architectures whose blocks are x + attn(norm(x)) then + mlp(norm(.)) (or both from x, in
+# parallel), with plain causal attention: the fused forward computes them exactly.
+FAST_ARCHITECTURES = frozenset(
+    {
+        "GPT2LMHeadModel",
+        "GPTNeoXForCausalLM",
+        "LlamaForCausalLM",
+        "MistralForCausalLM",
+        "Qwen2ForCausalLM",
+        "TransformerLensNative",
+    }
+)
+# Norm modules whose function is F.layer_norm / F.rms_norm with their weight (or none).
+_LAYER_NORMS = frozenset({"LayerNorm", "NativeLayerNormPre"})
+_RMS_NORMS = frozenset(
+    {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "NativeRMSNorm", "NativeRMSNormPre"}
+)
 
 
-@dataclass
-class FastWeights:
-    """Weights of one block laid out for the fast forward (derived; rebuilt when they change)."""
+@dataclass(frozen=True)
+class Norm:
+    """A pre-norm: LayerNorm or RMSNorm with an optional gain (and bias), or none at all."""
 
+    kind: str  # "ln", "rms" or "none"
+    eps: float = 1e-5
+    weight: Tensor | None = None
+    bias: Tensor | None = None
+
+    def __call__(self, x: Tensor) -> Tensor:
+        if self.kind == "ln":
+            return F.layer_norm(x, x.shape[-1:], self.weight, self.bias, eps=self.eps)
+        if self.kind == "rms":
+            return F.rms_norm(x, x.shape[-1:], self.weight, eps=self.eps)
+        return x
+
+
+@dataclass(frozen=True)
+class FastMLP:
+    w_in: Float[Tensor, "d_model d_mlp"]
+    b_in: Float[Tensor, " d_mlp"]
+    w_out: Float[Tensor, "d_mlp d_model"]
+    b_out: Float[Tensor, " d_model"]
+    act_fn: str
+    # A gated MLP's gate and input projections side by side ([d_model, 2 * d_mlp]).
+    w_gate_in: Float[Tensor, "d_model two_mlp"] | None = None
+
+
+@dataclass(frozen=True)
+class FastBlock:
+    """One block's weights laid out for the fast forward (derived; rebuilt when they change)."""
+
+    ln1: Norm
     w_qkv: Float[Tensor, "d_model qkv"]
     b_qkv: Float[Tensor, " qkv"]
     w_o: Float[Tensor, "hd d_model"]
     b_o: Float[Tensor, " d_model"]
+    n_heads: int
     n_kv_heads: int  # key/value heads (n_heads unless grouped-query attention)
-    # A gated MLP's W_gate and W_in side by side ([d_model, 2 * d_mlp]); None otherwise.
-    w_gate_in: Float[Tensor, "d_model two_mlp"] | None = None
+    d_head: int
+    scale: float  # scores are q.k times this
+    rotary: bool  # rotary position embeddings, from the model's own rotary module
+    parallel: bool
+    ln2: Norm | None = None
+    mlp: FastMLP | None = None
 
 
-def fast_weights(block: Any) -> FastWeights:
+def fast_path_refusal(bridge: Any) -> str | None:
+    """Why the fused forward cannot compute this model exactly (None: it can)."""
+    cfg = bridge.cfg
+    arch = str(cfg.architecture)
+    if arch not in FAST_ARCHITECTURES:
+        return f"{arch} is not among the fused forward's architectures"
+    hf = getattr(bridge, "original_model", None)
+    hf_cfg = getattr(hf, "config", None)
+    if hf_cfg is not None and arch != "TransformerLensNative":
+        layer_types = getattr(hf_cfg, "layer_types", None) or []
+        window = getattr(hf_cfg, "sliding_window", None)
+        if any(t != "full_attention" for t in layer_types) or (
+            arch == "MistralForCausalLM" and window is not None and window < int(cfg.n_ctx)
+        ):
+            return "sliding-window attention"
+        if getattr(hf_cfg, "scale_attn_by_inverse_layer_idx", False):
+            return "scores scaled by the inverse layer index"
+    if arch == "TransformerLensNative" and cfg.positional_embedding_type != "standard":
+        return "the native model's own rotary embedding"
+    if cfg.attn_scores_soft_cap is not None and cfg.attn_scores_soft_cap > 0:
+        return "soft-capped attention scores"
+    if cfg.act_fn not in _ACTIVATIONS:
+        return f"activation {cfg.act_fn!r}"
+    for block in bridge.blocks:
+        for name in ("ln1", "ln2"):
+            module = getattr(block, name, None)
+            if module is not None and _norm_kind(module) is None:
+                kind = type(getattr(module, "original_component", module)).__name__
+                return f"norm {kind}"
+        if any(hasattr(block, n) for n in ("ln1_post", "ln2_post")):
+            return "norms after the sublayers"
+    return None
+
+
+def _norm_kind(module: Any) -> str | None:
+    inner = getattr(module, "original_component", module)
+    name = type(inner).__name__
+    if name in _LAYER_NORMS:
+        return "ln"
+    if name in _RMS_NORMS:
+        return "rms"
+    if name == "Identity":
+        return "none"
+    return None
+
+
+def _norm(module: Any) -> Norm:
+    inner = getattr(module, "original_component", module)
+    kind = _norm_kind(module)
+    if kind is None or kind == "none":
+        return Norm("none")
+    eps = float(getattr(inner, "eps", None) or getattr(inner, "variance_epsilon", 1e-5))
+    weight = getattr(inner, "weight", None)
+    bias = getattr(inner, "bias", None)
+    return Norm(
+        kind,
+        eps,
+        weight.detach() if weight is not None else None,
+        bias.detach() if bias is not None else None,
+    )
+
+
+def final_norm(bridge: Any) -> Norm:
+    return _norm(bridge.ln_final)
+
+
+def _zeros_if_none(t: Tensor | None, shape: tuple[int, ...], like: Tensor) -> Tensor:
+    if t is None:
+        return torch.zeros(shape, dtype=like.dtype, device=like.device)
+    return t.detach()
+
+
+def fast_block(bridge: Any, layer: int) -> FastBlock:
+    """The weights of block `layer` of an eligible bridge (`fast_path_refusal` is None), laid
+    out for `attention` and `mlp`."""
+    cfg = bridge.cfg
+    block = bridge.blocks[layer]
     attn = block.attn
-    h, d, dh = attn.W_Q.shape
-    # Grouped-query attention keeps its n_kv key/value projections unexpanded (_W_K, _W_V).
-    w_k, w_v = getattr(attn, "_W_K", attn.W_K), getattr(attn, "_W_V", attn.W_V)
-    b_k, b_v = getattr(attn, "_b_K", attn.b_K), getattr(attn, "_b_V", attn.b_V)
+    w_q, w_k, w_v = attn.W_Q.detach(), attn.W_K.detach(), attn.W_V.detach()
+    h, d, dh = w_q.shape
+    kv = int(w_k.shape[0])
     # [heads, d, dh] -> [d, heads * dh]; Q, K, V side by side so one matmul projects all three.
-    w = torch.cat([attn.W_Q, w_k, w_v]).detach()
-    w_qkv = w.permute(1, 0, 2).reshape(d, -1).contiguous()
-    b_qkv = torch.cat([attn.b_Q, b_k, b_v]).detach().reshape(-1).contiguous()
+    w_qkv = torch.cat([w_q, w_k, w_v]).permute(1, 0, 2).reshape(d, -1).contiguous()
+    b_qkv = torch.cat(
+        [
+            _zeros_if_none(attn.b_Q, (h, dh), w_q),
+            _zeros_if_none(attn.b_K, (kv, dh), w_q),
+            _zeros_if_none(attn.b_V, (kv, dh), w_q),
+        ]
+    ).reshape(-1)
     w_o = attn.W_O.detach().reshape(h * dh, d).contiguous()
-    w_gate_in = None
-    mlp = getattr(block, "mlp", None)
-    if mlp is not None and type(mlp).__name__ == "GatedMLP":
-        w_gate_in = torch.cat([mlp.W_gate, mlp.W_in], dim=1).detach().contiguous()
-    return FastWeights(w_qkv, b_qkv, w_o, attn.b_O.detach(), int(w_k.shape[0]), w_gate_in)
+    b_o = _zeros_if_none(attn.b_O, (d,), w_q)
+    mlp = None
+    ln2 = None
+    if not cfg.attn_only and getattr(block, "mlp", None) is not None:
+        m = block.mlp
+        w_in = m.W_in.detach()
+        gate = getattr(m, "W_gate", None)
+        d_mlp = int(w_in.shape[1])
+        mlp = FastMLP(
+            w_in,
+            _zeros_if_none(getattr(m, "b_in", None), (d_mlp,), w_in),
+            m.W_out.detach(),
+            _zeros_if_none(getattr(m, "b_out", None), (d,), w_in),
+            str(cfg.act_fn),
+            torch.cat([gate.detach(), w_in], dim=1).contiguous() if gate is not None else None,
+        )
+        ln2 = _norm(block.ln2)
+    return FastBlock(
+        ln1=_norm(block.ln1),
+        w_qkv=w_qkv,
+        b_qkv=b_qkv,
+        w_o=w_o,
+        b_o=b_o,
+        n_heads=h,
+        n_kv_heads=kv,
+        d_head=dh,
+        scale=_scale(bridge, attn, dh),
+        rotary=cfg.positional_embedding_type == "rotary",
+        parallel=bool(cfg.parallel_attn_mlp),
+        ln2=ln2,
+        mlp=mlp,
+    )
 
 
-def norm(module: Any, x: Tensor) -> Tensor:
-    """A TransformerLens norm module applied with PyTorch's fused kernel.
-
-    RMSNorm: `F.rms_norm`, which reduces in float32 whatever the input's dtype (as
-    TransformerLens's does) without its seven passes: a float32 copy of the whole activation,
-    its square, the mean, the root, the division, the cast back and the scale.
-    """
-    from transformer_lens.components import LayerNorm, LayerNormPre, RMSNorm, RMSNormPre
-
-    if isinstance(module, LayerNormPre):
-        return F.layer_norm(x, x.shape[-1:], eps=module.eps)
-    if isinstance(module, LayerNorm):
-        return F.layer_norm(x, x.shape[-1:], module.w, module.b, eps=module.eps)
-    if isinstance(module, RMSNormPre):
-        return F.rms_norm(x, x.shape[-1:], eps=module.eps)
-    if isinstance(module, RMSNorm):
-        return F.rms_norm(x, x.shape[-1:], module.w, eps=module.eps)
-    return module(x)
+def _scale(bridge: Any, attn: Any, d_head: int) -> float:
+    """What the model multiplies q.k by: the module's own `scaling` where it has one (Llama,
+    Mistral, Qwen 2, GPT-NeoX), the native model's 1 / `scale`, GPT-2's 1 / sqrt(d_head)."""
+    inner = getattr(attn, "original_component", attn)
+    if getattr(inner, "scaling", None) is not None:
+        return float(inner.scaling)
+    if getattr(inner, "scale", None) is not None and not isinstance(inner.scale, bool):
+        return 1.0 / float(inner.scale)
+    if getattr(inner, "scale_attn_weights", True) is False:
+        return 1.0
+    return float(d_head) ** -0.5
 
 
-def rotary(attn: Any, x: Float[Tensor, "batch pos heads d_head"]) -> Tensor:
-    """TransformerLens's rotary embedding (`apply_rotary`), op for op, applied to the query and
-    key heads of the fused projection in one call (TransformerLens's clones and rewrites each
-    of q and k separately). Sequences longer than its tables go to its own method, which
-    extends them."""
-    t = x.shape[1]
-    if t > attn.rotary_cos.shape[0]:
-        return attn.apply_rotary(x)
-    r = int(attn.cfg.rotary_dim)
-    cos, sin = attn.rotary_cos[None, :t, None, :], attn.rotary_sin[None, :t, None, :]
+def rotary(
+    x: Float[Tensor, "batch pos heads d_head"], cos: Tensor, sin: Tensor
+) -> Float[Tensor, "batch pos heads d_head"]:
+    """The rotary embedding as Hugging Face applies it (`rotate_half`: [a, b] -> [-b, a]) to
+    the first `cos.shape[-1]` dimensions of each head, on the query and key heads of the fused
+    projection at once. `cos`, `sin`: [1, pos, rotary_dim], the model's own rotary module's."""
+    r = int(cos.shape[-1])
+    cos, sin = cos[:, :, None, :].to(x.dtype), sin[:, :, None, :].to(x.dtype)
     x_rot = x[..., :r]
-    if attn.cfg.rotary_adjacent_pairs:  # [x0, x1] -> [-x1, x0] pair by pair
-        flip = torch.stack((-x_rot[..., 1::2], x_rot[..., ::2]), dim=-1).flatten(-2)
-    else:  # halves: [a, b] -> [-b, a]
-        half = r // 2
-        flip = torch.cat((-x_rot[..., half:], x_rot[..., :half]), dim=-1)
+    half = r // 2
+    flip = torch.cat((-x_rot[..., half:], x_rot[..., :half]), dim=-1)
     out = x_rot * cos + flip * sin
     return out if r == x.shape[-1] else torch.cat((out, x[..., r:]), dim=-1)
 
 
-def mlp(
-    block: Any, cfg: Any, x: Float[Tensor, "... d_model"], weights: FastWeights | None = None
-) -> Float[Tensor, "... d_model"]:
-    """The block's MLP on an already normalised input.
-
-    A gated MLP computes (act(x W_gate) * (x W_in) + b_in) W_out + b_out, TransformerLens's
-    `GatedMLP` formula, with both input projections in one matmul when `weights` carries them.
-    """
-    m = block.mlp
-    act = _ACTIVATIONS.get(cfg.act_fn)
-    kind = type(m).__name__
-    w_gate_in = weights.w_gate_in if weights is not None else None
-    plain = kind == "MLP" and not cfg.gated_mlp
-    if act is None or not (plain or (kind == "GatedMLP" and w_gate_in is not None)):
-        return m(x)
+def mlp(fb: FastBlock, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
+    """The block's MLP on an already normalised input: (act(x W_gate) * (x W_in) + b_in) W_out
+    + b_out for a gated MLP, act(x W_in + b_in) W_out + b_out otherwise."""
+    m = fb.mlp
+    assert m is not None, "mlp() called on an attention-only block"
+    act = _ACTIVATIONS[m.act_fn]
     flat = x.reshape(-1, x.shape[-1])
-    if w_gate_in is not None:
-        gate, linear = (flat @ w_gate_in).chunk(2, dim=-1)
+    if m.w_gate_in is not None:
+        gate, linear = (flat @ m.w_gate_in).chunk(2, dim=-1)
         # SiLU in place: `gate` is a view of this function's own matmul output (not where a
         # gradient is taken: autograd refuses in-place writes to one of several views).
-        in_place = cfg.act_fn == "silu" and not torch.is_grad_enabled()
+        in_place = m.act_fn == "silu" and not torch.is_grad_enabled()
         gate = F.silu(gate, inplace=True) if in_place else act(gate)
         post = torch.addcmul(m.b_in, gate, linear)
     else:
-        post = act(torch.addmm(m.b_in, flat, m.W_in))
-    out = torch.addmm(m.b_out, post, m.W_out)
+        post = act(torch.addmm(m.b_in, flat, m.w_in))
+    out = torch.addmm(m.b_out, post, m.w_out)
     return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
 def attention(
-    block: Any,
-    weights: FastWeights,
+    fb: FastBlock,
     x: Float[Tensor, "batch pos d_model"],
+    rope: tuple[Tensor, Tensor] | None,
     *,
     head_mask: Float[Tensor, "batch head"] | None,
     capture_pattern: bool,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """Attention write, z ([batch, pos, head, d_head]) and, if asked, the pattern."""
-    attn = block.attn
     b, t, d = x.shape
-    h, dh = attn.W_Q.shape[0], attn.W_Q.shape[2]
-    kv = weights.n_kv_heads
-    qkv = torch.addmm(weights.b_qkv, x.reshape(-1, d), weights.w_qkv).view(b, t, h + 2 * kv, dh)
-    if attn.cfg.positional_embedding_type == "rotary":
-        q, k = rotary(attn, qkv[:, :, : h + kv]).split([h, kv], dim=2)
+    h, kv, dh = fb.n_heads, fb.n_kv_heads, fb.d_head
+    qkv = torch.addmm(fb.b_qkv, x.reshape(-1, d), fb.w_qkv).view(b, t, h + 2 * kv, dh)
+    if fb.rotary:
+        if rope is None:
+            raise ValueError("a rotary block needs the model's cosines and sines")
+        q, k = rotary(qkv[:, :, : h + kv], *rope).split([h, kv], dim=2)
         v = qkv[:, :, h + kv :]
     else:
         q, k, v = qkv.split([h, kv, kv], dim=2)  # [b, t, heads, dh]
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [b, heads, t, dh]
     if kv != h:  # each key/value head serves h // kv consecutive query heads
         k, v = k.repeat_interleave(h // kv, dim=1), v.repeat_interleave(h // kv, dim=1)
-    visible = torch.ones(t, t, dtype=torch.bool, device=x.device).tril_()
-    if attn.attn_type == "local":
-        visible.triu_(1 - int(attn.cfg.window_size))  # keys q - window < k <= q
     pattern = None
     if capture_pattern:
-        scores = (q.float() @ k.float().transpose(-1, -2)) / float(attn.attn_scale)
+        visible = torch.ones(t, t, dtype=torch.bool, device=x.device).tril_()
+        scores = (q.float() @ k.float().transpose(-1, -2)) * fb.scale
         pattern = torch.softmax(scores.masked_fill_(~visible, float("-inf")), dim=-1)
         z = pattern.to(v.dtype) @ v
-    elif attn.attn_type == "local":
-        z = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=visible, scale=1.0 / float(attn.attn_scale)
-        )
     else:
-        z = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, scale=1.0 / float(attn.attn_scale)
-        )
+        z = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=fb.scale)
     z = z.transpose(1, 2)  # [b, t, h, dh]
     if head_mask is not None:
         z = z * head_mask[:, None, :, None].to(z.dtype)
-    out = torch.addmm(weights.b_o, z.reshape(b * t, h * dh), weights.w_o).view(b, t, d)
+    out = torch.addmm(fb.b_o, z.reshape(b * t, h * dh), fb.w_o).view(b, t, d)
     return out, z, pattern

@@ -1,13 +1,14 @@
 """Models: the spec that identifies a run's weights, the sources that load them, and the model
-layer the metrics talk to. This package is the only place that boots TransformerLens.
+layer the metrics talk to. This package is the only place that boots TransformerLens (4: every
+model is a `TransformerBridge`).
 
   spec        `ModelSpec`, `Processing`: what identifies the weights a run analyses
   sources     the source registry (`SOURCES`): a reference to a spec (`resolve_model_spec`)
               and a spec to weights
-  configs     Hugging Face config -> TransformerLens config where TransformerLens knows an
-              architecture only by its hub names (Gemma, OLMo) or misreads it (Phi)
-  processing  TransformerLens weight processing, applied one block at a time, as far as the
-              architecture allows
+  bridge      booting a bridge (Hugging Face or native), its weight processing, the inputs
+              each block takes besides the residual; TransformerLens's adapters, read cheaply
+  refusals    what Strata refuses to load and why, from config.json alone
+  processing  which weight processing the architecture allows
   parity      the parity report: Strata's forward against the Hugging Face forward
   loaded      `LoadedModel`, the operations the metrics are built from, and `load_model`
 

@@ -1,4 +1,4 @@
-"""The model layer: a processed TransformerLens model behind the few operations the metrics
+"""The model layer: a processed TransformerLens bridge behind the few operations the metrics
 are built from, and `load_model`, the one entry point to TransformerLens.
 
 Everything else talks to a `LoadedModel`, which exposes exactly the operations the metrics need:
@@ -22,6 +22,7 @@ from compute import blocks
 from compute.errors import ModelLoadError, StrataError
 from compute.memory import ModelDims, allocator_for_loading, check_fits
 from compute.models import parity
+from compute.models.bridge import BlockInputs
 from compute.models.parity import ParityReport
 from compute.models.processing import POST_NORM_ARCHITECTURES, AppliedProcessing
 from compute.models.sources import SOURCES, SourceLoad
@@ -45,7 +46,7 @@ class BlockRun:
 
 @dataclass
 class LoadedModel:
-    """A processed TransformerLens model plus the few operations the metrics are built from."""
+    """A processed TransformerLens bridge plus the few operations the metrics are built from."""
 
     spec: ModelSpec
     model: Any
@@ -125,7 +126,9 @@ class LoadedModel:
 
     @property
     def architecture(self) -> str:
-        return str(self.cfg.original_architecture or "HookedTransformer")
+        """The Hugging Face architecture (`LlamaForCausalLM`, ...), or what Strata built natively
+        (`planted`, `TransformerLensNative` for random weights)."""
+        return str(self._ctx.get("architecture") or self.cfg.architecture)
 
     def describe(self) -> dict[str, Any]:
         """Architecture numbers and processing, as stored with a registered model."""
@@ -143,15 +146,15 @@ class LoadedModel:
             "parallel_attn_mlp": bool(self.cfg.parallel_attn_mlp),
             "processing": self.applied.as_dict(),
             "n_experts": self.n_experts,
+            "block_path": self.block_path,
             "parity": self.parity.as_dict() if self.parity is not None else None,
         }
 
     # ---- forward pieces
     def embed(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos d_model"]:
-        """Residual stream before block 0 (token + positional embedding as the model does it)."""
-        resid, _, shortformer, _ = self.model.input_to_embed(tokens)
-        self._ctx["shortformer"] = shortformer
-        return resid
+        """Residual stream before block 0: the model's own embedding (token and positional
+        embeddings, any scaling), up to the input of block 0."""
+        return self.model(tokens, stop_at_layer=0)  # type: ignore[no-any-return]
 
     def run_block(
         self,
@@ -169,10 +172,9 @@ class LoadedModel:
         `zero_attn` / `zero_mlp` zero that component's residual write (biases included);
         `head_mask` multiplies each head's z (1 keeps, 0 ablates), row by row of the batch;
         `capture_z` returns each head's z (for ablations that subtract one head's write).
-        Supported architectures run the fast forward of `compute.blocks`; the rest run the
-        TransformerLens block with hooks.
+        Eligible architectures run the fused forward of `compute.blocks`; the rest run the
+        bridge's block (the model's own module) with hooks.
         """
-        block = self.model.blocks[layer]
         if self.fast_path:
             return self._run_fast_block(
                 layer,
@@ -182,6 +184,7 @@ class LoadedModel:
                 head_mask=head_mask,
                 capture_pattern=capture_pattern,
             )
+        block = self.model.blocks[layer]
         captured: dict[str, Tensor] = {}
 
         def attn_hook(_m: Any, _i: Any, out: Tensor) -> Tensor:
@@ -208,11 +211,29 @@ class LoadedModel:
             hooks.append((block.attn.hook_pattern, pattern_hook))
         if head_mask is not None or capture_z:
             hooks.append((block.attn.hook_z, z_hook))
+        kwargs = self._block_inputs.of(layer, resid)
         with _forward_hooks(hooks):
-            out = block(resid, shortformer_pos_embed=self._ctx.get("shortformer"))
+            out = block(resid, **kwargs)
+        out = out[0] if isinstance(out, tuple) else out
+        if "attn" not in captured:
+            raise ModelLoadError(
+                f"{self.architecture}: block {layer}'s attention write was not seen by its hook"
+            )
         return BlockRun(
             out, captured["attn"], captured.get("mlp"), captured.get("pattern"), captured.get("z")
         )
+
+    @property
+    def _block_inputs(self) -> BlockInputs:
+        if "block_inputs" not in self._ctx:
+            self._ctx["block_inputs"] = BlockInputs(self.model)
+        return self._ctx["block_inputs"]  # type: ignore[no-any-return]
+
+    def _rope(self, layer: int, resid: Tensor) -> tuple[Tensor, Tensor] | None:
+        if self.cfg.positional_embedding_type != "rotary":
+            return None
+        inputs = self._block_inputs.of(layer, resid)
+        return inputs["position_embeddings"]  # type: ignore[no-any-return]
 
     def _run_fast_block(
         self,
@@ -224,39 +245,40 @@ class LoadedModel:
         head_mask: Tensor | None,
         capture_pattern: bool,
     ) -> BlockRun:
-        block = self.model.blocks[layer]
-        weights = self._fast_weights(layer)
+        fb = self._fast_weights(layer)
         attn_out, z, pattern = blocks.attention(
-            block,
-            weights,
-            blocks.norm(block.ln1, resid),
+            fb,
+            fb.ln1(resid),
+            self._rope(layer, resid),
             head_mask=head_mask,
             capture_pattern=capture_pattern,
         )
         if zero_attn:
             attn_out = torch.zeros_like(attn_out)
-        if not self.has_mlp:
+        if fb.mlp is None or fb.ln2 is None:
             return BlockRun(resid + attn_out, attn_out, None, pattern, z)
-        mlp_in = resid if self.parallel else resid + attn_out
-        mlp_out = blocks.mlp(block, self.cfg, blocks.norm(block.ln2, mlp_in), weights)
+        mlp_in = resid if fb.parallel else resid + attn_out
+        mlp_out = blocks.mlp(fb, fb.ln2(mlp_in))
         if zero_mlp:
             mlp_out = torch.zeros_like(mlp_out)
-        out = resid + attn_out + mlp_out if self.parallel else mlp_in + mlp_out
+        out = resid + attn_out + mlp_out if fb.parallel else mlp_in + mlp_out
         return BlockRun(out, attn_out, mlp_out, pattern, z)
 
     def run_mlp(
         self, layer: int, resid: Float[Tensor, "batch pos d_model"]
     ) -> Float[Tensor, "batch pos d_model"]:
         """Block `layer`'s MLP write given the residual it reads (resid_mid, or resid_pre for
-        parallel attention/MLP): its norm, the MLP, and nothing else."""
-        block = self.model.blocks[layer]
+        parallel attention/MLP): its norm, the MLP and whatever the block applies after it.
+        On the bridge's blocks: the block run on `resid` with its attention write zeroed, so
+        the MLP reads `resid` itself, whatever the block's arrangement of norms."""
         if self.fast_path:
-            return blocks.mlp(
-                block, self.cfg, blocks.norm(block.ln2, resid), self._fast_weights(layer)
-            )
-        if self.post_norm:  # OLMo 2/3: the MLP reads the residual as it is; ln2 follows it
-            return block.apply_mlp(resid)
-        return block.apply_mlp(block.ln2(resid))
+            fb = self._fast_weights(layer)
+            assert fb.ln2 is not None
+            return blocks.mlp(fb, fb.ln2(resid))
+        run = self.run_block(layer, resid, zero_attn=True)
+        if run.mlp_out is None:
+            raise ModelLoadError(f"{self.architecture}: block {layer} has no MLP write")
+        return run.mlp_out
 
     def head_writes(
         self, layer: int, z: Float[Tensor, "batch pos head d_head"], heads: list[int]
@@ -271,25 +293,29 @@ class LoadedModel:
         pick: slice | list[int] = heads
         if heads == list(range(heads[0], heads[-1] + 1)):
             pick = slice(heads[0], heads[-1] + 1)
-        w_o = self.model.blocks[layer].attn.W_O.detach()[pick]  # [g, d_head, d_model]
+        w_o = self._w_o(layer)[pick]  # [g, d_head, d_model]
         return torch.einsum("bphk,hkd->hbpd", z[:, :, pick], w_o)
+
+    def _w_o(self, layer: int) -> Tensor:
+        if self.fast_path:
+            fb = self._fast_weights(layer)
+            return fb.w_o.view(fb.n_heads, fb.d_head, -1)
+        return self.model.blocks[layer].attn.W_O.detach()  # type: ignore[no-any-return]
 
     @property
     def attn_write_is_linear_in_z(self) -> bool:
-        """True when the attention write is b_O + sum over heads of z_h W_O[h] (no norm after
-        attention, no grouped or quantised projections)."""
-        return self.fast_path or (
-            not self.cfg.use_normalization_before_and_after
-            and not self.post_norm
-            and not self.cfg.load_in_4bit
-            and self.cfg.n_key_value_heads in (None, self.cfg.n_heads)
+        """True when the attention write is b_O plus the sum over heads of z_h W_O[h]: no norm
+        between the output projection and the residual stream."""
+        return self.fast_path or not (
+            self.post_norm
+            or any(hasattr(b, n) for b in self.model.blocks for n in ("ln1_post", "ln2_post"))
         )
 
     @property
     def post_norm(self) -> bool:
         """Whether each sublayer's output is normalised before it is added to the residual
         stream (OLMo 2/3), instead of its input."""
-        return self.cfg.original_architecture in POST_NORM_ARCHITECTURES
+        return self.architecture in POST_NORM_ARCHITECTURES
 
     @property
     def parallel(self) -> bool:
@@ -297,68 +323,85 @@ class LoadedModel:
 
     @property
     def fast_path(self) -> bool:
-        """Whether every block runs the fast forward of `compute.blocks` (decided once)."""
+        """Whether every block runs the fused forward of `compute.blocks` (decided once)."""
         if "fast_path" not in self._ctx:
-            self._ctx["fast_path"] = all(blocks.supports(self.cfg, b) for b in self.model.blocks)
+            refusal = blocks.fast_path_refusal(self.model)
+            self._ctx["fast_path"] = refusal is None
+            self._ctx["fast_path_refusal"] = refusal
         return bool(self._ctx["fast_path"])
 
-    def _fast_weights(self, layer: int) -> blocks.FastWeights:
+    @property
+    def block_path(self) -> str:
+        """Which forward the blocks take: "fast" (fused) or "bridge" (the model's own)."""
+        return "fast" if self.fast_path else "bridge"
+
+    def _fast_weights(self, layer: int) -> blocks.FastBlock:
         cache = self._ctx.setdefault("fast_weights", {})
         if layer not in cache:
             # Normal tensors, not inference tensors, whatever mode the first caller runs in:
             # a family that differentiates through the blocks (heads_atp) saves them for
             # backward, which inference tensors refuse.
             with torch.inference_mode(False), torch.no_grad():
-                cache[layer] = blocks.fast_weights(self.model.blocks[layer])
-        return cache[layer]
+                cache[layer] = blocks.fast_block(self.model, layer)
+        return cache[layer]  # type: ignore[no-any-return]
 
     def logits(self, resid: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_vocab"]:
-        """Final norm (recomputed on this residual), W_U, b_U and any logit soft-cap: the same
-        arithmetic as TransformerLens's Unembed."""
+        """Final norm (recomputed on this residual), W_U, b_U and any logit soft-cap: the
+        model's own unembedding."""
         x = self.normed(resid)
         flat = x.reshape(-1, x.shape[-1])
         return self.logit_columns(flat, 0, self.d_vocab).view(*x.shape[:-1], self.d_vocab)
 
     def normed(self, resid: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
         """The final norm of a residual (identity for models without one)."""
-        if self.cfg.normalization_type is None:
-            return resid
-        return (
-            blocks.norm(self.model.ln_final, resid)
-            if self.fast_path
-            else self.model.ln_final(resid)
-        )
+        if self.fast_path:
+            if "final_norm" not in self._ctx:
+                self._ctx["final_norm"] = blocks.final_norm(self.model)
+            return self._ctx["final_norm"](resid)  # type: ignore[no-any-return]
+        return self.model.ln_final(resid)  # type: ignore[no-any-return]
+
+    def _unembed(self) -> tuple[Tensor, Tensor]:
+        """W_U [d_model, d_vocab] as stored (a view, no copy) and b_U (zeros where none)."""
+        if "unembed" not in self._ctx:
+            w_u = self.model.unembed.W_U.detach()
+            b_u = self.model.unembed.b_U
+            if b_u is None:
+                b_u = torch.zeros(w_u.shape[1], dtype=w_u.dtype, device=w_u.device)
+            self._ctx["unembed"] = (w_u, b_u.detach())
+        return self._ctx["unembed"]  # type: ignore[no-any-return]
 
     def logit_columns(
         self, x: Float[Tensor, "n d_model"], start: int, stop: int
     ) -> Float[Tensor, "n cols"]:
         """Logits of vocabulary columns start..stop-1 of a normed residual: one `addmm` on a
         column range of W_U as stored ([d_model, vocab]; BLAS reads it in place, no copy)."""
-        from transformer_lens.utilities import apply_softcap
-
-        unembed = self.model.unembed
-        logits = torch.addmm(unembed.b_U[start:stop], x, unembed.W_U.detach()[:, start:stop])
-        return apply_softcap(logits, self.cfg.output_logits_soft_cap)
+        w_u, b_u = self._unembed()
+        logits = torch.addmm(b_u[start:stop], x, w_u[:, start:stop])
+        cap = self.cfg.output_logits_soft_cap
+        if cap is not None and cap > 0:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
 
     @property
     def logits_are_linear(self) -> bool:
-        """Whether logits are x W_U + b_U to float32 rounding: no soft-cap (TransformerLens
-        caps where `output_logits_soft_cap` > 0), and float32 weights, whose logits are not
-        rounded to a narrower dtype (nor computed in a wider one than P's float32 p). The
-        reference distribution is then kept as W_U p (`compute.reduce.Reference`)."""
+        """Whether logits are x W_U + b_U to float32 rounding: no soft-cap, and float32
+        weights, whose logits are not rounded to a narrower dtype (nor computed in a wider one
+        than P's float32 p). The reference distribution is then kept as W_U p
+        (`compute.reduce.Reference`)."""
         cap = self.cfg.output_logits_soft_cap
-        return self.model.unembed.W_U.dtype == torch.float32 and not (cap is not None and cap > 0)
+        return self._unembed()[0].dtype == torch.float32 and not (cap is not None and cap > 0)
 
     def pulled_back(self, p: Tensor, start: int, stop: int) -> tuple[Tensor, Tensor]:
         """(W_U[:, start:stop] p, b_U[start:stop] . p) for weights p [n, stop-start]: what
         `logit_columns` gives, read backwards (the reference's p.z for any residual)."""
-        unembed = self.model.unembed
-        return p @ unembed.W_U.detach()[:, start:stop].T, p @ unembed.b_U.detach()[start:stop]
+        w_u, b_u = self._unembed()
+        return p @ w_u[:, start:stop].T, p @ b_u[start:stop]
 
     def forget_derived_weights(self) -> None:
-        """Drop copies derived from the weights (fused attention matrices), e.g. after editing
-        weights in place."""
-        self._ctx.pop("fast_weights", None)
+        """Drop copies derived from the weights (fused attention matrices, the unembedding's
+        views, the captured block inputs), e.g. after editing weights in place or casting."""
+        for key in ("fast_weights", "unembed", "final_norm", "block_inputs"):
+            self._ctx.pop(key, None)
 
     # ---- processed weights
     @property
@@ -431,6 +474,8 @@ def _measured(spec: ModelSpec, loaded: SourceLoad, device: str) -> LoadedModel:
     for p in model.parameters():
         p.requires_grad_(False)
     lm = LoadedModel(spec, model, loaded.tokenizer, loaded.applied, device)
+    if loaded.architecture:
+        lm._ctx["architecture"] = loaded.architecture
     reference = loaded.reference
     if reference is None:
         lm.parity = parity.no_reference(lm, loaded.no_reference)

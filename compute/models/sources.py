@@ -16,13 +16,10 @@ Sources (looked up in `SOURCES`, in order):
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import hashlib
 import itertools
 import json
-import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -30,13 +27,10 @@ from typing import Any, Protocol
 import torch
 
 from compute.errors import ModelLoadError, UnknownModelError, UnsupportedArchitectureError
-from compute.models.configs import converted_config
+from compute.models.bridge import apply_processing, boot_hf, boot_native, import_bridge
+from compute.models.refusals import refusal_of
 from compute.models.parity import ParityReference, hugging_face_reference, parity_tokens
-from compute.models.processing import (
-    AppliedProcessing,
-    effective_processing,
-    load_state_dict_into,
-)
+from compute.models.processing import AppliedProcessing, effective_processing
 from compute.models.spec import TORCH_DTYPES, DType, ModelSpec, Processing
 from compute.zoo.paths import ZOO_DIR, zoo_path
 from compute.zoo.planted import PLANTED, planted_checksum, planted_weights
@@ -44,7 +38,7 @@ from compute.zoo.planted import PLANTED, planted_checksum, planted_weights
 
 @dataclass
 class SourceLoad:
-    """What a source hands `load_model`: the processed model, its tokenizer (or None), the
+    """What a source hands `load_model`: the processed bridge, its tokenizer (or None), the
     processing applied, and the Hugging Face reference for the parity report (None, with the
     reason, where the model has no Hugging Face original). A model with a reference is built
     in float32 on the CPU: `load_model` measures parity there, then moves it to the run's
@@ -55,6 +49,7 @@ class SourceLoad:
     applied: AppliedProcessing
     reference: ParityReference | None = None
     no_reference: str = ""
+    architecture: str | None = None
 
 
 class ModelSource(Protocol):
@@ -68,27 +63,21 @@ class ModelSource(Protocol):
 
 
 def import_engine() -> None:
-    """Import what loading any model needs (TransformerLens, its loaders and weight
-    processing, transformers' auto classes) without loading one: a worker does this before its
-    pool forks, so that every pool process starts with them (imports only; no torch op runs).
-    """
-    import transformer_lens
-    import transformer_lens.loading_from_pretrained
-    import transformer_lens.weight_processing  # noqa: F401
+    """Import what loading any model needs (TransformerLens's bridge, transformers' auto
+    classes) without loading one: a worker does this before its pool forks, so that every pool
+    process starts with them (imports only; no torch op runs)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
 
-
-def _hooked_transformer() -> Any:
-    from transformer_lens import HookedTransformer
-
-    return HookedTransformer
+    import_bridge()
 
 
 class HFDirSource:
     """A local Hugging Face checkpoint: config.json, safetensors weights and tokenizer files.
 
-    `HookedTransformer.from_pretrained(dir)` refuses local directories in TransformerLens 3.9, so
-    the config is converted and the weights translated with TransformerLens's own converters.
+    The architecture is checked against TransformerLens's adapters (and Strata's own refusals)
+    from config.json alone, before anything heavy is imported or any weight read; the model is
+    then loaded by transformers, its forward taken as the parity reference, and wrapped in a
+    TransformerLens bridge, which processes the weights in place.
     """
 
     name = "hf_dir"
@@ -100,53 +89,71 @@ class HFDirSource:
         return str(Path(ref).resolve())
 
     def load(self, spec: ModelSpec, device: str) -> SourceLoad:
-        import transformer_lens.loading_from_pretrained as loading
+        path = Path(spec.name)
+        architecture = checkpoint_architecture(path)
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        path = spec.name
-        with _readable_config(Path(path)) as config_dir:
-            try:
-                cfg_dict = converted_config(config_dir)
-            except UnsupportedArchitectureError as exc:
-                raise UnsupportedArchitectureError(f"{path}: {exc}") from None
-            except Exception as exc:
-                raise UnsupportedArchitectureError(
-                    f"{path}: TransformerLens cannot read this checkpoint's config.json ({exc}). "
-                    "Supported: the architectures listed in docs/architectures.md."
-                ) from exc
-            _refuse_unexact(cfg_dict, path)
-            applied = effective_processing(spec.processing, cfg_dict)
-            with _converted_as(cfg_dict):
-                cfg = loading.get_pretrained_model_config(
-                    config_dir, fold_ln=applied.fold_ln, device="cpu", dtype=torch.float32
-                )
-        cfg.model_name = Path(path).name
         # A checkpoint without tokenizer files is usable with pre-tokenized (.npy) input only.
-        tokenizer = AutoTokenizer.from_pretrained(path) if _has_tokenizer(Path(path)) else None
-        if tokenizer is None:
-            cfg.tokenizer_name = None  # else TransformerLens fetches one by the config's name
-        hf_model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-        vocab = min(int(cfg.d_vocab_out), len(tokenizer)) if tokenizer is not None else None
-        bos = _bos(tokenizer)
-        # The parity reference: the Hugging Face model's own forward, run while it is loaded.
-        reference = hugging_face_reference(
-            hf_model, parity_tokens(vocab or int(cfg.d_vocab_out), bos, int(cfg.n_ctx))
+        tokenizer = AutoTokenizer.from_pretrained(str(path)) if _has_tokenizer(path) else None
+        hf_model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+        return bridged(hf_model, architecture, tokenizer, spec.processing, path.name)
+
+
+def bridged(
+    hf_model: Any, architecture: str, tokenizer: Any, processing: Processing, name: str
+) -> SourceLoad:
+    """A loaded Hugging Face model's parity reference (its own forward, before anything of
+    TransformerLens touches it), then its bridge, processed as `processing` allows."""
+    config = hf_model.config
+    d_vocab = int(hf_model.get_output_embeddings().weight.shape[0])
+    vocab = min(d_vocab, len(tokenizer)) if tokenizer is not None else d_vocab
+    n_ctx = int(
+        _first(config, "max_position_embeddings", "n_positions", "n_ctx", "seq_length") or 2048
+    )
+    reference = hugging_face_reference(hf_model, parity_tokens(vocab, _bos(tokenizer), n_ctx))
+    bridge = boot_hf(hf_model, architecture, name)
+    applied = effective_processing(processing, processing_fields(bridge, architecture))
+    apply_processing(bridge, applied)
+    return SourceLoad(bridge, tokenizer, applied, reference, architecture=architecture)
+
+
+def _first(config: Any, *names: str) -> Any:
+    return next((getattr(config, n) for n in names if getattr(config, n, None)), None)
+
+
+def processing_fields(bridge: Any, architecture: str) -> dict[str, Any]:
+    """What `effective_processing` reads of a model: its norm, architecture, logit soft-cap,
+    post-sublayer norms and attention sinks."""
+    cfg = bridge.cfg
+    post_norms = any(hasattr(b, n) for b in bridge.blocks for n in ("ln1_post", "ln2_post"))
+    return {
+        "normalization_type": cfg.normalization_type,
+        "original_architecture": architecture,
+        "output_logits_soft_cap": cfg.output_logits_soft_cap,
+        "use_normalization_before_and_after": post_norms
+        or bool(getattr(cfg, "use_normalization_before_and_after", False)),
+        "use_attention_sinks": bool(getattr(cfg, "use_attention_sinks", False)),
+    }
+
+
+def checkpoint_architecture(path: Path) -> str:
+    """The architecture config.json names, if TransformerLens adapts it and Strata does not
+    refuse it; `UnsupportedArchitectureError` naming the reason otherwise. Reads config.json
+    only: nothing heavy is imported and no weight is read."""
+    try:
+        raw = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"{path}/config.json is unreadable: {exc}") from exc
+    names = raw.get("architectures") or []
+    if not names:
+        raise UnsupportedArchitectureError(
+            f"{path}: config.json names no architecture (its `architectures` list is empty)"
         )
-        state_dict = loading.get_pretrained_state_dict(path, cfg, hf_model, dtype=torch.float32)
-        # The converted tensors are copies (or views that keep only their own storage alive):
-        # free the Hugging Face model's weights now, not at the end of the load.
-        free_module_tensors(hf_model, keep=state_dict.values())
-        del hf_model
-        # The model is built in float32 on the host, uninitialised (its pages are never touched
-        # before the weights land); the state dict is processed in float32 and each tensor
-        # copied into place, key by key. `load_model` measures parity, then casts the model to
-        # the run's dtype and moves it to the run's device (folding in float32 and casting after
-        # keeps low-precision runs accurate).
-        cfg.init_weights = False
-        model = _hooked_transformer()(cfg, tokenizer, move_to_device=True)
-        load_state_dict_into(model, state_dict, applied)
-        del state_dict
-        return SourceLoad(model, tokenizer, applied, reference)
+    architecture = str(names[0])
+    refusal = refusal_of(architecture, raw)
+    if refusal is not None:
+        raise UnsupportedArchitectureError(f"{path}: {architecture}: {refusal}")
+    return architecture
 
 
 def free_module_tensors(module: torch.nn.Module, keep: Iterable[torch.Tensor] = ()) -> None:
@@ -172,62 +179,11 @@ def _bos(tokenizer: Any) -> int:
     return 0
 
 
-# Mechanisms TransformerLens 3.9 converts but runs differently from Hugging Face: refused by
-# name before anything is loaded (the parity check would refuse them anyway, by a number).
-_UNEXACT: tuple[tuple[str, str], ...] = ()
-
-
-def _refuse_unexact(cfg_dict: dict[str, Any], path: str) -> None:
-    architecture = cfg_dict.get("original_architecture")
-    for arch, why in _UNEXACT:
-        if architecture == arch:
-            raise UnsupportedArchitectureError(f"{path}: {arch}: {why}")
-
-
-@contextlib.contextmanager
-def _converted_as(cfg_dict: dict[str, Any]) -> Iterator[None]:
-    """TransformerLens's `get_pretrained_model_config` with its config conversion replaced by
-    `cfg_dict` (built by `compute.models.configs`), so that the rest of its processing — the
-    folded norm's name, the dtype, the defaults — is TransformerLens's own."""
-    import transformer_lens.loading_from_pretrained as loading
-
-    convert = loading.convert_hf_model_config
-    loading.convert_hf_model_config = lambda *_a, **_k: dict(cfg_dict)
-    try:
-        yield
-    finally:
-        loading.convert_hf_model_config = convert
-
-
 def _has_tokenizer(path: Path) -> bool:
     return any(
         (path / f).is_file()
         for f in ("tokenizer.json", "vocab.json", "tokenizer.model", "tokenizer_config.json")
     )
-
-
-@contextlib.contextmanager
-def _readable_config(path: Path) -> Iterator[str]:
-    """A directory holding a copy of the checkpoint's config.json that TransformerLens 3.9 can
-    convert; the weights are still read from the original directory.
-
-    The copy always goes to a neutrally named temporary directory: TransformerLens infers the
-    architecture from the *name* of any path containing "llama" or "gemma" and then never reads
-    the config at all (`/models/llama-3-8b` fails; a Mistral folder named `my-llama-tune` would
-    be loaded with Llama's hard-coded dimensions). GPT-2 configs saved by transformers 5 lack
-    `n_ctx`, which TransformerLens reads: for GPT-2 n_ctx means n_positions, so it is added.
-    """
-    try:
-        raw = json.loads((path / "config.json").read_text())
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"{path}/config.json is unreadable: {exc}") from exc
-    if raw.get("model_type") == "gpt2" and "n_ctx" not in raw and "n_positions" in raw:
-        raw = {**raw, "n_ctx": raw["n_positions"]}
-    with tempfile.TemporaryDirectory(prefix="strata-config-") as tmp:
-        directory = Path(tmp) / "checkpoint"
-        directory.mkdir()
-        (directory / "config.json").write_text(json.dumps(raw))
-        yield str(directory)
 
 
 class ZooSource(HFDirSource):
@@ -288,108 +244,71 @@ def _is_planted(name: str) -> bool:
 
 def _load_planted(spec: ModelSpec, device: str) -> SourceLoad:
     """A planted-structure control (`compute.zoo.planted`): built from explicit weights."""
-    from transformer_lens import HookedTransformerConfig
-
     fields, state, tokenizer = planted_weights(spec.name)
+    bridge = boot_native(fields, state, seed=None)
     applied = effective_processing(spec.processing, fields)
-    model = _hooked_transformer()(
-        HookedTransformerConfig(**fields, device=device), tokenizer, move_to_device=True
-    )
-    load_state_dict_into(model, {**model.state_dict(), **state}, applied)
-    model.to(TORCH_DTYPES[spec.dtype], print_details=False)
+    apply_processing(bridge, applied)
+    bridge.to(device, print_details=False)
+    bridge.to(TORCH_DTYPES[spec.dtype], print_details=False)
     return SourceLoad(
-        model,
+        bridge,
         tokenizer,
         applied,
         no_reference="a planted control built by Strata from explicit "
         "weights: there is no Hugging Face original to compare with",
+        architecture="planted",
     )
 
 
 class TransformerLensSource:
-    """A TransformerLens official model name. Downloads from the Hugging Face hub."""
+    """A TransformerLens official model name (`gpt2`, `pythia-410m-deduped`, ...): its Hugging
+    Face checkpoint, downloaded from the hub (needs network or a warm cache)."""
 
     name = "transformer_lens"
 
     def recognises(self, ref: str) -> bool:
-        import transformer_lens.loading_from_pretrained as loading
-
         try:
-            loading.get_official_model_name(ref)
+            loading_name(ref)
         except ValueError:
             return False
         return True
 
     def canonical_name(self, ref: str) -> str:
-        import transformer_lens.loading_from_pretrained as loading
-
-        return str(loading.get_official_model_name(ref))
+        return ref
 
     def load(self, spec: ModelSpec, device: str) -> SourceLoad:
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+        repo = loading_name(spec.name)
         kwargs = {"revision": spec.revision} if spec.revision else {}
-        applied = effective_processing(spec.processing, _official_config(spec.name, kwargs))
         try:
-            # The Hugging Face original, loaded once: TransformerLens converts it, and its own
-            # forward is the parity reference. Official names that are not Hugging Face models
-            # (TransformerLens's own checkpoints) are loaded by TransformerLens alone.
-            hf_model: Any = AutoModelForCausalLM.from_pretrained(
-                loading_name(spec.name), dtype=torch.float32, **kwargs
+            config = AutoConfig.from_pretrained(repo, **kwargs)
+            architecture = str((config.architectures or [""])[0])
+            refusal = refusal_of(architecture, config.to_dict())
+            if refusal is not None:
+                raise UnsupportedArchitectureError(f"{spec.name}: {architecture}: {refusal}")
+            tokenizer = AutoTokenizer.from_pretrained(repo, **kwargs)
+            hf_model = AutoModelForCausalLM.from_pretrained(
+                repo, dtype=torch.float32, **kwargs
             ).eval()
-        except Exception:
-            hf_model = None
-        try:
-            model = _hooked_transformer().from_pretrained(
-                spec.name,
-                fold_ln=applied.fold_ln,
-                center_writing_weights=applied.center_writing_weights,
-                center_unembed=applied.center_unembed,
-                fold_value_biases=applied.fold_value_biases,
-                device="cpu",
-                dtype=torch.float32,
-                hf_model=hf_model,
-                **kwargs,
-            )
         except OSError as exc:
             raise ModelLoadError(
                 f"could not fetch {spec.name!r} from the Hugging Face hub ({exc}). "
-                "Without network, "
-                "use a local checkpoint directory or a zoo model."
+                "Without network, use a local checkpoint directory or a zoo model."
             ) from exc
-        if hf_model is None:
-            return SourceLoad(
-                model, model.tokenizer, applied, no_reference="not a Hugging Face model"
-            )
-        tokenizer = model.tokenizer
-        vocab = min(int(model.cfg.d_vocab_out), len(tokenizer)) if tokenizer is not None else None
-        tokens = parity_tokens(
-            vocab or int(model.cfg.d_vocab_out), _bos(tokenizer), int(model.cfg.n_ctx)
-        )
-        reference = hugging_face_reference(hf_model, tokens)
-        del hf_model
-        gc.collect()
-        return SourceLoad(model, tokenizer, applied, reference)
+        return bridged(hf_model, architecture, tokenizer, spec.processing, spec.name)
 
 
 def loading_name(name: str) -> str:
-    """The Hugging Face repository of a TransformerLens official name."""
-    import transformer_lens.loading_from_pretrained as loading
+    """The Hugging Face repository of a TransformerLens official name (ValueError if none)."""
+    from transformer_lens.supported_models import get_official_model_name
 
-    return str(loading.get_official_model_name(name))
-
-
-def _official_config(name: str, kwargs: dict[str, Any]) -> dict[str, Any]:
-    import transformer_lens.loading_from_pretrained as loading
-
-    try:
-        return dict(loading.get_pretrained_model_config(name, **kwargs).to_dict())
-    except Exception:  # config unavailable (offline); loading the weights will say why
-        return {"normalization_type": "LN"}
+    return str(get_official_model_name(name))
 
 
 class RandomSource:
-    """Randomly initialised weights: `ModelSpec(source="random", architecture={...}, seed=s)`."""
+    """Randomly initialised weights: `ModelSpec(source="random", architecture={...}, seed=s)`,
+    with `architecture` HookedTransformer config fields (TransformerLens's native model)."""
 
     name = "random"
 
@@ -400,26 +319,19 @@ class RandomSource:
         return ref
 
     def load(self, spec: ModelSpec, device: str) -> SourceLoad:
-        from transformer_lens import HookedTransformerConfig
-
         if spec.architecture is None or spec.seed is None:
             raise ModelLoadError("a random model needs `architecture` and `seed`")
-        arch = dict(spec.architecture)
-        applied = effective_processing(spec.processing, {"normalization_type": "LN", **arch})
-        cfg = HookedTransformerConfig(
-            **{**arch, "seed": spec.seed, "device": device, "init_weights": True}
-        )
-        model = _hooked_transformer()(cfg, move_to_device=True)
-        state = {k: v.clone() for k, v in model.state_dict().items()}
-        if applied.fold_ln:
-            model.cfg.normalization_type = {"LN": "LNPre", "RMS": "RMSPre"}.get(
-                model.cfg.normalization_type, model.cfg.normalization_type
-            )
-            model = _hooked_transformer()(model.cfg, move_to_device=True)
-        load_state_dict_into(model, state, applied)
-        model.to(TORCH_DTYPES[spec.dtype], print_details=False)
+        arch = {"normalization_type": "LN", **spec.architecture}
+        try:
+            bridge = boot_native(arch, None, seed=spec.seed)
+        except (TypeError, ValueError) as exc:
+            raise ModelLoadError(f"random architecture {arch}: {exc}") from exc
+        applied = effective_processing(spec.processing, arch)
+        apply_processing(bridge, applied)
+        bridge.to(device, print_details=False)
+        bridge.to(TORCH_DTYPES[spec.dtype], print_details=False)
         return SourceLoad(
-            model, None, applied, no_reference="random weights: there is no Hugging Face original"
+            bridge, None, applied, no_reference="random weights: there is no Hugging Face original"
         )
 
 

@@ -1,0 +1,174 @@
+"""TransformerLens 4's `TransformerBridge` as Strata's one way into a model.
+
+Every model Strata loads — a Hugging Face checkpoint, a GGUF file dequantized into one, a hub
+name, a planted control or random weights — becomes a bridge: TransformerLens's hook points and
+HookedTransformer-style weight views (`blocks[i].attn.W_Q`, `unembed.W_U`, ...) over the
+model's own modules. Hugging Face models keep their own forward (the adapter for their
+architecture maps the modules); Strata's planted and random models are TransformerLens's native
+model (`boot_native`), built from HookedTransformer-layout tensors.
+
+Which architectures the bridge adapts is read from TransformerLens's adapter registry without
+importing it (`supported_architectures`), so an unsupported checkpoint is refused before torch,
+transformers or any weight is loaded.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import importlib.util
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from compute.errors import ModelLoadError
+
+# The registry's module, relative to the transformer_lens package.
+_REGISTRY = Path("factories") / "architecture_adapter_factory.py"
+NATIVE = "TransformerLensNative"
+
+
+@functools.cache
+def supported_architectures() -> frozenset[str]:
+    """The Hugging Face architecture names TransformerLens's installed version adapts: the keys
+    of its `SUPPORTED_ARCHITECTURES`, read from the source without importing the package."""
+    spec = importlib.util.find_spec("transformer_lens")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError("TransformerLens is not installed")
+    source = Path(next(iter(spec.submodule_search_locations))) / _REGISTRY
+    tree = ast.parse(source.read_text())
+    for node in ast.walk(tree):
+        target = node.target if isinstance(node, ast.AnnAssign) else None
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = node.targets[0]
+        if (
+            isinstance(target, ast.Name)
+            and target.id == "SUPPORTED_ARCHITECTURES"
+            and isinstance(node.value, ast.Dict)  # type: ignore[union-attr]
+        ):
+            keys = node.value.keys  # type: ignore[union-attr]
+            return frozenset(k.value for k in keys if isinstance(k, ast.Constant))
+    raise ModelLoadError(f"no SUPPORTED_ARCHITECTURES in {source}")
+
+
+def import_bridge() -> None:
+    """Import what booting any model needs, without booting one (a worker does this before its
+    pool forks, so every pool process starts with the imports done)."""
+    import transformer_lens.model_bridge.sources.native  # noqa: F401
+    from transformer_lens.model_bridge.sources._bridge_builder import (  # noqa: F401
+        build_bridge_from_module,
+    )
+
+
+def boot_hf(hf_model: Any, architecture: str, name: str) -> Any:
+    """A bridge over a loaded Hugging Face causal LM (modified in place: the adapter's
+    components replace its submodules; attention becomes eager, so patterns can be read)."""
+    from transformer_lens.model_bridge.sources._bridge_builder import build_bridge_from_module
+
+    hf_model.config.architectures = [architecture]
+    return build_bridge_from_module(
+        hf_model, architecture, hf_config=hf_model.config, model_name=name
+    )
+
+
+def boot_native(fields: dict[str, Any], state: dict[str, Tensor] | None, seed: int | None) -> Any:
+    """A bridge over TransformerLens's native model with HookedTransformer config `fields`:
+    randomly initialised from `seed`, then given `state` (HookedTransformer-layout tensors,
+    e.g. `blocks.0.attn.W_Q` [n_heads, d_model, d_head]) where one is given."""
+    import transformer_lens.model_bridge.sources.native  # noqa: F401  (registers boot_native)
+    from transformer_lens.config import TransformerBridgeConfig
+    from transformer_lens.model_bridge import TransformerBridge
+    from transformer_lens.utilities.tl_checkpoint_conversion import convert_tl_checkpoint
+
+    known = {k: v for k, v in fields.items() if k not in _NOT_NATIVE}
+    cfg = TransformerBridgeConfig.from_dict(
+        {**known, "seed": seed, "init_weights": seed is not None}
+    )
+    bridge = TransformerBridge.boot_native(cfg, model_name=str(fields.get("model_name", NATIVE)))
+    if state is not None:
+        converted = convert_tl_checkpoint(dict(state), bridge.cfg)
+        result = bridge.load_state_dict(converted, strict=False)
+        if result.missing_keys:
+            raise ModelLoadError(f"weights missing for {sorted(result.missing_keys)[:5]}")
+    return bridge
+
+
+# HookedTransformer config fields that only name things (the native model has no use for them).
+_NOT_NATIVE = frozenset({"original_architecture", "tokenizer_name"})
+
+
+def apply_processing(bridge: Any, processing: Any) -> None:
+    """TransformerLens's weight processing (fold norms, centre writes and the unembedding, fold
+    value biases), in place, as `processing` (an `AppliedProcessing`) says; none at all when
+    every step is off (the checkpoint's own weights)."""
+    steps = (
+        processing.fold_ln,
+        processing.center_writing_weights,
+        processing.center_unembed,
+        processing.fold_value_biases,
+    )
+    if not any(steps):
+        return
+    bridge.enable_compatibility_mode(
+        disable_warnings=True,
+        fold_ln=processing.fold_ln,
+        center_writing_weights=processing.center_writing_weights,
+        center_unembed=processing.center_unembed,
+        fold_value_biases=processing.fold_value_biases,
+        refactor_factored_attn_matrices=False,
+    )
+
+
+@dataclass
+class BlockInputs:
+    """What the model's own forward passes each block besides the residual — its attention
+    mask, rotary position embeddings, position ids — for one sequence length, captured once
+    from a forward of that length and reused for every block run (they depend on the length
+    and the device, never on the tokens: Strata's batches have no padding)."""
+
+    bridge: Any
+    _by_length: dict[tuple[int, str], list[dict[str, Any]]] = field(default_factory=dict)
+
+    def of(self, layer: int, resid: Tensor) -> dict[str, Any]:
+        """The inputs of block `layer` for a residual of `resid`'s batch, length and device."""
+        batch, length = int(resid.shape[0]), int(resid.shape[1])
+        key = (length, str(resid.device))
+        if key not in self._by_length:
+            self._by_length[key] = self._capture(length, resid.device)
+        inputs = self._by_length[key][layer]
+        if batch > 1 and "alibi" in inputs:
+            # ALiBi biases come per (sequence, head) as [batch * heads, 1, pos]; the sequences
+            # of a batch have the same positions, so batch 1's repeat.
+            inputs = {**inputs, "alibi": inputs["alibi"].repeat(batch, 1, 1)}
+        return inputs
+
+    def _capture(self, length: int, device: torch.device) -> list[dict[str, Any]]:
+        captured: list[dict[str, Any]] = [{} for _ in self.bridge.blocks]
+
+        def keep(i: int) -> Any:
+            def hook(_m: Any, _args: Any, kwargs: dict[str, Any]) -> None:
+                captured[i] = {k: v for k, v in kwargs.items() if k in _BLOCK_KWARGS}
+
+            return hook
+
+        handles = [
+            block.original_component.register_forward_pre_hook(keep(i), with_kwargs=True)
+            for i, block in enumerate(self.bridge.blocks)
+        ]
+        try:
+            with torch.no_grad():
+                self.bridge(torch.zeros(1, length, dtype=torch.long, device=device))
+        finally:
+            for handle in handles:
+                handle.remove()
+        return captured
+
+
+# The keyword arguments a decoder layer takes from its model's forward that matter without a
+# cache (the rest — caches, use_cache — are left out).
+_BLOCK_KWARGS = frozenset(
+    {"attention_mask", "position_embeddings", "position_ids", "encoder_attention_mask", "alibi"}
+)
