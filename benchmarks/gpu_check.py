@@ -63,21 +63,22 @@ def bf16_matmul(size: int = 8192, reps: int = 20) -> float:
 
 
 def build_on_device(name: str) -> LoadedModel:
-    """Random weights made on the device in bfloat16, never on the host (no processing: random
+    """Random weights in bfloat16 on the device (no processing: random
     weights have nothing to fold, and timing and memory do not depend on it)."""
-    from transformer_lens import HookedTransformer, HookedTransformerConfig
+    from compute.models.bridge import boot_native
 
     arch = GEOMETRIES[name]
-    cfg = HookedTransformerConfig(**arch, device="cuda", dtype=torch.bfloat16,
-                                  init_weights=False)
-    model = HookedTransformer(cfg, move_to_device=True)
+    # TransformerLens's native model, uninitialised on the host, then moved and cast.
+    model = boot_native(arch, None, seed=None)
+    model.to("cuda", print_details=False)
+    model.to(torch.bfloat16, print_details=False)
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0.0, 0.02) if p.dim() > 1 else p.zero_()
         for block in model.blocks:
-            block.ln1.w.fill_(1.0)
-            block.ln2.w.fill_(1.0)
-        model.ln_final.w.fill_(1.0)
+            for norm in (block.ln1, getattr(block, "ln2", None)):
+                if norm is not None and getattr(norm, "weight", None) is not None:
+                    norm.weight.fill_(1.0)
     model.eval()
     spec = ModelSpec(source="random", name=name, architecture=arch, seed=0, dtype="bfloat16")
     applied = AppliedProcessing(False, False, False, False, ("random weights on the device",))

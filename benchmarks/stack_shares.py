@@ -53,7 +53,7 @@ def part_of(frames: list[str]) -> str | None:
         if any(f.startswith("LoadedModel.logit_columns") for f in frames):
             return "logit reductions: matmul"
         return "logit reductions: the rest"
-    if any("compute/blocks.py" in f or "transformer_lens/components" in f for f in frames):
+    if any("compute/blocks.py" in f or "transformer_lens/model_bridge" in f for f in frames):
         return "blocks"
     return "other"
 

@@ -5,7 +5,7 @@ It exists to check `compute.engine.sweep` (tests/unit/test_reference_*.py) and t
 the original study's code in `benchmarks/sweep.py`. It is written independently of the engine: it
 imports nothing from `compute.metrics`, `compute.reduce` or `compute.engine` and never calls the
 engine's model layer (`LoadedModel.embed / run_block / logits`); it talks to the TransformerLens
-`HookedTransformer` in `lm.model` directly, the way research code does:
+`TransformerBridge` in `lm.model` directly, the way research code does:
 
 - one sequence at a time (batch size 1), explicit Python loops over layers, heads, positions
   and attention queries (next-token log-probabilities are computed per sequence, then read out
@@ -217,8 +217,20 @@ def swapped_model(model: Any, layer: int) -> Any:
     block takes its weights and its own attention kind along (a GPT-Neo local-attention block
     stays local at its new position), as reordering a model's list of layers does."""
     other = copy.deepcopy(model)
-    other.blocks[layer], other.blocks[layer + 1] = other.blocks[layer + 1], other.blocks[layer]
-    other.setup()  # hook names follow the modules' new places
+    first, second = other.blocks[layer], other.blocks[layer + 1]
+    # The bridge's blocks are the model's own layers: swap them in the model's list of layers
+    # (which its forward iterates) and in the bridge's.
+    for module in [other.original_model, *other.original_model.modules()]:
+        if isinstance(module, torch.nn.ModuleList) and len(module) > layer + 1 \
+                and module[layer] is first and module[layer + 1] is second:
+            module[layer], module[layer + 1] = second, first
+    if other.blocks[layer] is first:
+        other.blocks[layer], other.blocks[layer + 1] = second, first
+    # hook names follow the modules' new places: named afresh from the module tree
+    for hook_point in other.hook_dict.values():
+        hook_point.name = None
+    other.clear_hook_registry()
+    other._initialize_hook_registry()
     other.eval()
     return other
 
@@ -708,10 +720,11 @@ def heads_atp_rows(lm: Any, tokens: torch.Tensor, opts: Any = None) -> list[dict
     def leaf(x: torch.Tensor, hook: Any) -> torch.Tensor:
         return x.detach().requires_grad_()
 
-    def keep(zs: dict[int, torch.Tensor], layer: int) -> Callable[..., None]:
-        def hook_fn(z: torch.Tensor, hook: Any) -> None:
+    def keep(zs: dict[int, torch.Tensor], layer: int) -> Callable[..., torch.Tensor]:
+        def hook_fn(z: torch.Tensor, hook: Any) -> torch.Tensor:
             z.retain_grad()
             zs[layer] = z
+            return z  # the bridge carries on with what a hook returns (else with its own copy)
         return hook_fn
 
     for index, seq in enumerate(_sequences(tokens)):

@@ -159,7 +159,9 @@ class BlockInputs:
             for i, block in enumerate(self.bridge.blocks)
         ]
         try:
-            with torch.no_grad():
+            # Normal tensors, not inference tensors, whatever mode the first caller runs in: a
+            # family that differentiates through the blocks (heads_atp) uses them in autograd.
+            with torch.inference_mode(False), torch.no_grad():
                 self.bridge(torch.zeros(1, length, dtype=torch.long, device=device))
         finally:
             for handle in handles:

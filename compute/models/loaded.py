@@ -187,21 +187,23 @@ class LoadedModel:
         block = self.model.blocks[layer]
         captured: dict[str, Tensor] = {}
 
-        def attn_hook(_m: Any, _i: Any, out: Tensor) -> Tensor:
+        def attn_hook(out: Tensor, hook: Any) -> Tensor:
             captured["attn"] = torch.zeros_like(out) if zero_attn else out
             return captured["attn"]
 
-        def mlp_hook(_m: Any, _i: Any, out: Tensor) -> Tensor:
+        def mlp_hook(out: Tensor, hook: Any) -> Tensor:
             captured["mlp"] = torch.zeros_like(out) if zero_mlp else out
             return captured["mlp"]
 
-        def pattern_hook(_m: Any, _i: Any, out: Tensor) -> None:
+        def pattern_hook(out: Tensor, hook: Any) -> None:
             captured["pattern"] = out
 
-        def z_hook(_m: Any, _i: Any, z: Tensor) -> Tensor:
+        def z_hook(z: Tensor, hook: Any) -> Tensor:
             if head_mask is not None:
                 z = z * head_mask[:, None, :, None].to(z.dtype)
             captured["z"] = z
+            # returned, so that the block carries on with this very tensor (a family that
+            # differentiates with respect to z needs it in the graph)
             return z
 
         hooks: list[tuple[Any, Callable[..., Any]]] = [(block.hook_attn_out, attn_hook)]
@@ -212,7 +214,7 @@ class LoadedModel:
         if head_mask is not None or capture_z:
             hooks.append((block.attn.hook_z, z_hook))
         kwargs = self._block_inputs.of(layer, resid)
-        with _forward_hooks(hooks):
+        with _lens_hooks(hooks):
             out = block(resid, **kwargs)
         out = out[0] if isinstance(out, tuple) else out
         if "attn" not in captured:
@@ -356,19 +358,24 @@ class LoadedModel:
         """The final norm of a residual (identity for models without one)."""
         if self.fast_path:
             if "final_norm" not in self._ctx:
-                self._ctx["final_norm"] = blocks.final_norm(self.model)
+                with torch.inference_mode(False), torch.no_grad():
+                    self._ctx["final_norm"] = blocks.final_norm(self.model)
             return self._ctx["final_norm"](resid)  # type: ignore[no-any-return]
         return self.model.ln_final(resid)  # type: ignore[no-any-return]
 
     def _unembed(self) -> tuple[Tensor, Tensor]:
         """W_U [d_model, d_vocab] as stored (a view, no copy) and b_U (zeros where none)."""
         if "unembed" not in self._ctx:
-            w_u = self.model.unembed.W_U.detach()
-            b_u = self.model.unembed.b_U
-            if b_u is None:
-                b_u = torch.zeros(w_u.shape[1], dtype=w_u.dtype, device=w_u.device)
-            self._ctx["unembed"] = (w_u, b_u.detach())
+            with torch.inference_mode(False), torch.no_grad():
+                self._ctx["unembed"] = self._unembed_weights()
         return self._ctx["unembed"]  # type: ignore[no-any-return]
+
+    def _unembed_weights(self) -> tuple[Tensor, Tensor]:
+        w_u = self.model.unembed.W_U.detach()
+        b_u = self.model.unembed.b_U
+        if b_u is None:
+            b_u = torch.zeros(w_u.shape[1], dtype=w_u.dtype, device=w_u.device)
+        return w_u, b_u.detach()
 
     def logit_columns(
         self, x: Float[Tensor, "n d_model"], start: int, stop: int
@@ -435,13 +442,18 @@ class LoadedModel:
 
 
 @contextlib.contextmanager
-def _forward_hooks(hooks: list[tuple[Any, Callable[..., Any]]]) -> Iterator[None]:
-    handles = [module.register_forward_hook(fn) for module, fn in hooks]
+def _lens_hooks(hooks: list[tuple[Any, Callable[..., Any]]]) -> Iterator[None]:
+    """TransformerLens hooks (`fn(activation, hook)`, returning a replacement or None) on hook
+    points for the duration: through the hook point's own `add_hook`, which hands the function
+    the activation in TransformerLens's layout (z as [batch, pos, head, d_head])."""
+    added = [(point, point.add_hook(fn)) for point, fn in hooks]
     try:
         yield
     finally:
-        for handle in handles:
-            handle.remove()
+        for point, handle in added:
+            handle.hook.remove()
+            if handle in point.fwd_hooks:
+                point.fwd_hooks.remove(handle)
 
 
 def load_model(spec: ModelSpec, device: str = "cpu") -> LoadedModel:

@@ -53,6 +53,7 @@ class ModelSpec(BaseModel):
     quantization: str | None = Field(default=None, exclude_if=lambda v: v is None)
     dtype: DType = "float32"
     processing: Processing = Processing()
-    # Only for source="random": HookedTransformerConfig fields and the init seed.
+    # Only for source="random": HookedTransformer config fields (TransformerLens 4's native
+    # model) and the init seed.
     architecture: dict[str, Any] | None = None
     seed: int | None = None

@@ -114,27 +114,33 @@ def loaded_numbers(spec: ModelSpec, load_max_mb: float) -> ModelInfo | None:
 
 
 def offline_numbers(spec: ModelSpec) -> dict[str, Any]:
-    """The numbers a TransformerLens official name's configuration gives, if known offline."""
-    import transformer_lens.loading_from_pretrained as loading
+    """The numbers a TransformerLens official name's Hugging Face config gives, if it is in the
+    local cache (nothing is downloaded)."""
+    from transformers import AutoConfig
+
+    from compute.models.sources import loading_name
 
     kwargs: dict[str, Any] = {"local_files_only": True}
     if spec.revision:
         kwargs["revision"] = spec.revision
     try:
-        cfg = loading.get_pretrained_model_config(spec.name, **kwargs)
-    except Exception:  # not built in and not cached: the numbers stay unknown
+        raw = AutoConfig.from_pretrained(loading_name(spec.name), **kwargs).to_dict()
+    except Exception:  # not cached: the numbers stay unknown
         return {}
-    return {
-        "architecture": str(cfg.original_architecture or "HookedTransformer"),
-        "n_layers": int(cfg.n_layers),
-        "d_model": int(cfg.d_model),
-        "n_heads": int(cfg.n_heads),
-        "d_mlp": 0 if cfg.attn_only else int(cfg.d_mlp or 0),
-        "d_vocab": int(cfg.d_vocab_out),
-        "n_ctx": int(cfg.n_ctx),
-        "normalization_type": cfg.normalization_type,
-        "parallel_attn_mlp": bool(cfg.parallel_attn_mlp),
+
+    def pick(*names: str) -> Any:
+        return next((raw[n] for n in names if raw.get(n) is not None), None)
+
+    numbers = {
+        "architecture": (raw.get("architectures") or [None])[0],
+        "n_layers": pick("num_hidden_layers", "n_layer", "n_layers"),
+        "d_model": pick("hidden_size", "n_embd", "d_model"),
+        "n_heads": pick("num_attention_heads", "n_head", "n_heads"),
+        "d_mlp": pick("intermediate_size", "n_inner", "ffn_dim", "d_ff"),
+        "d_vocab": pick("vocab_size"),
+        "n_ctx": pick("max_position_embeddings", "n_positions", "n_ctx"),
     }
+    return {k: v for k, v in numbers.items() if v is not None}
 
 
 def register(
