@@ -322,6 +322,11 @@ class RandomSource:
         if spec.architecture is None or spec.seed is None:
             raise ModelLoadError("a random model needs `architecture` and `seed`")
         arch = {"normalization_type": "LN", **spec.architecture}
+        if arch.get("parallel_attn_mlp"):
+            raise ModelLoadError(
+                "a random model cannot have parallel attention and MLP: TransformerLens 4's "
+                "native blocks are sequential (use a Hugging Face checkpoint, e.g. GPT-NeoX)"
+            )
         try:
             bridge = boot_native(arch, None, seed=spec.seed)
         except (TypeError, ValueError) as exc:

@@ -79,8 +79,9 @@ CASES: dict[str, Case] = {
     # SiLU-gated MLP, tied embeddings; GPT-Neo: a local-attention layer with window 4 < seq_len.
     "llama-hf": Case(_hf("hf_llama_dir")),
     "neo-hf-local-attention": Case(_hf("hf_neo_dir"), n_sequences=2),
-    "rotary-parallel-random": Case(_random(seed=4, positional_embedding_type="rotary",
-                                           parallel_attn_mlp=True, rotary_dim=4)),
+    # (parallel attention/MLP: the GPT-NeoX checkpoint; TransformerLens 4's native blocks are
+    # sequential)
+    "rotary-random": Case(_random(seed=4, positional_embedding_type="rotary", rotary_dim=4)),
     "rms-gated-random": Case(_random(seed=5, normalization_type="RMS", gated_mlp=True,
                                      act_fn="silu", n_layers=2)),
     "attn-only-random": Case(_random(seed=6, attn_only=True, n_layers=2)),
