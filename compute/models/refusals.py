@@ -32,7 +32,192 @@ class Refusal:
     applies: Callable[[Mapping[str, Any]], bool] | None = None
 
 
-REFUSED: tuple[Refusal, ...] = ()
+def _no_attention(layers: str, block: str) -> str:
+    return (
+        f"{layers} have no attention: Strata runs every block as attention then MLP and reads "
+        f"its attention write (hook_attn_out), which TransformerLens 4.3's {block} blocks do "
+        "not have, so the clean forward itself cannot run (families that would run per block "
+        "on these layers, and attention families on the attention layers only, are not "
+        "implemented)"
+    )
+
+
+_MLA = (
+    "multi-head latent attention: each head's value is v_head_dim wide, not TransformerLens "
+    "4.3's d_head (the rotary query/key width), so its hook_z split and its W_O split disagree "
+    "(W_O raises PerLayerGeometryError) and the head-ablation families cannot compute one "
+    "head's write; the clean forward matches Hugging Face"
+)
+_LOGITS_SCALED = (
+    "logit scaling (logits / logits_scaling): Strata's logits are the final norm, W_U and b_U "
+    "(and a soft-cap), so the scale Granite applies after its unembedding is missed (5.2 nats "
+    "of log-probability on the architecture matrix)"
+)
+
+_FUSED_EXPERTS = (
+    "fused experts: transformers 5 keeps a layer's experts as one module with stacked weights "
+    "(down_proj [experts, d_model, d_expert]), and Strata's neuron families read one W_out per "
+    "expert module (LoadedModel.w_out iterates the experts), so they fail; the clean forward "
+    "matches Hugging Face"
+)
+
+
+def _scaled_logits(config: Mapping[str, Any]) -> bool:
+    return float(config.get("logits_scaling") or 1.0) != 1.0
+
+
+REFUSED: tuple[Refusal, ...] = (
+    Refusal("GraniteForCausalLM", _LOGITS_SCALED, _scaled_logits),
+    Refusal("GraniteMoeForCausalLM", _LOGITS_SCALED, _scaled_logits),
+    Refusal(
+        "GraniteMoeHybridForCausalLM",
+        "Mamba-2 layers: TransformerLens 4.3 cannot boot a Granite hybrid without a rotary "
+        "embedding (its adapter binds model.rotary_emb; Granite 4.0's hybrids have "
+        "position_embedding_type 'nope'); "
+        + _no_attention("its Mamba-2 layers", "Granite hybrid")
+        + "; and "
+        + _LOGITS_SCALED,
+    ),
+    Refusal(
+        "FalconForCausalLM",
+        "Falcon's new decoder architecture with grouped key/value heads: TransformerLens 4.3 "
+        "splits the fused QKV projection as if there were one key/value head (split sizes "
+        "[64, 16, 16] for a 128-wide projection on the matrix), so the model cannot be loaded",
+        lambda c: bool(c.get("new_decoder_architecture")) and int(c.get("num_kv_heads") or 1) > 1,
+    ),
+    Refusal(
+        "XGLMForCausalLM",
+        "causal mask passed positionally: XGLM's decoder layers take their attention mask as a "
+        "positional argument, which Strata's block runner does not capture (it keeps keyword "
+        "inputs), so its blocks would attend to later positions (7.9 nats of log-probability "
+        "on the architecture matrix)",
+    ),
+    Refusal(
+        "CodeGenForCausalLM",
+        "TransformerLens 4.3's CodeGen attention reads attention.embed_positions, which "
+        "transformers 5's CodeGenAttention no longer has: the bridge cannot run a forward",
+    ),
+    Refusal(
+        "Gemma4ForCausalLM",
+        "cross-layer key/value state: Gemma 4's attention stores its keys and values in a "
+        "shared_kv_states dict that the model's forward hands every layer (and the per-layer-"
+        "input variants also read a per-layer embedding of the tokens), while Strata runs each "
+        "block from its residual stream alone, so its blocks fail",
+    ),
+    Refusal(
+        "OpenAIGPTLMHeadModel",
+        "no final norm: GPT-1's post-norm blocks end in a LayerNorm of their own and the model "
+        "has none before the unembedding, while Strata's logits read the bridge's ln_final "
+        "(AttributeError at load)",
+    ),
+    Refusal(
+        "MptForCausalLM",
+        "ALiBi passed as position_bias: MPT's blocks take their ALiBi biases as a position_bias "
+        "argument, which Strata's block runner does not capture, so its blocks cannot run",
+    ),
+    Refusal(
+        "BitNetForCausalLM",
+        "ternary weights quantized in the forward: TransformerLens 4.3's weight processing folds "
+        "norms into weights that BitNet then re-quantizes, changing its function (7.9 nats of "
+        "log-probability on the architecture matrix); unprocessed it matches Hugging Face",
+    ),
+    Refusal(
+        "VaultGemmaForCausalLM",
+        "TransformerLens 4.3 refuses weight processing for VaultGemma (its adapter does not "
+        "support compatibility mode), and Strata processes weights by default; unprocessed it "
+        "matches Hugging Face",
+    ),
+    Refusal(
+        "Llama4ForCausalLM",
+        "TransformerLens 4.3's weight processing changes Llama 4's function (2.8 nats of "
+        "log-probability on the architecture matrix); unprocessed it matches Hugging Face",
+    ),
+    Refusal(
+        "HrmTextForCausalLM",
+        "hierarchical recurrent stacks: the model runs two stacks (H and L) in cycles, and "
+        "TransformerLens 4.3's bridge for it has no single block list for Strata to run in order",
+    ),
+    Refusal(
+        "DeepseekV4ForCausalLM",
+        "hyper-connections and compressed sparse attention: each block mixes several residual "
+        "streams, and TransformerLens 4.3's DeepSeek V4 block exposes no attention write "
+        "(hook_attn_out) for Strata to read",
+    ),
+    Refusal(
+        "JetMoeForCausalLM",
+        "mixture of attention heads: heads are routed experts, and TransformerLens 4.3's JetMoE "
+        "attention has no hook_z, so the head-ablation families have no per-head output to "
+        "zero; the clean forward matches Hugging Face",
+    ),
+    Refusal(
+        "NanoChatForCausalLM",
+        "attention run as one fused kernel: TransformerLens 4.3 wraps NanoChat's attention "
+        "whole, so hook_pattern never fires and the families that read attention patterns "
+        "(induction) have none; the clean forward matches Hugging Face",
+    ),
+    Refusal(
+        "ModernBertDecoderForCausalLM",
+        "prediction head: a dense layer, GELU and LayerNorm sit between the final norm and the "
+        "unembedding, and Strata's logits are the final norm and W_U only (10 nats of "
+        "log-probability on the architecture matrix)",
+    ),
+    Refusal("Qwen2MoeForCausalLM", _FUSED_EXPERTS),
+    Refusal("Qwen3MoeForCausalLM", _FUSED_EXPERTS),
+    Refusal("Ernie4_5_MoeForCausalLM", _FUSED_EXPERTS),
+    Refusal("Glm4MoeForCausalLM", _FUSED_EXPERTS),
+    Refusal("AfmoeForCausalLM", _FUSED_EXPERTS),
+    Refusal("MiniMaxM2ForCausalLM", _FUSED_EXPERTS),
+    Refusal(
+        "LagunaForCausalLM",
+        _FUSED_EXPERTS
+        + "; and its gated attention is TransformerLens 4.3's wrapped whole, so hook_pattern "
+        "never fires and the families that read attention patterns (induction) have none",
+    ),
+    Refusal("FlexOlmoForCausalLM", _FUSED_EXPERTS),
+    Refusal("DeepseekV2ForCausalLM", _MLA),
+    Refusal("DeepseekV3ForCausalLM", _MLA),
+    Refusal("Glm4MoeLiteForCausalLM", _MLA),
+    Refusal("GlmMoeDsaForCausalLM", _MLA + " (and a learned indexer picks which keys it reads)"),
+    Refusal("YoutuForCausalLM", _MLA),
+    Refusal(
+        "FalconH1ForCausalLM",
+        "parallel Mamba-2 branch: TransformerLens 4.3's LayerNorm folding fails on Falcon-H1 "
+        "(a shape mismatch in fold_layer_norm_weight_single) and Strata processes weights by "
+        "default; and each block's Mamba-2 write joins the residual stream beside attention's, "
+        "outside Strata's attention/MLP decomposition of a block (unprocessed, the clean forward "
+        "matches Hugging Face)",
+    ),
+    Refusal(
+        "Qwen3NextForCausalLM",
+        _no_attention("its gated delta-net (linear attention) layers", "Qwen3-Next"),
+    ),
+    Refusal(
+        "Qwen3_5ForCausalLM",
+        _no_attention("its gated delta-net (linear attention) layers", "Qwen 3.5"),
+    ),
+    Refusal(
+        "Qwen3_5MoeForCausalLM",
+        _no_attention("its gated delta-net (linear attention) layers", "Qwen 3.5 MoE"),
+    ),
+    Refusal(
+        "OlmoHybridForCausalLM",
+        _no_attention("its gated delta-net (linear attention) layers", "OLMo hybrid"),
+    ),
+    Refusal("JambaForCausalLM", _no_attention("its Mamba layers", "Jamba")),
+    Refusal("BambaForCausalLM", _no_attention("its Mamba-2 layers", "Bamba")),
+    Refusal("Zamba2ForCausalLM", _no_attention("its Mamba-2 layers", "Zamba 2")),
+    Refusal("NemotronHForCausalLM", _no_attention("its Mamba-2 and MLP-only layers", "Nemotron-H")),
+    Refusal("Lfm2ForCausalLM", _no_attention("its short-convolution layers", "LFM2")),
+    Refusal("Lfm2MoeForCausalLM", _no_attention("its short-convolution layers", "LFM2 MoE")),
+    Refusal("MambaForCausalLM", _no_attention("state-space (Mamba) layers", "Mamba")),
+    Refusal("Mamba2ForCausalLM", _no_attention("state-space (Mamba-2) layers", "Mamba-2")),
+    Refusal("FalconMambaForCausalLM", _no_attention("state-space (Mamba) layers", "Falcon Mamba")),
+    Refusal("RwkvForCausalLM", _no_attention("RWKV's time-mixing layers", "RWKV")),
+    Refusal(
+        "RecurrentGemmaForCausalLM",
+        _no_attention("its linear-recurrence (RG-LRU) layers", "RecurrentGemma"),
+    ),
+)
 
 
 def refusal_of(architecture: str, config: Mapping[str, Any]) -> str | None:
