@@ -107,6 +107,10 @@ class FastBlock:
     parallel: bool
     ln2: Norm | None = None
     mlp: FastMLP | None = None
+    # The native model's rotary tables ([n_ctx, rotary_dim] cosines and sines, rotating
+    # adjacent pairs); None for Hugging Face models, whose own rotary module gives them per
+    # forward (`rotate_half` convention).
+    native_rope: tuple[Tensor, Tensor] | None = None
 
 
 def fast_path_refusal(bridge: Any) -> str | None:
@@ -126,8 +130,11 @@ def fast_path_refusal(bridge: Any) -> str | None:
             return "sliding-window attention"
         if getattr(hf_cfg, "scale_attn_by_inverse_layer_idx", False):
             return "scores scaled by the inverse layer index"
-    if arch == "TransformerLensNative" and cfg.positional_embedding_type != "standard":
-        return "the native model's own rotary embedding"
+    if arch == "TransformerLensNative" and cfg.positional_embedding_type not in (
+        "standard",
+        "rotary",
+    ):
+        return f"positional embedding {cfg.positional_embedding_type!r}"
     if cfg.attn_scores_soft_cap is not None and cfg.attn_scores_soft_cap > 0:
         return "soft-capped attention scores"
     if cfg.act_fn not in _ACTIVATIONS:
@@ -217,7 +224,12 @@ def fast_block(bridge: Any, layer: int) -> FastBlock:
             torch.cat([gate.detach(), w_in], dim=1).contiguous() if gate is not None else None,
         )
         ln2 = _norm(block.ln2)
+    native_rope = None
+    rotary_module = getattr(getattr(attn, "original_component", None), "rotary", None)
+    if cfg.architecture == "TransformerLensNative" and rotary_module is not None:
+        native_rope = (rotary_module.cos_cached.detach(), rotary_module.sin_cached.detach())
     return FastBlock(
+        native_rope=native_rope,
         ln1=_norm(block.ln1),
         w_qkv=w_qkv,
         b_qkv=b_qkv,
@@ -248,16 +260,20 @@ def _scale(bridge: Any, attn: Any, d_head: int) -> float:
 
 
 def rotary(
-    x: Float[Tensor, "batch pos heads d_head"], cos: Tensor, sin: Tensor
+    x: Float[Tensor, "batch pos heads d_head"], cos: Tensor, sin: Tensor, adjacent: bool = False
 ) -> Float[Tensor, "batch pos heads d_head"]:
-    """The rotary embedding as Hugging Face applies it (`rotate_half`: [a, b] -> [-b, a]) to
-    the first `cos.shape[-1]` dimensions of each head, on the query and key heads of the fused
-    projection at once. `cos`, `sin`: [1, pos, rotary_dim], the model's own rotary module's."""
+    """The rotary embedding as the model applies it to the first `cos.shape[-1]` dimensions of
+    each head, on the query and key heads of the fused projection at once: Hugging Face's
+    `rotate_half` ([a, b] -> [-b, a]), or pair by pair ([x0, x1] -> [-x1, x0]) where
+    `adjacent` (the native model). `cos`, `sin`: [1, pos, rotary_dim]."""
     r = int(cos.shape[-1])
     cos, sin = cos[:, :, None, :].to(x.dtype), sin[:, :, None, :].to(x.dtype)
     x_rot = x[..., :r]
-    half = r // 2
-    flip = torch.cat((-x_rot[..., half:], x_rot[..., :half]), dim=-1)
+    if adjacent:
+        flip = torch.stack((-x_rot[..., 1::2], x_rot[..., ::2]), dim=-1).flatten(-2)
+    else:
+        half = r // 2
+        flip = torch.cat((-x_rot[..., half:], x_rot[..., :half]), dim=-1)
     out = x_rot * cos + flip * sin
     return out if r == x.shape[-1] else torch.cat((out, x[..., r:]), dim=-1)
 
@@ -297,7 +313,8 @@ def attention(
     if fb.rotary:
         if rope is None:
             raise ValueError("a rotary block needs the model's cosines and sines")
-        q, k = rotary(qkv[:, :, : h + kv], *rope).split([h, kv], dim=2)
+        adjacent = fb.native_rope is not None
+        q, k = rotary(qkv[:, :, : h + kv], *rope, adjacent=adjacent).split([h, kv], dim=2)
         v = qkv[:, :, h + kv :]
     else:
         q, k, v = qkv.split([h, kv, kv], dim=2)  # [b, t, heads, dh]

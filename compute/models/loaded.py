@@ -234,6 +234,10 @@ class LoadedModel:
     def _rope(self, layer: int, resid: Tensor) -> tuple[Tensor, Tensor] | None:
         if self.cfg.positional_embedding_type != "rotary":
             return None
+        native = self._fast_weights(layer).native_rope
+        if native is not None:
+            t = int(resid.shape[1])
+            return native[0][None, :t], native[1][None, :t]
         inputs = self._block_inputs.of(layer, resid)
         return inputs["position_embeddings"]  # type: ignore[no-any-return]
 

@@ -67,6 +67,12 @@ def _scaled_logits(config: Mapping[str, Any]) -> bool:
 
 
 REFUSED: tuple[Refusal, ...] = (
+    Refusal(
+        "PhiForCausalLM",
+        "PhiForCausalLM with qk_layernorm: TransformerLens 4.3's Phi attention declares no "
+        "q/k norms, so the bridge refuses to boot it (its forward would skip the norms)",
+        lambda c: bool(c.get("qk_layernorm")),
+    ),
     Refusal("GraniteForCausalLM", _LOGITS_SCALED, _scaled_logits),
     Refusal("GraniteMoeForCausalLM", _LOGITS_SCALED, _scaled_logits),
     Refusal(

@@ -21,8 +21,9 @@ from compute.metrics.heads_atp import atp_loss_delta
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 ARCHS: dict[str, dict[str, Any]] = {
     "sequential": {},
-    "parallel-rotary": dict(positional_embedding_type="rotary", parallel_attn_mlp=True,
-                            rotary_dim=4),
+    # (parallel attention/MLP: TransformerLens 4's native blocks are sequential; the GPT-NeoX
+    # checkpoint of the reference tests holds the parallel arrangement)
+    "rotary": dict(positional_embedding_type="rotary", rotary_dim=4),
     "gqa-rms-gated": dict(normalization_type="RMS", positional_embedding_type="rotary",
                           rotary_dim=8, n_key_value_heads=2, gated_mlp=True, act_fn="silu"),
 }

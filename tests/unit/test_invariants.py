@@ -29,7 +29,7 @@ OPTS = EngineOptions(batch_size=2, induction_n=8, induction_sequences=3, top_neu
                      top_tokens=4)
 UNPROCESSED = dict(fold_ln=False, center_writing_weights=False, center_unembed=False,
                    fold_value_biases=False)
-ROTARY_PARALLEL = dict(positional_embedding_type="rotary", parallel_attn_mlp=True, rotary_dim=4)
+ROTARY = dict(positional_embedding_type="rotary", rotary_dim=4)  # native blocks are sequential
 
 Factories = dict[str, Callable[..., Any]]
 
@@ -93,7 +93,7 @@ def test_the_unmodified_model_row_is_the_baseline(any_sweep: tuple[Any, list[Rec
     assert none["intervention.entropy_delta"].stderr == 0.0
 
 
-@pytest.mark.parametrize("arch", [{}, ROTARY_PARALLEL], ids=["gpt2-style", "rotary-parallel"])
+@pytest.mark.parametrize("arch", [{}, ROTARY], ids=["gpt2-style", "rotary"])
 @pytest.mark.parametrize("layer", [0, 1, 2])
 def test_dropping_an_all_zero_block_changes_nothing(tiny_factories: Factories, layer: int,
                                                     arch: dict[str, Any]) -> None:
