@@ -61,6 +61,18 @@ _FUSED_EXPERTS = (
     "matches Hugging Face"
 )
 
+_COHERE_SCALE = (
+    "logit scale (logits * logit_scale): TransformerLens 4.3 folds Cohere's scale into W_U "
+    "only when it processes the weights, and Strata's logits are the final norm, W_U and b_U, "
+    "so an unprocessed load (--no-processing) misses it (4.6 nats of log-probability on the "
+    "architecture matrix; processed, the forward matches Hugging Face)"
+)
+
+
+def _cohere_scaled(config: Mapping[str, Any]) -> bool:
+    scale = config.get("logit_scale", 0.0625)
+    return scale is not None and float(scale) != 1.0
+
 
 def _scaled_logits(config: Mapping[str, Any]) -> bool:
     return float(config.get("logits_scaling") or 1.0) != 1.0
@@ -84,6 +96,8 @@ REFUSED: tuple[Refusal, ...] = (
         + "; and "
         + _LOGITS_SCALED,
     ),
+    Refusal("CohereForCausalLM", _COHERE_SCALE, _cohere_scaled),
+    Refusal("Cohere2ForCausalLM", _COHERE_SCALE, _cohere_scaled),
     Refusal(
         "FalconForCausalLM",
         "Falcon's new decoder architecture with grouped key/value heads: TransformerLens 4.3 "

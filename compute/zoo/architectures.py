@@ -416,6 +416,7 @@ CASES: tuple[ArchitectureCase, ...] = (
             "qk-norm (LayerNorm per head)",
             "logit scale",
         ),
+        expect="refused",
     ),
     ArchitectureCase(
         "cohere-2",
@@ -434,6 +435,7 @@ CASES: tuple[ArchitectureCase, ...] = (
             "no rope on global layers",
             "logit scale",
         ),
+        expect="refused",
     ),
     ArchitectureCase(
         "ernie-4.5",
