@@ -81,7 +81,6 @@ def boot_native(fields: dict[str, Any], state: dict[str, Tensor] | None, seed: i
     import transformer_lens.model_bridge.sources.native  # noqa: F401  (registers boot_native)
     from transformer_lens.config import TransformerBridgeConfig
     from transformer_lens.model_bridge import TransformerBridge
-    from transformer_lens.utilities.tl_checkpoint_conversion import convert_tl_checkpoint
 
     known = {k: v for k, v in fields.items() if k not in _NOT_NATIVE}
     cfg = TransformerBridgeConfig.from_dict(
@@ -89,11 +88,19 @@ def boot_native(fields: dict[str, Any], state: dict[str, Tensor] | None, seed: i
     )
     bridge = TransformerBridge.boot_native(cfg, model_name=str(fields.get("model_name", NATIVE)))
     if state is not None:
-        converted = convert_tl_checkpoint(dict(state), bridge.cfg)
-        result = bridge.load_state_dict(converted, strict=False)
-        if result.missing_keys:
-            raise ModelLoadError(f"weights missing for {sorted(result.missing_keys)[:5]}")
+        load_tl_weights(bridge, state)
     return bridge
+
+
+def load_tl_weights(bridge: Any, state: dict[str, Tensor]) -> None:
+    """Load HookedTransformer-layout tensors (`blocks.0.attn.W_Q` [n_heads, d_model, d_head],
+    ...) into a native bridge's own parameters; every parameter must be given."""
+    from transformer_lens.utilities.tl_checkpoint_conversion import convert_tl_checkpoint
+
+    converted = convert_tl_checkpoint(dict(state), bridge.cfg)
+    result = bridge.load_state_dict(converted, strict=False)
+    if result.missing_keys:
+        raise ModelLoadError(f"weights missing for {sorted(result.missing_keys)[:5]}")
 
 
 # HookedTransformer config fields that only name things (the native model has no use for them).
@@ -149,8 +156,14 @@ class BlockInputs:
         captured: list[dict[str, Any]] = [{} for _ in self.bridge.blocks]
 
         def keep(i: int) -> Any:
-            def hook(_m: Any, _args: Any, kwargs: dict[str, Any]) -> None:
-                captured[i] = {k: v for k, v in kwargs.items() if k in _BLOCK_KWARGS}
+            def hook(_m: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+                inputs = {k: v for k, v in kwargs.items() if k not in _CACHE_KWARGS}
+                # Positional inputs after the residual (XGLM passes its mask so), by name.
+                names = _positional_names(_m)
+                for name, value in zip(names[1:], args[1:], strict=False):
+                    if name not in _CACHE_KWARGS:
+                        inputs[name] = value
+                captured[i] = inputs
 
             return hook
 
@@ -169,8 +182,28 @@ class BlockInputs:
         return captured
 
 
-# The keyword arguments a decoder layer takes from its model's forward that matter without a
-# cache (the rest — caches, use_cache — are left out).
-_BLOCK_KWARGS = frozenset(
-    {"attention_mask", "position_embeddings", "position_ids", "encoder_attention_mask", "alibi"}
+# What a decoder layer takes from its model's forward that is about caching (left out: Strata
+# runs every block without a cache); everything else — masks, position embeddings and ids,
+# ALiBi or position biases — is passed on.
+_CACHE_KWARGS = frozenset(
+    {
+        "past_key_values",
+        "past_key_value",
+        "layer_past",
+        "cache",
+        "use_cache",
+        "cache_position",
+        "output_attentions",
+        "output_hidden_states",
+    }
 )
+
+
+def _positional_names(module: Any) -> list[str]:
+    import inspect
+
+    try:
+        params = inspect.signature(module.forward).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]

@@ -86,7 +86,13 @@ class LoadedModel:
 
     @property
     def d_mlp(self) -> int:
-        return 0 if self.cfg.attn_only else int(self.cfg.d_mlp)
+        """MLP width (under a mixture of experts, one expert's)."""
+        if self.cfg.attn_only:
+            return 0
+        down = self._fused_experts(0)
+        if down is not None:
+            return int(down.shape[2] if down.shape[1] == self.d_model else down.shape[1])
+        return int(self.cfg.d_mlp)
 
     @property
     def d_vocab(self) -> int:
@@ -216,7 +222,7 @@ class LoadedModel:
         kwargs = self._block_inputs.of(layer, resid)
         with _lens_hooks(hooks):
             out = block(resid, **kwargs)
-        out = out[0] if isinstance(out, tuple) else out
+        out = out[0] if isinstance(out, (tuple, list)) else out
         if "attn" not in captured:
             raise ModelLoadError(
                 f"{self.architecture}: block {layer}'s attention write was not seen by its hook"
@@ -365,7 +371,8 @@ class LoadedModel:
                 with torch.inference_mode(False), torch.no_grad():
                     self._ctx["final_norm"] = blocks.final_norm(self.model)
             return self._ctx["final_norm"](resid)  # type: ignore[no-any-return]
-        return self.model.ln_final(resid)  # type: ignore[no-any-return]
+        final = self.model._modules.get("ln_final")
+        return resid if final is None else final(resid)
 
     def _unembed(self) -> tuple[Tensor, Tensor]:
         """W_U [d_model, d_vocab] as stored (a view, no copy) and b_U (zeros where none)."""
@@ -388,10 +395,9 @@ class LoadedModel:
         column range of W_U as stored ([d_model, vocab]; BLAS reads it in place, no copy)."""
         w_u, b_u = self._unembed()
         logits = torch.addmm(b_u[start:stop], x, w_u[:, start:stop])
-        cap = self.cfg.output_logits_soft_cap
-        if cap is not None and cap > 0:
-            logits = torch.tanh(logits / cap) * cap
-        return logits
+        # The architecture's own transform after the unembedding: a soft-cap, a logit scale
+        # (Granite, Cohere), elementwise, so column blocks may be transformed one at a time.
+        return self.model.adapter.apply_output_logits_transform(logits)  # type: ignore[no-any-return]
 
     @property
     def logits_are_linear(self) -> bool:
@@ -399,8 +405,18 @@ class LoadedModel:
         weights, whose logits are not rounded to a narrower dtype (nor computed in a wider one
         than P's float32 p). The reference distribution is then kept as W_U p
         (`compute.reduce.Reference`)."""
+        from transformer_lens.model_bridge.architecture_adapter import ArchitectureAdapter
+
         cap = self.cfg.output_logits_soft_cap
-        return self._unembed()[0].dtype == torch.float32 and not (cap is not None and cap > 0)
+        plain = (
+            type(self.model.adapter).apply_output_logits_transform
+            is ArchitectureAdapter.apply_output_logits_transform
+        )
+        return (
+            self._unembed()[0].dtype == torch.float32
+            and plain
+            and not (cap is not None and cap > 0)
+        )
 
     def pulled_back(self, p: Tensor, start: int, stop: int) -> tuple[Tensor, Tensor]:
         """(W_U[:, start:stop] p, b_U[start:stop] . p) for weights p [n, stop-start]: what
@@ -415,9 +431,23 @@ class LoadedModel:
             self._ctx.pop(key, None)
 
     # ---- processed weights
+    def _fused_experts(self, layer: int) -> Tensor | None:
+        """A mixture of experts' output projections as transformers 5 keeps them: one stacked
+        `down_proj` parameter, [n_experts, d_model, d_expert] (None for a dense MLP)."""
+        mlp = self.model.blocks[layer]._modules.get("mlp")
+        experts = mlp._modules.get("experts") if mlp is not None else None
+        if experts is None and mlp is not None:
+            inner = getattr(mlp, "original_component", None)
+            experts = inner._modules.get("experts") if inner is not None else None
+        down = getattr(experts, "down_proj", None) if experts is not None else None
+        return down.detach() if isinstance(down, Tensor) and down.dim() == 3 else None
+
     @property
     def n_experts(self) -> int:
         """Experts per MLP layer (1 for a dense MLP)."""
+        down = self._fused_experts(0) if self.has_mlp else None
+        if down is not None:
+            return int(down.shape[0])
         return int(getattr(self.cfg, "num_experts", None) or 1)
 
     @property
@@ -430,11 +460,11 @@ class LoadedModel:
         """Each neuron's output row. Under a mixture of experts the experts' rows are stacked
         in expert order (TransformerLens keeps an expert's W_out as a Linear's [d_model,
         d_mlp] weight)."""
-        mlp = self.model.blocks[layer].mlp
-        experts = getattr(mlp, "experts", None)
-        if experts is not None:
-            return torch.cat([e.W_out.weight.detach().T for e in experts])
-        return mlp.W_out.detach()
+        down = self._fused_experts(layer)
+        if down is not None:  # [E, d_model, d_expert] (or [E, d_expert, d_model])
+            rows = down.transpose(1, 2) if down.shape[1] == self.d_model else down
+            return rows.reshape(-1, self.d_model)
+        return self.model.blocks[layer].mlp.W_out.detach()  # type: ignore[no-any-return]
 
     def w_u(self) -> Float[Tensor, "d_model d_vocab"]:
         return self.model.unembed.W_U.detach()

@@ -48,6 +48,12 @@ UNPROCESSABLE: dict[str, str] = {
     "(1.3 nats of log-probability on the architecture matrix): its weights are used as stored",
     "Gemma3ForCausalLM": "TransformerLens 4.3's weight processing changes Gemma 3's function "
     "(2.4 nats of log-probability on the architecture matrix): its weights are used as stored",
+    "BitNetForCausalLM": "TransformerLens 4.3's weight processing changes BitNet's function "
+    "(7.9 nats on the architecture matrix): its weights are used as stored",
+    "Llama4ForCausalLM": "TransformerLens 4.3's weight processing changes Llama 4's function "
+    "(2.8 nats on the architecture matrix): its weights are used as stored",
+    "VaultGemmaForCausalLM": "TransformerLens 4.3 refuses to process VaultGemma's weights: "
+    "they are used as stored",
 }
 
 

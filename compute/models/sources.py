@@ -17,9 +17,7 @@ Sources (looked up in `SOURCES`, in order):
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -154,21 +152,6 @@ def checkpoint_architecture(path: Path) -> str:
     if refusal is not None:
         raise UnsupportedArchitectureError(f"{path}: {architecture}: {refusal}")
     return architecture
-
-
-def free_module_tensors(module: torch.nn.Module, keep: Iterable[torch.Tensor] = ()) -> None:
-    """Hand a module's parameter and buffer memory back now: each tensor's data becomes an
-    empty tensor, so its storage is freed by reference counting once nothing else holds it.
-    Tensors in `keep` (the very objects a converted state dict took over) are left alone; a
-    view taken of one keeps its own storage alive either way. This frees what a full
-    `gc.collect()` would have, were the module's objects in reference cycles, without one: a
-    collection walks every object the process holds, up to a second a load in a worker or a
-    test process that has made many."""
-    kept = {id(t) for t in keep}
-    with torch.no_grad():
-        for tensor in itertools.chain(module.parameters(), module.buffers()):
-            if id(tensor) not in kept:
-                tensor.data = torch.empty(0, dtype=tensor.dtype, device=tensor.device)
 
 
 def _bos(tokenizer: Any) -> int:

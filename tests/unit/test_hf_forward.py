@@ -1,8 +1,8 @@
 """Strata's clean forward against the Hugging Face model's own forward, per architecture.
 
 The model layer (`compute.models.LoadedModel`: embed, run_block, logits) loads a checkpoint
-through TransformerLens's converters and weight processing, then runs either the fast blocks of
-`compute.blocks` or TransformerLens's own blocks. Both must compute the distribution the
+into a TransformerLens 4 bridge with its weight processing, then runs either the fast blocks of
+`compute.blocks` or the bridge's blocks (the model's own modules, hooked). Both must compute the distribution the
 original Hugging Face model computes: next-token log-probabilities agree within 1e-4 on every
 position. Architectures: GPT-2 (LayerNorm, learned positions), GPT-NeoX (rotary on part of each
 head, parallel attention and MLP), Llama (RMSNorm, rotary, grouped-query attention, SiLU-gated
@@ -53,13 +53,15 @@ def checkpoint(request: pytest.FixtureRequest) -> tuple[str, Path]:
     return request.param, request.getfixturevalue(f"hf_{request.param}_dir")
 
 
-@pytest.mark.parametrize("path", ["fast", "transformer_lens"])
+@pytest.mark.parametrize("path", ["fast", "bridge"])
 def test_clean_forward_matches_hugging_face(checkpoint: tuple[str, Path], path: str) -> None:
     kind, directory = checkpoint
     lm = load_model(resolve_model_spec(str(directory)))
-    if kind in ("gpt2", "neox", "llama", "neo"):
+    if kind in ("gpt2", "neox", "llama"):
         assert lm.fast_path, f"{kind}: expected the fast blocks to cover this architecture"
-    if path == "transformer_lens":
+    if kind == "neo":  # local attention layers: the bridge's blocks only
+        assert not lm.fast_path
+    if path == "bridge":
         lm._ctx["fast_path"] = False
     tokens = _tokens(lm)
     ours, theirs = strata_log_probs(lm, tokens), hf_log_probs(directory, tokens)
@@ -69,26 +71,21 @@ def test_clean_forward_matches_hugging_face(checkpoint: tuple[str, Path], path: 
 
 
 def test_local_attention_window_is_applied(hf_neo_dir: Path) -> None:
-    """A local layer must not see keys beyond its window: a change at position 0..4 of a
-    24-token sequence changes what a local layer writes at position 20 only through global
-    layers, so the fast path and TransformerLens agree exactly when both mask the window."""
+    """A local layer must not see keys beyond its window: the pattern the families read (the
+    model's own, through the bridge's hook) gives them no weight, and keys within it some."""
     lm = load_model(resolve_model_spec(str(hf_neo_dir)))
-    local = [i for i, b in enumerate(lm.model.blocks) if b.attn.attn_type == "local"]
+    config = lm.model.original_model.config
+    local = [i for i, kind in enumerate(config.attention_layers) if kind == "local"]
     assert local, "the GPT-Neo fixture must have a local attention layer"
-    layer = local[0]
+    window = int(config.window_size)
     resid = torch.randn(2, 24, lm.d_model, generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
-        fast = lm.run_block(layer, resid, capture_pattern=True)
-        fast_sdpa = lm.run_block(layer, resid)
-        lm._ctx["fast_path"] = False
-        slow = lm.run_block(layer, resid, capture_pattern=True)
-    window = int(lm.cfg.window_size)
-    assert fast.pattern is not None
+        run = lm.run_block(local[0], resid, capture_pattern=True)
+    assert run.pattern is not None
     q, k = torch.meshgrid(torch.arange(24), torch.arange(24), indexing="ij")
     outside = (q - k >= window) | (k > q)
-    assert fast.pattern[..., outside].abs().max().item() == 0.0
-    for run in (fast, fast_sdpa):
-        assert torch.allclose(run.resid, slow.resid, atol=1e-5), "local layer output differs"
+    assert run.pattern[..., outside].abs().max().item() == 0.0
+    assert run.pattern[..., ~outside].min().item() > 0.0
 
 
 def test_gqa_heads_share_key_value_heads(hf_llama_dir: Path) -> None:

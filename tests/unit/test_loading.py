@@ -1,65 +1,74 @@
-"""Loading: the block-by-block weight processing (which copies each processed tensor straight
-into the model) gives exactly the weights of TransformerLens's own whole-dict processing."""
+"""Loading: TransformerLens 4's weight processing, as Strata applies it, leaves each model's
+function unchanged and changes its weights (it did something), on the fused blocks and on the
+bridge's; and an architecture TransformerLens does not adapt is refused from config.json alone,
+before any weight is read."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
+import json
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-import compute.models.processing as weight_processing
-from compute.models import Processing, load_model, resolve_model_spec
+from compute.errors import UnsupportedArchitectureError
+from compute.models import LoadedModel, Processing, load_model, resolve_model_spec
+
+RAW = Processing(fold_ln=False, center_writing_weights=False, center_unembed=False,
+                 fold_value_biases=False)
 
 
-@contextlib.contextmanager
-def _whole_dict_processing(_model: object) -> Iterator[None]:
-    """The reference: TransformerLens's `process_weights` on the whole state dict, unpatched."""
-    yield
-
-
-def _weights(ref: str, processing: Processing) -> dict[str, torch.Tensor]:
-    lm = load_model(resolve_model_spec(ref, processing=processing))
-    return {k: v.detach().clone() for k, v in lm.model.state_dict().items()}
+def _log_probs(lm: LoadedModel, tokens: torch.Tensor) -> torch.Tensor:
+    with torch.inference_mode():
+        x = lm.embed(tokens)
+        for layer in range(lm.n_layers):
+            x = lm.run_block(layer, x).resid
+        return lm.logits(x).double().log_softmax(-1)
 
 
 @pytest.mark.parametrize("which", ["gpt2", "neox", "zoo"])
-@pytest.mark.parametrize("processing", [Processing(), Processing(fold_value_biases=False,
-                                                                 center_unembed=False)],
-                         ids=["all", "partial"])
-def test_block_by_block_processing_equals_the_whole_dict_processing(
-        which: str, processing: Processing, hf_gpt2_dir: Path, hf_neox_dir: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "bridge"])
+def test_processing_keeps_the_function_and_changes_the_weights(
+        which: str, fast: bool, hf_gpt2_dir: Path, hf_neox_dir: Path) -> None:
     ref = {"gpt2": str(hf_gpt2_dir), "neox": str(hf_neox_dir), "zoo": "zoo:tiny-2l-s0"}[which]
-    ours = _weights(ref, processing)
-    monkeypatch.setattr(weight_processing, "_processing_block_by_block", _whole_dict_processing)
-    reference = _weights(ref, processing)
-    assert ours.keys() == reference.keys()
-    different = [k for k in ours if not torch.equal(ours[k], reference[k])]
-    assert different == []
-    # Processing did something: the folded, centered weights differ from the checkpoint's.
-    raw = _weights(ref, Processing(fold_ln=False, center_writing_weights=False,
-                                   center_unembed=False, fold_value_biases=False))
-    assert not torch.equal(raw["blocks.0.attn.W_Q"], ours["blocks.0.attn.W_Q"])
+    processed = load_model(resolve_model_spec(ref))
+    raw = load_model(resolve_model_spec(ref, processing=RAW))
+    assert processed.applied.fold_ln and processed.applied.center_writing_weights
+    assert not raw.applied.fold_ln
+    for lm in (processed, raw):
+        lm._ctx["fast_path"] = fast
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(1, raw.d_vocab_real, (2, 16), generator=gen)
+    diff = (_log_probs(processed, tokens) - _log_probs(raw, tokens)).abs().max().item()
+    assert diff < 1e-4
+    w_q = processed.model.blocks[0].attn.W_Q, raw.model.blocks[0].attn.W_Q
+    assert not torch.equal(*w_q)
 
 
-def test_a_freed_module_keeps_only_the_tensors_handed_on() -> None:
-    """The Hugging Face model's weights are freed once converted, without a garbage collection:
-    every parameter and buffer emptied but the very tensors the state dict took over, and a view
-    taken of a freed one keeps its values."""
-    from compute.models.sources import free_module_tensors
+def test_an_unadapted_architecture_is_refused_before_anything_heavy(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["NoSuchForCausalLM"]}))
+    (tmp_path / "model.safetensors").write_bytes(b"not weights")
+    with pytest.raises(UnsupportedArchitectureError, match="has no adapter"):
+        load_model(resolve_model_spec(str(tmp_path)))
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["BertForMaskedLM"]}))
+    with pytest.raises(UnsupportedArchitectureError, match="not a causal language model"):
+        load_model(resolve_model_spec(str(tmp_path)))
 
-    module = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.LayerNorm(8))
-    module.register_buffer("mask", torch.ones(4, 4))
-    module.loop = [module]  # type: ignore[assignment]  # a reference cycle, as models have
-    linear, norm = module[0], module[1]
-    taken = linear.weight
-    view = norm.bias[2:6]
-    values = view.clone()
-    free_module_tensors(module, keep=[taken])
-    assert linear.weight is taken
-    assert linear.weight.shape == (8, 16)
-    assert [t.numel() for t in (linear.bias, norm.weight, norm.bias, module.mask)] == [0] * 4
-    assert torch.equal(view, values)
+
+def test_the_refusal_imports_neither_transformers_nor_transformer_lens(tmp_path: Path) -> None:
+    """A refusal is fast: deciding it needs config.json and the adapter registry's source (the
+    model package itself imports torch; transformers and TransformerLens take seconds more)."""
+    import subprocess
+
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["NoSuchForCausalLM"]}))
+    code = ("import sys\n"
+            "from pathlib import Path\n"
+            "from compute.models.refusals import refusal_of\n"
+            "assert 'has no adapter' in refusal_of('NoSuchForCausalLM', {})\n"
+            "assert refusal_of('LlamaForCausalLM', {}) is None\n"
+            "print(sorted(m for m in ('transformer_lens', 'transformers')"
+            " if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=Path(__file__).resolve().parents[2])
+    assert out.stdout.strip() == "[]"

@@ -341,7 +341,11 @@ def test_weight_processing_leaves_the_planted_function_unchanged(
             return lm.model(tokens).log_softmax(-1)
 
     torch.testing.assert_close(logprobs(stages_lm), logprobs(raw), atol=2e-4, rtol=0)
-    assert stages_lm.applied.center_writing_weights
+    # Without a norm, nothing reads the residual with its mean removed: writes are left as
+    # they are, and the processing says why.
+    assert not stages_lm.applied.center_writing_weights
+    assert stages_lm.applied.center_unembed
+    assert any("no normalisation" in note for note in stages_lm.applied.notes)
 
 
 def test_zoo_cli_lists_and_shows_the_expected_answers() -> None:

@@ -14,6 +14,8 @@ import numpy as np
 import polars as pl
 import pytest
 import torch
+
+from compute.models.bridge import load_tl_weights
 from safetensors.torch import save_file
 
 from compute.engine import sweep
@@ -315,8 +317,7 @@ def test_the_rotation_preserves_the_model_function(rotated: LoadedModel) -> None
         rotated_logits = rotated.model(tokens).clone()
         plain = P.build_rotated(0, rotated.d_vocab, rotate=False)
         unrotated = load_model(resolve_model_spec("zoo:planted-rotated"))
-        unrotated.model.load_state_dict(
-            {k: v.float() for k, v in plain.tensors.items()}, strict=False)
+        load_tl_weights(unrotated.model, {k: v.float() for k, v in plain.tensors.items()})
         unrotated.forget_derived_weights()
         plain_logits = unrotated.model(tokens)
     assert not torch.equal(unrotated.model.unembed.W_U, rotated.model.unembed.W_U)
