@@ -226,6 +226,13 @@ def swapped_model(model: Any, layer: int) -> Any:
             module[layer], module[layer + 1] = second, first
     if other.blocks[layer] is first:
         other.blocks[layer], other.blocks[layer + 1] = second, first
+    # Models whose forward picks each position's mask and rotary base from the config's list of
+    # layer types (Gemma 2/3, OLMo 3, ...): the list is reordered with the layers.
+    config = other.original_model.config
+    for holder in (config, getattr(config, "text_config", None)):
+        kinds = getattr(holder, "layer_types", None) if holder is not None else None
+        if isinstance(kinds, list) and len(kinds) > layer + 1:
+            kinds[layer], kinds[layer + 1] = kinds[layer + 1], kinds[layer]
     # hook names follow the modules' new places: named afresh from the module tree
     for hook_point in other.hook_dict.values():
         hook_point.name = None
@@ -408,12 +415,17 @@ def output_rows(lm: Any, layer: int) -> np.ndarray:
     """[neurons, d_model] float64: each neuron's output weight row. Under a mixture of experts a
     neuron is one hidden unit of one expert: expert 0's units first, then expert 1's, ..."""
     mlp = _model(lm).blocks[layer].mlp
-    if hasattr(mlp, "experts"):
+    experts = getattr(mlp.original_component, "experts", None)
+    if experts is not None:
+        # transformers 5 stacks the experts' output projections in one parameter: expert e's
+        # is down_proj[e], a Linear's [d_model, d_mlp] weight (or [d_mlp, d_model] where the
+        # experts say `is_transposed`)
         rows = []
-        for expert in mlp.experts:  # nn.Linear(d_mlp -> d_model): weight is [d_model, d_mlp]
-            weight = expert.W_out.weight.detach().double().cpu().numpy()
-            for unit in range(weight.shape[1]):
-                rows.append(weight[:, unit])
+        for weight in experts.down_proj.detach().double().cpu().numpy():
+            if not getattr(experts, "is_transposed", False):
+                weight = weight.T
+            for unit in range(weight.shape[0]):
+                rows.append(weight[unit])
         return np.stack(rows)
     return mlp.W_out.detach().double().cpu().numpy()
 
@@ -487,7 +499,7 @@ def neurons_rows(lm: Any, tokens: torch.Tensor | None = None,
     if not _has_mlp(model):
         return []
     vocab = real_vocab(lm)
-    d_mlp = int(model.cfg.d_mlp) * int(getattr(model.cfg, "num_experts", None) or 1)
+    d_mlp = output_rows(lm, 0).shape[0]
     null = null_thresholds(lm)
     rows = [_row(f"neurons.null_{name}_q999", value, NULL_DIRECTIONS)
             for name, value in zip(("kurt", "skew", "var"), null, strict=True)]

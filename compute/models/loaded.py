@@ -90,9 +90,7 @@ class LoadedModel:
         if self.cfg.attn_only:
             return 0
         down = self._fused_experts(0)
-        if down is not None:
-            return int(down.shape[2] if down.shape[1] == self.d_model else down.shape[1])
-        return int(self.cfg.d_mlp)
+        return int(down.shape[1]) if down is not None else int(self.cfg.d_mlp)
 
     @property
     def d_vocab(self) -> int:
@@ -432,15 +430,20 @@ class LoadedModel:
 
     # ---- processed weights
     def _fused_experts(self, layer: int) -> Tensor | None:
-        """A mixture of experts' output projections as transformers 5 keeps them: one stacked
-        `down_proj` parameter, [n_experts, d_model, d_expert] (None for a dense MLP)."""
+        """A mixture of experts' output rows, [n_experts, d_expert, d_model], from the one
+        stacked `down_proj` parameter transformers 5 keeps ([n_experts, d_model, d_expert],
+        or [n_experts, d_expert, d_model] where the experts are `is_transposed`, as GPT-OSS's);
+        None for a dense MLP."""
         mlp = self.model.blocks[layer]._modules.get("mlp")
         experts = mlp._modules.get("experts") if mlp is not None else None
         if experts is None and mlp is not None:
             inner = getattr(mlp, "original_component", None)
             experts = inner._modules.get("experts") if inner is not None else None
         down = getattr(experts, "down_proj", None) if experts is not None else None
-        return down.detach() if isinstance(down, Tensor) and down.dim() == 3 else None
+        if not isinstance(down, Tensor) or down.dim() != 3:
+            return None
+        down = down.detach()
+        return down if getattr(experts, "is_transposed", False) else down.transpose(1, 2)
 
     @property
     def n_experts(self) -> int:
@@ -461,9 +464,8 @@ class LoadedModel:
         in expert order (TransformerLens keeps an expert's W_out as a Linear's [d_model,
         d_mlp] weight)."""
         down = self._fused_experts(layer)
-        if down is not None:  # [E, d_model, d_expert] (or [E, d_expert, d_model])
-            rows = down.transpose(1, 2) if down.shape[1] == self.d_model else down
-            return rows.reshape(-1, self.d_model)
+        if down is not None:
+            return down.reshape(-1, self.d_model)
         return self.model.blocks[layer].mlp.W_out.detach()  # type: ignore[no-any-return]
 
     def w_u(self) -> Float[Tensor, "d_model d_vocab"]:

@@ -108,9 +108,7 @@ def effective_processing(requested: Processing, cfg: Mapping[str, Any] | None) -
     if unembed and soft_cap is not None and soft_cap > 0:
         unembed = False
         notes.append("a logit soft-cap is not shift-invariant: the unembedding was not centered")
-    if values and (
-        cfg.get("use_attention_sinks") or architecture in ATTENTION_SINK_ARCHITECTURES
-    ):
+    if values and (cfg.get("use_attention_sinks") or architecture in ATTENTION_SINK_ARCHITECTURES):
         values = False
         notes.append("attention sinks: rows do not sum to one, value biases were not folded")
     return AppliedProcessing(fold, center, unembed, values, tuple(notes))

@@ -26,9 +26,9 @@ import torch
 
 from compute.errors import ModelLoadError, UnknownModelError, UnsupportedArchitectureError
 from compute.models.bridge import apply_processing, boot_hf, boot_native, import_bridge
-from compute.models.refusals import refusal_of
 from compute.models.parity import ParityReference, hugging_face_reference, parity_tokens
 from compute.models.processing import AppliedProcessing, effective_processing
+from compute.models.refusals import refusal_of
 from compute.models.spec import TORCH_DTYPES, DType, ModelSpec, Processing
 from compute.zoo.paths import ZOO_DIR, zoo_path
 from compute.zoo.planted import PLANTED, planted_checksum, planted_weights

@@ -20,6 +20,7 @@ Sequences are 20 tokens, longer than every window (16).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -94,20 +95,26 @@ def test_neuron_tokens_match_reference(swept: Swept) -> None:
 def test_the_cases_exercise_their_mechanism(tmp_path: Path) -> None:
     """Each case has the mechanism it stands for (a config change upstream would otherwise
     quietly turn a case into another sequential pre-norm model)."""
-    cfgs = {}
+    lms = {}
     for key, name in MECHANISMS.items():
         path = build_checkpoint(CASES_BY_NAME[name], tmp_path / name)
-        cfgs[key] = load_model(resolve_model_spec(str(path))).cfg
-    assert cfgs["parallel"].parallel_attn_mlp
-    assert cfgs["alibi"].positional_embedding_type == "alibi"
-    assert cfgs["qk-norm"].use_qk_norm
-    assert cfgs["post-norm"].original_architecture == "Olmo2ForCausalLM"
-    gemma2 = cfgs["soft-cap-pre-post-norms"]
-    assert gemma2.use_normalization_before_and_after
-    assert gemma2.attn_scores_soft_cap > 0
-    assert gemma2.output_logits_soft_cap > 0
-    assert "local" in gemma2.attn_types
-    assert cfgs["sliding-window-fast"].window_size == WINDOW
-    assert cfgs["moe-fast"].num_experts == 4
-    assert cfgs["sinks-moe"].use_attention_sinks
-    assert cfgs["sinks-moe"].num_experts == 4
+        lms[key] = load_model(resolve_model_spec(str(path)))
+
+    def hf(key: str) -> Any:  # the Hugging Face model's own config
+        return lms[key].model.original_model.config
+
+    def has(key: str, part: str) -> bool:
+        return any(n.endswith(part) for n, _ in lms[key].model.original_model.named_modules())
+
+    assert lms["parallel"].parallel
+    assert hf("alibi").model_type == "bloom"
+    assert has("qk-norm", "q_norm")
+    assert lms["post-norm"].architecture == "Olmo2ForCausalLM" and lms["post-norm"].post_norm
+    assert hf("soft-cap-pre-post-norms").attn_logit_softcapping > 0
+    assert hf("soft-cap-pre-post-norms").final_logit_softcapping > 0
+    assert "sliding_attention" in hf("soft-cap-pre-post-norms").layer_types
+    assert has("soft-cap-pre-post-norms", "post_attention_layernorm")
+    assert hf("sliding-window-fast").sliding_window == WINDOW
+    assert lms["moe-fast"].n_experts == 4
+    assert any("sinks" in n for n, _ in lms["sinks-moe"].model.original_model.named_parameters())
+    assert lms["sinks-moe"].n_experts == 4

@@ -50,13 +50,17 @@ def per_layer(df: pl.DataFrame, metric: str) -> list[float]:
 def permuted_heads(lm: LoadedModel, seed: int) -> LoadedModel:
     """The same model with the heads of every layer permuted (a function-preserving change)."""
     clone = copy.deepcopy(lm)
+    clone.forget_derived_weights()
     g = torch.Generator().manual_seed(seed)
+    d_head = lm.d_model // lm.n_heads
     for block in clone.model.blocks:
         perm = torch.randperm(lm.n_heads, generator=g)
-        attn = block.attn
-        for name in ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V"):
-            param = getattr(attn, name)
-            param.data = param.data[perm].clone()
+        rows = (perm[:, None] * d_head + torch.arange(d_head)).reshape(-1)
+        inner = block.attn.original_component  # the native attention's own projections
+        for proj in (inner.q, inner.k, inner.v):
+            proj.weight.data = proj.weight.data[rows].clone()
+            proj.bias.data = proj.bias.data[rows].clone()
+        inner.o.weight.data = inner.o.weight.data[:, rows].clone()
     return clone
 
 
@@ -181,7 +185,7 @@ def test_null_models_have_the_anchors_normalization(norm: str | None) -> None:
 
 def test_null_models_keep_the_rest_of_the_architecture() -> None:
     arch = {**ARCH, "positional_embedding_type": "rotary", "rotary_dim": 4, "rotary_base": 500,
-            "attn_scores_soft_cap": 30.0, "parallel_attn_mlp": True, "act_fn": "silu",
+            "attn_scores_soft_cap": 30.0, "act_fn": "silu",
             "gated_mlp": True, "normalization_type": "RMS", "final_rms": True}
     anchor = load_model(ModelSpec(source="random", name="a", seed=1, architecture=arch))
     null = load_model(random_counterpart(anchor, 10_000))

@@ -14,8 +14,6 @@ import numpy as np
 import polars as pl
 import pytest
 import torch
-
-from compute.models.bridge import load_tl_weights
 from safetensors.torch import save_file
 
 from compute.engine import sweep
@@ -26,6 +24,7 @@ from compute.lens.training import final_terms, point_kl, residuals
 from compute.lens.translators import BASIS_STRATA, LensInfo, TunedLens
 from compute.metrics.base import EngineOptions
 from compute.models import LoadedModel, Processing, load_model, resolve_model_spec
+from compute.models.bridge import load_tl_weights
 from compute.run import RunConfig, compute_run
 from compute.tokens import (
     TokenSpec,

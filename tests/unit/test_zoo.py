@@ -49,9 +49,9 @@ def test_config_validation() -> None:
 
 
 def test_training_smoke_writes_a_loadable_checkpoint(tmp_path: Path) -> None:
-    import transformer_lens.loading_from_pretrained as loading
-    from transformer_lens import HookedTransformer
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from compute.models import load_model, resolve_model_spec
 
     cfg = ZooModelConfig(
         name="smoke",
@@ -74,26 +74,17 @@ def test_training_smoke_writes_a_loadable_checkpoint(tmp_path: Path) -> None:
     for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
         assert (out / name).is_file()
 
+    # Loadable as Strata loads a checkpoint (a TransformerLens 4 bridge, processed), with
+    # the Hugging Face model's own loss.
     path = str(out)
-    tl_cfg = loading.get_pretrained_model_config(
-        path, fold_ln=True, device="cpu", dtype=torch.float32
-    )
+    lm = load_model(resolve_model_spec(path))
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    sd = loading.get_pretrained_state_dict(path, tl_cfg, hf, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(path)
-    model = HookedTransformer(tl_cfg, tok, move_to_device=False)
-    model.load_and_process_state_dict(
-        sd,
-        fold_ln=True,
-        center_writing_weights=True,
-        center_unembed=True,
-        fold_value_biases=True,
-    )
-    assert (tl_cfg.n_layers, tl_cfg.d_model, tl_cfg.n_ctx, tl_cfg.d_vocab) == (1, 32, 32, 400)
+    assert (lm.n_layers, lm.d_model, lm.n_ctx, lm.d_vocab) == (1, 32, 32, 400)
     ids = [0, *tok(DOCS[-1], add_special_tokens=False)["input_ids"][:31]]
     tokens = torch.tensor([ids])
     with torch.inference_mode():
-        tl_loss = model(tokens, return_type="loss").item()
+        tl_loss = lm.model(tokens, return_type="loss").item()
         hf_loss = hf(tokens, labels=tokens).loss.item()
     assert abs(tl_loss - hf_loss) < 1e-4
 
