@@ -146,10 +146,16 @@ class BlockInputs:
         if key not in self._by_length:
             self._by_length[key] = self._capture(length, resid.device)
         inputs = self._by_length[key][layer]
-        if batch > 1 and "alibi" in inputs:
-            # ALiBi biases come per (sequence, head) as [batch * heads, 1, pos]; the sequences
-            # of a batch have the same positions, so batch 1's repeat.
-            inputs = {**inputs, "alibi": inputs["alibi"].repeat(batch, 1, 1)}
+        if batch > 1:
+            inputs = dict(inputs)
+            if "alibi" in inputs:
+                # ALiBi biases come per (sequence, head) as [batch * heads, 1, pos]; the
+                # sequences of a batch have the same positions, so batch 1's repeat.
+                inputs["alibi"] = inputs["alibi"].repeat(batch, 1, 1)
+            mask = inputs.get("attention_mask")
+            if isinstance(mask, Tensor) and mask.dim() == 4 and mask.shape[0] == 1:
+                # layers that check the mask's batch size (XGLM) get batch 1's, broadcast
+                inputs["attention_mask"] = mask.expand(batch, *mask.shape[1:])
         return inputs
 
     def _capture(self, length: int, device: torch.device) -> list[dict[str, Any]]:

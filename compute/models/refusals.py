@@ -85,8 +85,6 @@ REFUSED: tuple[Refusal, ...] = (
         "q/k norms, so the bridge refuses to boot it (its forward would skip the norms)",
         lambda c: bool(c.get("qk_layernorm")),
     ),
-    Refusal("GraniteForCausalLM", _LOGITS_SCALED, _scaled_logits),
-    Refusal("GraniteMoeForCausalLM", _LOGITS_SCALED, _scaled_logits),
     Refusal(
         "GraniteMoeHybridForCausalLM",
         "Mamba-2 layers: TransformerLens 4.3 cannot boot a Granite hybrid without a rotary "
@@ -96,21 +94,12 @@ REFUSED: tuple[Refusal, ...] = (
         + "; and "
         + _LOGITS_SCALED,
     ),
-    Refusal("CohereForCausalLM", _COHERE_SCALE, _cohere_scaled),
-    Refusal("Cohere2ForCausalLM", _COHERE_SCALE, _cohere_scaled),
     Refusal(
         "FalconForCausalLM",
         "Falcon's new decoder architecture with grouped key/value heads: TransformerLens 4.3 "
         "splits the fused QKV projection as if there were one key/value head (split sizes "
         "[64, 16, 16] for a 128-wide projection on the matrix), so the model cannot be loaded",
         lambda c: bool(c.get("new_decoder_architecture")) and int(c.get("num_kv_heads") or 1) > 1,
-    ),
-    Refusal(
-        "XGLMForCausalLM",
-        "causal mask passed positionally: XGLM's decoder layers take their attention mask as a "
-        "positional argument, which Strata's block runner does not capture (it keeps keyword "
-        "inputs), so its blocks would attend to later positions (7.9 nats of log-probability "
-        "on the architecture matrix)",
     ),
     Refusal(
         "CodeGenForCausalLM",
@@ -123,34 +112,6 @@ REFUSED: tuple[Refusal, ...] = (
         "shared_kv_states dict that the model's forward hands every layer (and the per-layer-"
         "input variants also read a per-layer embedding of the tokens), while Strata runs each "
         "block from its residual stream alone, so its blocks fail",
-    ),
-    Refusal(
-        "OpenAIGPTLMHeadModel",
-        "no final norm: GPT-1's post-norm blocks end in a LayerNorm of their own and the model "
-        "has none before the unembedding, while Strata's logits read the bridge's ln_final "
-        "(AttributeError at load)",
-    ),
-    Refusal(
-        "MptForCausalLM",
-        "ALiBi passed as position_bias: MPT's blocks take their ALiBi biases as a position_bias "
-        "argument, which Strata's block runner does not capture, so its blocks cannot run",
-    ),
-    Refusal(
-        "BitNetForCausalLM",
-        "ternary weights quantized in the forward: TransformerLens 4.3's weight processing folds "
-        "norms into weights that BitNet then re-quantizes, changing its function (7.9 nats of "
-        "log-probability on the architecture matrix); unprocessed it matches Hugging Face",
-    ),
-    Refusal(
-        "VaultGemmaForCausalLM",
-        "TransformerLens 4.3 refuses weight processing for VaultGemma (its adapter does not "
-        "support compatibility mode), and Strata processes weights by default; unprocessed it "
-        "matches Hugging Face",
-    ),
-    Refusal(
-        "Llama4ForCausalLM",
-        "TransformerLens 4.3's weight processing changes Llama 4's function (2.8 nats of "
-        "log-probability on the architecture matrix); unprocessed it matches Hugging Face",
     ),
     Refusal(
         "HrmTextForCausalLM",
@@ -181,19 +142,12 @@ REFUSED: tuple[Refusal, ...] = (
         "unembedding, and Strata's logits are the final norm and W_U only (10 nats of "
         "log-probability on the architecture matrix)",
     ),
-    Refusal("Qwen2MoeForCausalLM", _FUSED_EXPERTS),
-    Refusal("Qwen3MoeForCausalLM", _FUSED_EXPERTS),
-    Refusal("Ernie4_5_MoeForCausalLM", _FUSED_EXPERTS),
-    Refusal("Glm4MoeForCausalLM", _FUSED_EXPERTS),
-    Refusal("AfmoeForCausalLM", _FUSED_EXPERTS),
-    Refusal("MiniMaxM2ForCausalLM", _FUSED_EXPERTS),
     Refusal(
         "LagunaForCausalLM",
         _FUSED_EXPERTS
         + "; and its gated attention is TransformerLens 4.3's wrapped whole, so hook_pattern "
         "never fires and the families that read attention patterns (induction) have none",
     ),
-    Refusal("FlexOlmoForCausalLM", _FUSED_EXPERTS),
     Refusal("DeepseekV2ForCausalLM", _MLA),
     Refusal("DeepseekV3ForCausalLM", _MLA),
     Refusal("Glm4MoeLiteForCausalLM", _MLA),

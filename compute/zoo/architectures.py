@@ -416,7 +416,7 @@ CASES: tuple[ArchitectureCase, ...] = (
             "qk-norm (LayerNorm per head)",
             "logit scale",
         ),
-        expect="refused",
+        expect="exact",
     ),
     ArchitectureCase(
         "cohere-2",
@@ -435,7 +435,7 @@ CASES: tuple[ArchitectureCase, ...] = (
             "no rope on global layers",
             "logit scale",
         ),
-        expect="refused",
+        expect="exact",
     ),
     ArchitectureCase(
         "ernie-4.5",
@@ -479,7 +479,7 @@ CASES: tuple[ArchitectureCase, ...] = (
             attention_multiplier=0.1,
         ),
         ("embedding, residual, attention and logit multipliers", "RMSNorm", "rotary"),
-        expect="refused",
+        expect="exact",
     ),
     ArchitectureCase(
         "hunyuan-dense",
@@ -557,7 +557,7 @@ CASES: tuple[ArchitectureCase, ...] = (
             layer_types=["sliding_attention", "full_attention", "sliding_attention"],
         ),
         ("RMSNorm (1 + w)", "sliding window (16)", "scaled embedding", "GELU-gated MLP"),
-        expect="refused",
+        expect="exact",
     ),
     ArchitectureCase(
         "jais-2",
@@ -580,7 +580,7 @@ CASES: tuple[ArchitectureCase, ...] = (
         "BitNetConfig",
         _llama_like(hidden_act="relu2"),
         ("ternary weights, 8-bit activations", "sub-layer norms", "ReLU²-gated MLP"),
-        expect="refused",
+        expect="exact",
     ),
     # --- other dense attention families (batch 2) ---
     ArchitectureCase(
@@ -663,7 +663,7 @@ CASES: tuple[ArchitectureCase, ...] = (
         ),
         ("sinusoidal positions (offset 2)", "scaled embedding", "LayerNorm", "GELU MLP"),
         extra={"layers_key": "num_layers"},
-        expect="refused",
+        expect="exact",
     ),
     ArchitectureCase(
         "openai-gpt",
@@ -680,7 +680,7 @@ CASES: tuple[ArchitectureCase, ...] = (
         ),
         ("post-norm (LayerNorm after each sublayer)", "learned positions"),
         extra={"layers_key": "n_layer"},
-        expect="refused",
+        expect="exact",
     ),
     ArchitectureCase(
         "codegen",
@@ -719,7 +719,7 @@ CASES: tuple[ArchitectureCase, ...] = (
         ),
         ("ALiBi", "LayerNorm without bias", "no biases"),
         extra={"layers_key": "n_layers"},
-        expect="refused",
+        expect="exact",
     ),
     ArchitectureCase(
         "gemma-4-text",
@@ -791,7 +791,7 @@ CASES: tuple[ArchitectureCase, ...] = (
             "qk-norm (no weights)",
             "attention temperature tuning",
         ),
-        expect="refused",
+        expect="exact",
     ),
     ArchitectureCase(
         "modernbert-decoder",
@@ -825,7 +825,7 @@ CASES: tuple[ArchitectureCase, ...] = (
             shared_expert_intermediate_size=D_MLP,
         ),
         ("mixture of experts (4, top 2)", "gated shared expert", "QKV biases"),
-        expect="refused",
+        expect="exact",
     ),
     ArchitectureCase(
         "qwen3-moe",
@@ -835,7 +835,7 @@ CASES: tuple[ArchitectureCase, ...] = (
             head_dim=D_HEAD, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32
         ),
         ("mixture of experts (4, top 2)", "qk-norm", "grouped-query attention"),
-        expect="refused",
+        expect="exact",
     ),
     ArchitectureCase(
         "deepseek-v2",
@@ -928,7 +928,7 @@ CASES: tuple[ArchitectureCase, ...] = (
             "first layer dense",
             "interleaved rotary",
         ),
-        expect="refused",
+        expect="exact",
     ),
     ArchitectureCase(
         "granite-moe",
@@ -944,7 +944,7 @@ CASES: tuple[ArchitectureCase, ...] = (
             attention_multiplier=0.1,
         ),
         ("mixture of experts (4, top 2)", "embedding, residual, attention and logit multipliers"),
-        expect="refused",
+        expect="exact",
     ),
     ArchitectureCase(
         "jetmoe",
@@ -981,7 +981,7 @@ CASES: tuple[ArchitectureCase, ...] = (
             "partial rotary",
             "qk-norm",
         ),
-        expect="refused",
+        expect="exact",
     ),
     ArchitectureCase(
         "glm-4-moe-lite",
@@ -1049,7 +1049,7 @@ CASES: tuple[ArchitectureCase, ...] = (
             layer_types=["sliding_attention", "sliding_attention", "full_attention"],
         ),
         ("mixture of experts (4, top 2) + shared expert", "gated attention", "sliding window (16)"),
-        expect="refused",
+        expect="exact",
     ),
     ArchitectureCase(
         "minimax-m2",
@@ -1063,7 +1063,7 @@ CASES: tuple[ArchitectureCase, ...] = (
             "qk-norm (over all heads)",
             "partial rotary",
         ),
-        expect="refused",
+        expect="exact",
     ),
     ArchitectureCase(
         "laguna",
@@ -1096,7 +1096,7 @@ CASES: tuple[ArchitectureCase, ...] = (
             "num_key_value_heads": N_HEADS,
         },
         ("mixture of experts (4, top 2)", "post-norm", "qk-norm (over all heads)"),
-        expect="refused",
+        expect="exact",
     ),
     ArchitectureCase(
         "youtu",

@@ -66,7 +66,7 @@ def test_clean_forward_matches_hugging_face(matrix_dir: Path, name: str) -> None
     for fast in paths:
         lm._ctx["fast_path"] = fast
         diff = (strata_log_probs(lm, ids) - theirs).abs().max().item()
-        where = "fast" if fast else "transformer_lens"
+        where = "fast" if fast else "bridge"
         assert diff <= case.tolerance, f"{name} ({where} blocks): max |Δ log p| {diff:.2e}"
     # The parity report measured at load says the model passed, by a number of the same size.
     lm._ctx.pop("fast_path")
@@ -75,7 +75,7 @@ def test_clean_forward_matches_hugging_face(matrix_dir: Path, name: str) -> None
     assert lm.parity.passed
     assert lm.parity.max_abs_logprob_diff is not None
     assert lm.parity.max_abs_logprob_diff <= case.tolerance
-    assert lm.parity.block_paths == (("fast" if lm.fast_path else "transformer_lens"),) * 3
+    assert lm.parity.block_paths == (lm.block_path,) * 3
 
 
 @pytest.mark.parametrize("name", EXACT)
@@ -143,8 +143,8 @@ def test_a_model_processed_wrongly_is_refused_by_its_parity(
 
 
 def test_a_mechanism_strata_cannot_run_is_refused_by_name(tmp_path: Path) -> None:
-    """Phi with qk-norm: TransformerLens's Phi blocks have none, so the load is refused before
-    any weight is read, naming the architecture and the mechanism."""
+    """Phi with qk-norm: TransformerLens 4.3's Phi attention has none, so the load is refused
+    before any weight is read, naming the architecture and the mechanism."""
     import transformers
 
     from compute.zoo.architectures import word_level_tokenizer
@@ -246,27 +246,30 @@ def test_strata_compute_refuses_an_unsupported_mechanism_with_exit_3(tmp_path: P
 
 
 @pytest.mark.parametrize(
-    ("name", "override", "says"),
+    ("name", "override"),
     [
-        ("olmo", {"num_key_value_heads": 2}, "OlmoForCausalLM with grouped-query attention"),
-        ("olmo-2", {"attention_bias": True}, "Olmo2ForCausalLM with attention biases"),
-        ("gemma-3", {"final_logit_softcapping": 3.0}, "Gemma3ForCausalLM with final_logit"),
+        ("olmo", {"num_key_value_heads": 2}),
+        ("olmo-2", {"attention_bias": True}),
+        ("gemma-3", {"final_logit_softcapping": 3.0}),
         ("gemma", {"rope_parameters": {"rope_type": "linear", "factor": 2.0,
-                                       "rope_theta": 10000.0}},
-         "GemmaForCausalLM with rope scaling 'linear'"),
+                                       "rope_theta": 10000.0}}),
     ],
 )
-def test_each_mechanism_refused_by_name(
-    tmp_path: Path, name: str, override: dict[str, Any], says: str
+def test_what_transformer_lens_3_refused_is_now_exact(
+    tmp_path: Path, name: str, override: dict[str, Any]
 ) -> None:
-    """docs/architectures.md lists these refusals; each is what a user gets."""
+    """Mechanisms TransformerLens 3.9's converters could not take (grouped-query OLMo, OLMo 2
+    with attention biases, Gemma 3 with a logit soft-cap, Gemma with linear rope scaling) run
+    on the model's own modules through the bridge, held to Hugging Face like every case."""
     import dataclasses
 
     case = CASES_BY_NAME[name]
     odd = dataclasses.replace(case, settings={**case.settings, **override})
     path = build_checkpoint(odd, tmp_path / name)
-    with pytest.raises(UnsupportedArchitectureError, match=re.escape(says)):
-        load_model(resolve_model_spec(str(path)))
+    lm = load_model(resolve_model_spec(str(path)))
+    assert lm.parity is not None and lm.parity.passed
+    diff = (strata_log_probs(lm, tokens()) - hf_log_probs(path, tokens())).abs().max().item()
+    assert diff <= case.tolerance
 
 
 @pytest.mark.parametrize("name", EXACT)
