@@ -167,7 +167,8 @@ def _norm(module: Any) -> Norm:
     kind = _norm_kind(module)
     if kind is None or kind == "none":
         return Norm("none")
-    eps = float(getattr(inner, "eps", None) or getattr(inner, "variance_epsilon", 1e-5))
+    eps = getattr(inner, "eps", None) or getattr(inner, "variance_epsilon", None) or 1e-5
+    eps = float(eps)
     weight = getattr(inner, "weight", None)
     bias = getattr(inner, "bias", None)
     return Norm(

@@ -41,16 +41,19 @@ def supported_architectures() -> frozenset[str]:
     source = Path(next(iter(spec.submodule_search_locations))) / _REGISTRY
     tree = ast.parse(source.read_text())
     for node in ast.walk(tree):
-        target = node.target if isinstance(node, ast.AnnAssign) else None
-        if isinstance(node, ast.Assign) and len(node.targets) == 1:
-            target = node.targets[0]
+        target: ast.expr
+        if isinstance(node, ast.AnnAssign):
+            target, value = node.target, node.value
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+        else:
+            continue
         if (
             isinstance(target, ast.Name)
             and target.id == "SUPPORTED_ARCHITECTURES"
-            and isinstance(node.value, ast.Dict)  # type: ignore[union-attr]
+            and isinstance(value, ast.Dict)
         ):
-            keys = node.value.keys  # type: ignore[union-attr]
-            return frozenset(k.value for k in keys if isinstance(k, ast.Constant))
+            return frozenset(str(k.value) for k in value.keys if isinstance(k, ast.Constant))
     raise ModelLoadError(f"no SUPPORTED_ARCHITECTURES in {source}")
 
 
@@ -86,7 +89,8 @@ def boot_native(fields: dict[str, Any], state: dict[str, Tensor] | None, seed: i
     cfg = TransformerBridgeConfig.from_dict(
         {**known, "seed": seed, "init_weights": seed is not None}
     )
-    bridge = TransformerBridge.boot_native(cfg, model_name=str(fields.get("model_name", NATIVE)))
+    boot = TransformerBridge.boot_native  # type: ignore[attr-defined]
+    bridge = boot(cfg, model_name=str(fields.get("model_name", NATIVE)))
     if state is not None:
         load_tl_weights(bridge, state)
     return bridge

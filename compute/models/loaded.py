@@ -158,7 +158,7 @@ class LoadedModel:
     def embed(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos d_model"]:
         """Residual stream before block 0: the model's own embedding (token and positional
         embeddings, any scaling), up to the input of block 0."""
-        return self.model(tokens, stop_at_layer=0)  # type: ignore[no-any-return]
+        return self.model(tokens, stop_at_layer=0)
 
     def run_block(
         self,
@@ -233,7 +233,7 @@ class LoadedModel:
     def _block_inputs(self) -> BlockInputs:
         if "block_inputs" not in self._ctx:
             self._ctx["block_inputs"] = BlockInputs(self.model)
-        return self._ctx["block_inputs"]  # type: ignore[no-any-return]
+        return self._ctx["block_inputs"]
 
     def _rope(self, layer: int, resid: Tensor) -> tuple[Tensor, Tensor] | None:
         if self.cfg.positional_embedding_type != "rotary":
@@ -243,7 +243,7 @@ class LoadedModel:
             t = int(resid.shape[1])
             return native[0][None, :t], native[1][None, :t]
         inputs = self._block_inputs.of(layer, resid)
-        return inputs["position_embeddings"]  # type: ignore[no-any-return]
+        return inputs["position_embeddings"]
 
     def _run_fast_block(
         self,
@@ -310,7 +310,7 @@ class LoadedModel:
         if self.fast_path:
             fb = self._fast_weights(layer)
             return fb.w_o.view(fb.n_heads, fb.d_head, -1)
-        return self.model.blocks[layer].attn.W_O.detach()  # type: ignore[no-any-return]
+        return self.model.blocks[layer].attn.W_O.detach()
 
     @property
     def attn_write_is_linear_in_z(self) -> bool:
@@ -353,7 +353,7 @@ class LoadedModel:
             # backward, which inference tensors refuse.
             with torch.inference_mode(False), torch.no_grad():
                 cache[layer] = blocks.fast_block(self.model, layer)
-        return cache[layer]  # type: ignore[no-any-return]
+        return cache[layer]
 
     def logits(self, resid: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_vocab"]:
         """Final norm (recomputed on this residual), W_U, b_U and any logit soft-cap: the
@@ -368,7 +368,7 @@ class LoadedModel:
             if "final_norm" not in self._ctx:
                 with torch.inference_mode(False), torch.no_grad():
                     self._ctx["final_norm"] = blocks.final_norm(self.model)
-            return self._ctx["final_norm"](resid)  # type: ignore[no-any-return]
+            return self._ctx["final_norm"](resid)
         final = self.model._modules.get("ln_final")
         return resid if final is None else final(resid)
 
@@ -377,7 +377,7 @@ class LoadedModel:
         if "unembed" not in self._ctx:
             with torch.inference_mode(False), torch.no_grad():
                 self._ctx["unembed"] = self._unembed_weights()
-        return self._ctx["unembed"]  # type: ignore[no-any-return]
+        return self._ctx["unembed"]
 
     def _unembed_weights(self) -> tuple[Tensor, Tensor]:
         w_u = self.model.unembed.W_U.detach()
@@ -395,7 +395,7 @@ class LoadedModel:
         logits = torch.addmm(b_u[start:stop], x, w_u[:, start:stop])
         # The architecture's own transform after the unembedding: a soft-cap, a logit scale
         # (Granite, Cohere), elementwise, so column blocks may be transformed one at a time.
-        return self.model.adapter.apply_output_logits_transform(logits)  # type: ignore[no-any-return]
+        return self.model.adapter.apply_output_logits_transform(logits)
 
     @property
     def logits_are_linear(self) -> bool:
@@ -466,7 +466,7 @@ class LoadedModel:
         down = self._fused_experts(layer)
         if down is not None:
             return down.reshape(-1, self.d_model)
-        return self.model.blocks[layer].mlp.W_out.detach()  # type: ignore[no-any-return]
+        return self.model.blocks[layer].mlp.W_out.detach()
 
     def w_u(self) -> Float[Tensor, "d_model d_vocab"]:
         return self.model.unembed.W_U.detach()

@@ -16,7 +16,6 @@ checkpoint folder is, and
 from __future__ import annotations
 
 import math
-import re
 from pathlib import Path
 from typing import Any
 
@@ -267,7 +266,8 @@ def test_what_transformer_lens_3_refused_is_now_exact(
     odd = dataclasses.replace(case, settings={**case.settings, **override})
     path = build_checkpoint(odd, tmp_path / name)
     lm = load_model(resolve_model_spec(str(path)))
-    assert lm.parity is not None and lm.parity.passed
+    assert lm.parity is not None
+    assert lm.parity.passed
     diff = (strata_log_probs(lm, tokens()) - hf_log_probs(path, tokens())).abs().max().item()
     assert diff <= case.tolerance
 

@@ -34,7 +34,8 @@ def test_processing_keeps_the_function_and_changes_the_weights(
     ref = {"gpt2": str(hf_gpt2_dir), "neox": str(hf_neox_dir), "zoo": "zoo:tiny-2l-s0"}[which]
     processed = load_model(resolve_model_spec(ref))
     raw = load_model(resolve_model_spec(ref, processing=RAW))
-    assert processed.applied.fold_ln and processed.applied.center_writing_weights
+    assert processed.applied.fold_ln
+    assert processed.applied.center_writing_weights
     assert not raw.applied.fold_ln
     for lm in (processed, raw):
         lm._ctx["fast_path"] = fast

@@ -109,7 +109,8 @@ def test_the_cases_exercise_their_mechanism(tmp_path: Path) -> None:
     assert lms["parallel"].parallel
     assert hf("alibi").model_type == "bloom"
     assert has("qk-norm", "q_norm")
-    assert lms["post-norm"].architecture == "Olmo2ForCausalLM" and lms["post-norm"].post_norm
+    assert lms["post-norm"].architecture == "Olmo2ForCausalLM"
+    assert lms["post-norm"].post_norm
     assert hf("soft-cap-pre-post-norms").attn_logit_softcapping > 0
     assert hf("soft-cap-pre-post-norms").final_logit_softcapping > 0
     assert "sliding_attention" in hf("soft-cap-pre-post-norms").layer_types
