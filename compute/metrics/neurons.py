@@ -209,7 +209,7 @@ class NeuronsFamily(FamilyBase):
             for layer in range(lm.n_layers):
                 w_out = lm.w_out(layer)
                 moments = neuron_moments(w_out, u, chunks=chunks).cpu()
-                self._layer_records(out, layer, moments, vocab, lm.n_neurons, null)
+                self._layer_records(out, layer, moments, vocab, int(w_out.shape[0]), null)
                 self._top_tokens(out, lm, layer, moments, w_out, u, opts)
                 tick(1)
         return out

@@ -15,6 +15,7 @@ transformers or any weight is loaded.
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import importlib.util
 from dataclasses import dataclass, field
@@ -72,6 +73,13 @@ def boot_hf(hf_model: Any, architecture: str, name: str) -> Any:
     from transformer_lens.model_bridge.sources._bridge_builder import build_bridge_from_module
 
     hf_model.config.architectures = [architecture]
+    # Eager attention everywhere: its weights are the pattern the attention families read
+    # (the adapters that do not ask for it would otherwise run SDPA, which returns none).
+    setter = getattr(hf_model, "set_attn_implementation", None)
+    if callable(setter):
+        # (a model with no eager attention of its own keeps what it has)
+        with contextlib.suppress(ValueError, NotImplementedError):
+            setter("eager")
     return build_bridge_from_module(
         hf_model, architecture, hf_config=hf_model.config, model_name=name
     )

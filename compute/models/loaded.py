@@ -218,9 +218,31 @@ class LoadedModel:
         if head_mask is not None or capture_z:
             hooks.append((block.attn.hook_z, z_hook))
         kwargs = self._block_inputs.of(layer, resid)
-        with _lens_hooks(hooks):
-            out = block(resid, **kwargs)
+        module_hooks = []
+        inner_attn = getattr(block.attn, "original_component", None)
+        if capture_pattern and isinstance(inner_attn, torch.nn.Module):
+            # Adapters whose attention fires no hook_pattern (GPT-J, OPT): the weights the
+            # model's own eager attention returns beside its output.
+            def weights_hook(_m: Any, _i: Any, output: Any) -> None:
+                if isinstance(output, tuple) and len(output) > 1:
+                    w = output[1]
+                    if isinstance(w, Tensor) and w.dim() == 4:
+                        captured["weights"] = w
+
+            module_hooks.append(inner_attn.register_forward_hook(weights_hook))
+        try:
+            with _lens_hooks(hooks):
+                out = block(resid, **kwargs)
+        finally:
+            for handle in module_hooks:
+                handle.remove()
         out = out[0] if isinstance(out, (tuple, list)) else out
+        if capture_pattern and "pattern" not in captured:
+            if "weights" not in captured:
+                raise ModelLoadError(
+                    f"{self.architecture}: block {layer}'s attention gives no pattern to read"
+                )
+            captured["pattern"] = captured["weights"]
         if "attn" not in captured:
             raise ModelLoadError(
                 f"{self.architecture}: block {layer}'s attention write was not seen by its hook"
@@ -455,9 +477,16 @@ class LoadedModel:
 
     @property
     def n_neurons(self) -> int:
-        """Neurons per MLP layer: d_mlp, or every expert's d_mlp hidden units under a
-        mixture of experts (neuron = expert * d_mlp + unit)."""
-        return self.d_mlp * self.n_experts
+        """Neurons per MLP layer, the most of any layer: d_mlp, or every expert's d_mlp hidden
+        units under a mixture of experts (neuron = expert * d_mlp + unit; models whose first
+        layers are dense have fewer there)."""
+        if not self.has_mlp:
+            return 0
+        if "n_neurons" not in self._ctx:
+            self._ctx["n_neurons"] = max(
+                int(self.w_out(layer).shape[0]) for layer in range(self.n_layers)
+            )
+        return int(self._ctx["n_neurons"])
 
     def w_out(self, layer: int) -> Float[Tensor, "n_neurons d_model"]:
         """Each neuron's output row. Under a mixture of experts the experts' rows are stacked

@@ -103,7 +103,9 @@ PROCESSING_RULES: dict[str, dict[str, bool]] = {
     # attention sinks: rows do not sum to one, so b_V cannot move into b_O
     "gpt-oss": dict(fold_value_biases=False),
     # a logit soft-cap is not shift-invariant; the writes pass through post-sublayer norms
-    "gemma-2": dict(center_unembed=False, center_writing_weights=False, fold_ln=True),
+    # TransformerLens 4.3's processing changes Gemma 2's function: none is applied
+    "gemma-2": dict(center_unembed=False, center_writing_weights=False, fold_ln=False,
+                    fold_value_biases=False),
     "gpt2": dict(fold_ln=True, center_writing_weights=True, center_unembed=True,
                  fold_value_biases=True),
 }
@@ -121,7 +123,7 @@ def test_processing_follows_the_architecture(matrix_dir: Path, name: str) -> Non
 
 @pytest.mark.parametrize(
     ("name", "wrong"),
-    [("olmo-3", dict(fold_ln=True)), ("gpt-oss", dict(fold_value_biases=True))],
+    [("gemma-2", dict(fold_ln=True)), ("gpt-oss", dict(fold_value_biases=True))],
 )
 def test_a_model_processed_wrongly_is_refused_by_its_parity(
     matrix_dir: Path, name: str, wrong: dict[str, bool], monkeypatch: pytest.MonkeyPatch
@@ -219,10 +221,10 @@ def test_strata_models_check_prints_the_report_and_refuses_with_exit_3(
             **{**real(req, cfg).as_dict(), "fold_ln": True, "notes": ()}
         ),
     )
-    bad = run_strata(["models", "check", str(checkpoint(matrix_dir, "olmo-3"))], {})
+    bad = run_strata(["models", "check", str(checkpoint(matrix_dir, "gemma-2"))], {})
     assert bad.exit_code == 3
     assert "parity           FAILED" in bad.output
-    assert "Olmo3ForCausalLM" in bad.output
+    assert "Gemma2ForCausalLM" in bad.output
 
 
 def test_strata_compute_refuses_an_unsupported_mechanism_with_exit_3(tmp_path: Path) -> None:

@@ -4,11 +4,12 @@ The model layer (`compute.models.LoadedModel`: embed, run_block, logits) loads a
 into a TransformerLens 4 bridge with its weight processing, then runs either the fast blocks of
 `compute.blocks` or the bridge's blocks (the model's own modules, hooked). Both must compute
 the distribution the original Hugging Face model computes: next-token log-probabilities agree
-within 1e-4 on every position. Architectures: GPT-2 (LayerNorm, learned positions), GPT-NeoX (rotary on part of each
-head, parallel attention and MLP), Llama (RMSNorm, rotary, grouped-query attention, SiLU-gated
-MLP, tied embeddings) and GPT-Neo (alternating global and local attention, window 4: sequences
-longer than the window tell a model that ignores the window apart). The real SmolLM2-135M
-weights are checked the same way in `tests/integration/test_smollm2.py`.
+within 1e-4 on every position. Architectures: GPT-2 (LayerNorm, learned positions), GPT-NeoX
+(rotary on part of each head, parallel attention and MLP), Llama (RMSNorm, rotary,
+grouped-query attention, SiLU-gated MLP, tied embeddings) and GPT-Neo (alternating global and
+local attention, window 4: sequences longer than the window tell a model that ignores the
+window apart). The real SmolLM2-135M weights are checked the same way in
+`tests/integration/test_smollm2.py`.
 """
 
 from __future__ import annotations
