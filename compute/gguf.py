@@ -108,7 +108,7 @@ def inspect_gguf(path: Path, sha256: str | None = None) -> GGUFInfo:
     vocabulary takes seconds; hashing it, a tenth of that)."""
     path = Path(path)
     if not path.is_file():
-        raise ModelLoadError(f"{path}: no such GGUF file")
+        raise ModelLoadError(f"no such file or directory: {path} (a GGUF file)")
     digest = file_sha256(path)
     if sha256 is not None and digest != sha256:
         raise ModelLoadError(
