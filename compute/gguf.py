@@ -133,6 +133,13 @@ def _cached_info(sha256: str) -> GGUFInfo | None:
     return info if info.sha256 == sha256 else None
 
 
+def cached_checkpoint(sha256: str) -> Path | None:
+    """The checkpoint already dequantized from the file of this SHA-256, if there is one (never
+    made here: `dequantized_checkpoint` makes it)."""
+    target = _cache_target(sha256)
+    return target if _cached_info(sha256) is not None else None
+
+
 def _cache_target(sha256: str) -> Path:
     return cache_dir().resolve() / sha256[:32]
 

@@ -41,7 +41,7 @@ from compute.errors import SpecError
 from compute.run import METRIC_VERSION, RunConfig, RunResult
 from service.jobs.board import Board, WorkerSeen
 from service.jobs.broker import OPS_QUEUE, Broker
-from service.jobs.configs import JobRequest, check_lens, run_config
+from service.jobs.configs import JobRequest, check_lens, check_sequences, run_config
 from service.jobs.errors import JobConflictError, JobNotFoundError
 from service.jobs.families import FamilyJobs
 from service.jobs.parts import JobView, NewJob, mark_succeeded
@@ -211,6 +211,9 @@ class JobService:
         """The job for a request, and whether it is new. Raises `SpecError` before anything is
         stored or sent, `BrokerUnavailableError` if the broker does not take it (nothing kept)."""
         model, config = self.configure(request)
+        # Counted for people's requests; reconciliation's default runs are not (every model's
+        # tokenizer read at every start, for the deployment's own small default).
+        check_sequences(config)
         job, new = self._create(model, config, request, reason)
         return self.settle(job, new, reason), new
 
