@@ -336,6 +336,21 @@ class JobService:
         self.release_background()
         return self.view(job)
 
+    def cancel_queued(self, job_id: int, why: str) -> bool:
+        """Cancel a job no worker has started (a running one is left to finish); whether it
+        was cancelled. `why` is its error."""
+        job = self._set(
+            job_id,
+            only_if=lambda j: j.state == "queued",
+            state="cancelled",
+            finished_at=utcnow(),
+            error=why,
+        )
+        if job is None:
+            return False
+        self.board.forget(job_id)
+        return True
+
     # ------------------------------------------------------------------ the worker's side
     def claim(self, job_id: int, dispatch: int, worker: str, device: str) -> Claimed:
         """Start a job on a worker. Refused (`JobConflictError`) unless the job is queued under
@@ -539,10 +554,14 @@ class JobService:
             ]
         self.board.grace(running)
 
-    def reconcile_soon(self) -> None:
-        """Reconcile in the background (after a registration: the answer need not wait)."""
+    def reconcile_soon(self, delay_s: float = 0.0) -> None:
+        """Reconcile in the background (after a registration: the answer need not wait), after
+        `delay_s` seconds (a refit family's edits settling); not at all if the service stops
+        meanwhile."""
 
         def run() -> None:
+            if self._stopping.wait(delay_s):
+                return
             try:
                 self.reconcile()
             except Exception:  # logged; the next scheduled reconciliation tries again
