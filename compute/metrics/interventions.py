@@ -105,11 +105,7 @@ def _layer_runs(ctx: BatchContext, layer: int) -> list[tuple[str, Callable[[], T
 
     def drop() -> TokenStats:
         if not dropped:  # attention-only models: drop_attn is the same run
-            dropped.append(
-                ctx.point_stats(layer)
-                if layer == n_layers - 1
-                else ctx.compare(ctx.run_from(layer + 1, pre), f"drop at layer {layer}")
-            )
+            dropped.append(ctx.dropped(layer))  # shared with pruning_drops (width 1)
         return dropped[0]
 
     def drop_attn() -> TokenStats:

@@ -1,0 +1,121 @@
+"""pruning_drops.* — dropping n consecutive blocks at once, measured (docs/metrics.md).
+
+The intervention both pruning papers evaluate: blocks l .. l+n−1 are skipped together (each
+dropped block's output is its input), for every start l = 0..L−n and every width n in
+`DROP_WIDTHS` up to ⌊L/2⌋, compared with the clean model by the intervention family's
+measures (`compute.metrics.interventions.METRICS`, the same per-token reductions), named
+`pruning_drops.<metric>_<n>` with the row's `layer` the first dropped block l.
+
+Like the single drops, each restarts from the cached clean residual before block l and runs
+blocks l+n .. L−1 on it: blocks 0..l−1 are never recomputed. A drop that reaches the last
+block (l + n = L) leaves exactly the residual at point l, shared with the logit lens. Width 1 is
+the intervention family's `drop`, computed once when both families run (`BatchContext.dropped`).
+Cost: docs/performance.md and `compute.flops.pruning_drops_flops`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from compute.metrics.base import (
+    BatchContext,
+    EngineOptions,
+    FamilyBase,
+    FamilyOutput,
+    accumulated_records,
+    accumulated_sequence_means,
+)
+from compute.metrics.interventions import METRICS
+from compute.metrics.pruning import predictor_keys, predictor_values
+from compute.metrics.pruning_scores import score_records
+from compute.models import LoadedModel
+from compute.reduce import MeanAccumulator, TokenStats
+
+# Widths measured by default: n = 1 (shared with `intervention`) to 4, each about as costly as
+# one kind of the intervention family (docs/metrics.md gives the figures); capped at ⌊L/2⌋.
+DROP_WIDTHS = (1, 2, 3, 4)
+
+
+def drop_widths(n_layers: int) -> tuple[int, ...]:
+    """The widths measured on a model of `n_layers` blocks: `DROP_WIDTHS` up to ⌊L/2⌋ (1 at
+    least)."""
+    cap = max(1, n_layers // 2)
+    return tuple(n for n in DROP_WIDTHS if n <= cap)
+
+
+def drop_starts(n_layers: int, width: int) -> range:
+    return range(n_layers - width + 1)
+
+
+class PruningDropsFamily(FamilyBase):
+    name = "pruning_drops"
+    key_fields = ("metric", "layer")
+
+    def units_per_batch(self, lm: LoadedModel) -> int:
+        return sum(len(drop_starts(lm.n_layers, n)) for n in drop_widths(lm.n_layers))
+
+    def on_batch(self, ctx: BatchContext, acc: MeanAccumulator, opts: EngineOptions) -> None:
+        for width in drop_widths(ctx.n_layers):
+            for start in drop_starts(ctx.n_layers, width):
+                _add(acc, width, start, dropped_blocks(ctx, start, width), ctx)
+                ctx.tick(1)
+        # The predictors, to score against the drops in `finish` (shared with `pruning`):
+        # internal keys, "_" + the pruning metric (block influence as width 1).
+        keys, last_keys = predictor_keys(ctx.n_layers)
+        every, last = predictor_values(ctx)
+        acc.add_many([(_internal(m), s) for m, s in keys], every)
+        acc.add_many([(_internal(m), s) for m, s in last_keys], last)
+
+    def finish(
+        self,
+        lm: LoadedModel,
+        acc: MeanAccumulator,
+        opts: EngineOptions,
+        tick: Callable[[int], None],
+    ) -> FamilyOutput:
+        """The drops' records, and each predictor's rank correlation with them
+        (`compute.metrics.pruning_scores`); the predictors themselves are the `pruning`
+        family's to report."""
+
+        def public(key: tuple[object, ...]) -> bool:
+            return not str(key[0]).startswith("_")
+
+        keys, means, _ = acc.sequence_means()
+        scores = score_records(self.name, keys, means, drop_widths(lm.n_layers), lm.n_layers)
+        return FamilyOutput(
+            accumulated_records(self.name, acc, self.key_fields, keep=public) + scores,
+            sequence_means=accumulated_sequence_means(self.name, acc, self.key_fields, keep=public),
+        )
+
+
+def _internal(metric: str) -> str:
+    """The internal key of a `pruning` metric: "_" + its name, block influence as width 1."""
+    return "_block_influence_1" if metric == "block_influence" else f"_{metric}"
+
+
+def dropped_blocks(ctx: BatchContext, start: int, width: int) -> TokenStats:
+    """Q with blocks start .. start+width−1 skipped, against the clean P."""
+    if width == 1:
+        return ctx.dropped(start)
+    stop = start + width
+    if stop == ctx.n_layers:
+        return ctx.point_stats(start)
+    return ctx.compare(ctx.run_from(stop, ctx.resid[start]), f"drop of blocks {start}..{stop - 1}")
+
+
+def _add(acc: MeanAccumulator, width: int, start: int, q: TokenStats, ctx: BatchContext) -> None:
+    ref = ctx.ref
+    values = torch.stack(
+        [
+            q.kl[0],
+            q.agree[0],
+            q.entropy_bits[0],
+            q.entropy_bits[0] - ref.entropy_bits,
+            q.loss[0],
+            q.loss[0] - ref.loss,
+            q.correct[0],
+        ]
+    )
+    acc.add_many([(f"{m}_{width}", start) for m in METRICS], values)
