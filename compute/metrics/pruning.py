@@ -37,15 +37,26 @@ def angular_widths(n_layers: int) -> range:
     return range(1, max(1, n_layers // 2) + 1)
 
 
-def residual_cosines(
-    resid: list[Float[Tensor, "batch pos d_model"]], positions: slice
-) -> Float[Tensor, "batch npos points points"]:
-    """Cosines between every pair of residual points 0..L at the given positions, float64.
+def pair_cosines(
+    resid: list[Float[Tensor, "batch pos d_model"]],
+    positions: slice,
+    pairs: tuple[Tensor, Tensor],
+) -> Float[Tensor, "tokens pairs"]:
+    """Cosines of the residual point pairs (a_k, b_k) at the given positions, float64, as
+    [batch * positions, pairs] (batch-major).
 
-    A zero vector has cosine 0 with everything (it has no direction)."""
+    One float64 Gram matrix of the raw points per token, each entry then divided by the two
+    norms on its diagonal: an identity block (the same vector twice) reads 1 to float64
+    rounding, not to float32's (whose arccos would read ~1e-4 instead of ~1e-8). A zero
+    vector has cosine 0 with everything (it has no direction)."""
     x = torch.stack([r[:, positions] for r in resid], dim=-2).double()
-    unit = x / x.norm(dim=-1, keepdim=True).clamp_min(1e-300)
-    return unit @ unit.transpose(-1, -2)
+    gram = (x @ x.transpose(-1, -2)).flatten(0, 1).flatten(1)  # [tokens, P * P]
+    a, b = pairs
+    p = len(resid)
+    dot, na, nb = gram[:, a * p + b], gram[:, a * p + a], gram[:, b * p + b]
+    den = (na * nb).sqrt()
+    cos = torch.where(den > 0, dot / torch.where(den > 0, den, 1.0), 0.0)
+    return cos.clamp(-1.0, 1.0)
 
 
 def predictor_keys(n_layers: int) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
@@ -61,15 +72,14 @@ def predictor_keys(n_layers: int) -> tuple[list[tuple[str, int]], list[tuple[str
     return tokens, last
 
 
-def _rows(cos: Float[Tensor, "m points points"], n_layers: int, *, influence: bool) -> Tensor:
-    """[keys, m] float32 from per-token cosine matrices: block influence (if asked), then
-    d(l, n) for every width and start, as `predictor_keys` orders them."""
-    starts = torch.arange(n_layers, device=cos.device)
-    rows = [1.0 - cos[:, starts, starts + 1].clamp(-1.0, 1.0).T] if influence else []
+def _pairs(n_layers: int, *, influence: bool, device: torch.device) -> tuple[Tensor, Tensor]:
+    """The point pairs (a, b) of `predictor_keys`' rows: (l, l+1) for block influence (if
+    asked), then (l, l+n) for every width and start."""
+    pairs = [(layer, layer + 1) for layer in range(n_layers)] if influence else []
     for n in angular_widths(n_layers):
-        s = starts[: n_layers - n + 1]
-        rows.append(_angle(cos[:, s, s + n]).T)
-    return torch.cat(rows).float()
+        pairs += [(start, start + n) for start in range(n_layers - n + 1)]
+    a, b = zip(*pairs, strict=True)
+    return torch.tensor(a, device=device), torch.tensor(b, device=device)
 
 
 def predictor_values(ctx: BatchContext) -> tuple[Tensor, Tensor]:
@@ -83,19 +93,22 @@ def _predictor_values(ctx: BatchContext) -> tuple[Tensor, Tensor]:
     resid, n_layers = ctx.resid, ctx.n_layers
     b, t, d = resid[0].shape
     step = max(1, GRAM_BYTES // (t * len(resid) * d * 8))
+    device = resid[0].device
+    every_pairs = _pairs(n_layers, influence=True, device=device)
+    last_pairs = _pairs(n_layers, influence=False, device=device)
     every, last = [], []
     for first in range(0, b, step):
         part = [r[first : first + step] for r in resid]
-        cos = residual_cosines(part, slice(1, -1)).flatten(0, 1)
-        every.append(_rows(cos, n_layers, influence=True))
-        cos = residual_cosines(part, slice(-1, None)).flatten(0, 1)
-        last.append(_rows(cos, n_layers, influence=False))
+        cos = pair_cosines(part, slice(1, -1), every_pairs)
+        rows = torch.cat([1.0 - cos[:, :n_layers], _angle(cos[:, n_layers:])], dim=1)
+        every.append(rows.T.float())
+        last.append(_angle(pair_cosines(part, slice(-1, None), last_pairs)).T.float())
     return torch.cat(every, dim=1), torch.cat(last, dim=1)
 
 
 def _angle(cos: Tensor) -> Tensor:
-    """arccos(cos) / π, with float rounding above 1 or below −1 clamped."""
-    return torch.arccos(cos.clamp(-1.0, 1.0)) / math.pi
+    """arccos(cos) / π (cosines already clamped to [−1, 1])."""
+    return torch.arccos(cos) / math.pi
 
 
 class PruningFamily(FamilyBase):
