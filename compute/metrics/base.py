@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 from jaxtyping import Float, Int
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from torch import Tensor
 
 from compute.errors import ComputeError
@@ -34,6 +34,9 @@ from compute.reduce import (
 )
 
 T = TypeVar("T")
+# pruning_drops' widths by default: 1 (shared with intervention's drop) to 4, each about one
+# intervention kind's cost (docs/metrics.md)
+DEFAULT_DROP_WIDTHS = (1, 2, 3, 4)
 
 
 class EngineOptions(BaseModel):
@@ -74,6 +77,20 @@ class EngineOptions(BaseModel):
     top_tokens: int = Field(10, ge=1)
     # part of a run's identity only when the run has the tuned_lens family (RunConfig)
     tuned_lens: LensTraining = LensTraining()
+    # part of a run's identity only when the run has the pruning_drops family (RunConfig)
+    drop_widths: tuple[int, ...] = Field(
+        DEFAULT_DROP_WIDTHS,
+        min_length=1,
+        description="pruning_drops: the numbers of consecutive blocks dropped at once (widths "
+        "above half the model's blocks are skipped)",
+    )
+
+    @field_validator("drop_widths")
+    @classmethod
+    def _widths(cls, widths: tuple[int, ...]) -> tuple[int, ...]:
+        if any(n < 1 for n in widths):
+            raise ValueError(f"drop widths are numbers of blocks, at least 1: {widths}")
+        return tuple(sorted(set(widths)))
 
 
 # Options that change speed and memory but not the numbers (beyond float rounding): they are

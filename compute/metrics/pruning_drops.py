@@ -2,7 +2,7 @@
 
 The intervention both pruning papers evaluate: blocks l .. l+n−1 are skipped together (each
 dropped block's output is its input), for every start l = 0..L−n and every width n in
-`DROP_WIDTHS` up to ⌊L/2⌋, compared with the clean model by the intervention family's
+`EngineOptions.drop_widths` (default `DROP_WIDTHS`) up to ⌊L/2⌋, compared with the clean model by the intervention family's
 measures (`compute.metrics.interventions.METRICS`, the same per-token reductions), named
 `pruning_drops.<metric>_<n>` with the row's `layer` the first dropped block l.
 
@@ -20,6 +20,7 @@ from collections.abc import Callable
 import torch
 
 from compute.metrics.base import (
+    DEFAULT_DROP_WIDTHS,
     BatchContext,
     EngineOptions,
     FamilyBase,
@@ -33,16 +34,16 @@ from compute.metrics.pruning_scores import score_records
 from compute.models import LoadedModel
 from compute.reduce import MeanAccumulator, TokenStats
 
-# Widths measured by default: n = 1 (shared with `intervention`) to 4, each about as costly as
-# one kind of the intervention family (docs/metrics.md gives the figures); capped at ⌊L/2⌋.
-DROP_WIDTHS = (1, 2, 3, 4)
+# Widths measured by default (`EngineOptions.drop_widths`): n = 1 (shared with `intervention`)
+# to 4, each about as costly as one kind of the intervention family (docs/metrics.md gives the
+# figures); capped at ⌊L/2⌋.
+DROP_WIDTHS = DEFAULT_DROP_WIDTHS
 
 
-def drop_widths(n_layers: int) -> tuple[int, ...]:
-    """The widths measured on a model of `n_layers` blocks: `DROP_WIDTHS` up to ⌊L/2⌋ (1 at
-    least)."""
+def drop_widths(n_layers: int, widths: tuple[int, ...] = DROP_WIDTHS) -> tuple[int, ...]:
+    """The widths measured on a model of `n_layers` blocks: `widths` up to ⌊L/2⌋ (1 at least)."""
     cap = max(1, n_layers // 2)
-    return tuple(n for n in DROP_WIDTHS if n <= cap)
+    return tuple(n for n in sorted(set(widths)) if n <= cap)
 
 
 def drop_starts(n_layers: int, width: int) -> range:
@@ -57,10 +58,16 @@ class PruningDropsFamily(FamilyBase):
         return sum(len(drop_starts(lm.n_layers, n)) for n in drop_widths(lm.n_layers))
 
     def on_batch(self, ctx: BatchContext, acc: MeanAccumulator, opts: EngineOptions) -> None:
-        for width in drop_widths(ctx.n_layers):
+        # Progress is counted in the default widths' drops (`units_per_batch` cannot see the
+        # options): other widths tick one per drop up to that count, the rest at the end.
+        budget = self.units_per_batch(ctx.lm)
+        for width in drop_widths(ctx.n_layers, opts.drop_widths):
             for start in drop_starts(ctx.n_layers, width):
                 _add(acc, width, start, dropped_blocks(ctx, start, width), ctx)
-                ctx.tick(1)
+                if budget > 0:
+                    ctx.tick(1)
+                    budget -= 1
+        ctx.tick(budget)
         # The predictors, to score against the drops in `finish` (shared with `pruning`):
         # internal keys, "_" + the pruning metric (block influence as width 1).
         keys, last_keys = predictor_keys(ctx.n_layers)
@@ -83,7 +90,8 @@ class PruningDropsFamily(FamilyBase):
             return not str(key[0]).startswith("_")
 
         keys, means, _ = acc.sequence_means()
-        scores = score_records(self.name, keys, means, drop_widths(lm.n_layers), lm.n_layers)
+        widths = drop_widths(lm.n_layers, opts.drop_widths)
+        scores = score_records(self.name, keys, means, widths, lm.n_layers)
         return FamilyOutput(
             accumulated_records(self.name, acc, self.key_fields, keep=public) + scores,
             sequence_means=accumulated_sequence_means(self.name, acc, self.key_fields, keep=public),

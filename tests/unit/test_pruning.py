@@ -25,7 +25,7 @@ from compute.flops import family_flops, pruning_flops
 from compute.memory import ModelDims
 from compute.metrics.base import EngineOptions
 from compute.metrics.pruning import angular_widths
-from compute.metrics.pruning_drops import drop_widths
+from compute.metrics.pruning_drops import DROP_WIDTHS, drop_widths
 from compute.models import zoo_names
 from compute.records import records_to_table, validate_records
 
@@ -117,13 +117,16 @@ def _compare(p_logits: torch.Tensor, q_logits: torch.Tensor, seq: torch.Tensor) 
     return out
 
 
-def reference_drops(lm: Any, tokens: torch.Tensor) -> dict[tuple[str, int], tuple]:
-    """(metric, start) -> (value, stderr, n) of every n-block drop, each a fresh forward."""
+def reference_drops(
+    lm: Any, tokens: torch.Tensor, widths: tuple[int, ...] = DROP_WIDTHS
+) -> dict[tuple[str, int], tuple]:
+    """(metric, start) -> (value, stderr, n) of every n-block drop (n in `widths`, at most
+    half the blocks), each a fresh forward."""
     values: dict[tuple[str, int], list[list[float]]] = {}
     for seq in tokens:
         with torch.inference_mode():
             clean = lm.logits(torch.from_numpy(_points(lm, seq)[-1]).float())
-        for n in drop_widths(lm.n_layers):
+        for n in [n for n in widths if n <= max(1, lm.n_layers // 2)]:
             for start in range(lm.n_layers - n + 1):
                 final = _points(lm, seq, frozenset(range(start, start + n)))[-1]
                 with torch.inference_mode():
@@ -288,6 +291,37 @@ def test_scores_equal_the_reference(case: Case) -> None:
     means = pl.from_arrow(result.sequence_means)
     assert isinstance(means, pl.DataFrame)
     assert not means.filter(pl.col("metric").str.contains("pruning_drops._")).height
+
+
+def test_other_widths_are_a_setting_of_the_drops_runs_only(tiny_factories: Factories) -> None:
+    from compute.models import ModelSpec
+    from compute.run import RunConfig
+    from compute.tokens import TokenSpec
+
+    lm = tiny_factories["random"](seed=2, n_layers=6)
+    tokens = tiny_factories["tokens"](2, 12, lm.d_vocab_real, lm.bos_token_id, seed=4)
+    opts = EngineOptions(batch_size=2, drop_widths=(3, 5, 2))  # 5 > 6 // 2: skipped
+    done: list[int] = []
+    result = sweep(lm, tokens, ["pruning_drops"], opts, progress=lambda p: done.append(p.done))
+    engine = _frame(result.records, lm.n_layers).filter(~pl.col("metric").str.contains("spearman"))
+    _check(engine, reference_drops(lm, tokens, (2, 3)), TOL)
+    scores = {m for m in _frame(result.records, lm.n_layers)["metric"] if "spearman" in m}
+    assert {m.rsplit("_", 1)[1] for m in scores if m.endswith(("_2", "_3"))} == {"2", "3"}
+    assert done[-1] == sum(7 - n for n in drop_widths(6))  # progress ends at its total
+    with pytest.raises(ValueError, match="at least 1"):
+        EngineOptions(drop_widths=(0, 2))
+    # the setting is part of a run's identity only where the run drops blocks
+    spec = ModelSpec(source="zoo", name="tiny-2l-s0")
+    token_spec = TokenSpec(source="builtin", n_sequences=2, seq_len=8)
+
+    def config_hash(families: tuple[str, ...], widths: tuple[int, ...]) -> str:
+        options = EngineOptions(drop_widths=widths)
+        return RunConfig(
+            model=spec, tokens=token_spec, families=families, options=options
+        ).config_hash()
+
+    assert config_hash(("norms",), (2,)) == config_hash(("norms",), DROP_WIDTHS)
+    assert config_hash(("pruning_drops",), (2,)) != config_hash(("pruning_drops",), DROP_WIDTHS)
 
 
 # --------------------------------------------------------------------------- the FLOP count
