@@ -2,9 +2,10 @@
 
 The intervention both pruning papers evaluate: blocks l .. l+n−1 are skipped together (each
 dropped block's output is its input), for every start l = 0..L−n and every width n in
-`EngineOptions.drop_widths` (default `DROP_WIDTHS`) up to ⌊L/2⌋, compared with the clean model by the intervention family's
-measures (`compute.metrics.interventions.METRICS`, the same per-token reductions), named
-`pruning_drops.<metric>_<n>` with the row's `layer` the first dropped block l.
+`EngineOptions.drop_widths` (default `DROP_WIDTHS`) up to ⌊L/2⌋, compared with the clean
+model by the intervention family's measures (`compute.metrics.interventions.METRICS`, the same
+per-token values), named `pruning_drops.<metric>_<n>` with the row's `layer` the first
+dropped block l. Each predictor's rank correlation with them: `compute.metrics.pruning_scores`.
 
 Like the single drops, each restarts from the cached clean residual before block l and runs
 blocks l+n .. L−1 on it: blocks 0..l−1 are never recomputed. A drop that reaches the last
@@ -17,8 +18,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import torch
-
 from compute.metrics.base import (
     DEFAULT_DROP_WIDTHS,
     BatchContext,
@@ -28,7 +27,7 @@ from compute.metrics.base import (
     accumulated_records,
     accumulated_sequence_means,
 )
-from compute.metrics.interventions import METRICS
+from compute.metrics.interventions import METRICS, metric_values
 from compute.metrics.pruning import predictor_keys, predictor_values
 from compute.metrics.pruning_scores import score_records
 from compute.models import LoadedModel
@@ -114,16 +113,4 @@ def dropped_blocks(ctx: BatchContext, start: int, width: int) -> TokenStats:
 
 
 def _add(acc: MeanAccumulator, width: int, start: int, q: TokenStats, ctx: BatchContext) -> None:
-    ref = ctx.ref
-    values = torch.stack(
-        [
-            q.kl[0],
-            q.agree[0],
-            q.entropy_bits[0],
-            q.entropy_bits[0] - ref.entropy_bits,
-            q.loss[0],
-            q.loss[0] - ref.loss,
-            q.correct[0],
-        ]
-    )
-    acc.add_many([(f"{m}_{width}", start) for m in METRICS], values)
+    acc.add_many([(f"{m}_{width}", start) for m in METRICS], metric_values(q, ctx.ref))
