@@ -25,6 +25,13 @@ other reductions are memory-bound elementwise work and count as zero. Per sequen
                                                            (no weight gradients: about the
                                                            forward's matmul FLOPs again)
     attention, norms   0 beyond the clean pass;  neurons: 2 L d_mlp d V (weights only, once)
+    pruning       2 (T-1) (L+1)^2 d                        one Gram matrix of the L+1 residual
+                                                           points per evaluated and last token
+    pruning_drops sum over widths n of                     [n = 1: 0 when intervention runs
+                  (L-n)(L-n+1)/2 B + (L-n+1) U             too (its drop); the drop reaching
+                                                           the last block is lens point L-n:
+                                                           -U when logit_lens runs too; plus
+                                                           pruning's Gram when it does not run]
 
 Parallel attention/MLP blocks drop the `L M` of intervention (drop_attn reuses the cached MLP
 write) and of heads; attention-only models have M = 0, no drop_mlp, and drop_attn is drop:
@@ -90,10 +97,48 @@ def family_flops(
         )
     if "heads_atp" in names:
         out["heads_atp"] = 2 * (n * b + u)
+    if "pruning" in names:
+        out["pruning"] = pruning_flops(dims, seq_len)
+    if "pruning_drops" in names:
+        out["pruning_drops"] = pruning_drops_flops(
+            dims,
+            seq_len,
+            with_intervention="intervention" in names,
+            with_lens="logit_lens" in names,
+        ) + (0.0 if "pruning" in names else pruning_flops(dims, seq_len))
     for name in ("attention", "norms", "neurons"):
         if name in names:
             out[name] = 0.0
     return out
+
+
+def pruning_flops(dims: ModelDims, seq_len: int) -> float:
+    """The predictors (`compute.metrics.pruning`): a Gram matrix of the L+1 residual points per
+    evaluated and last token. `pruning_drops` computes them too (to score them), shared."""
+    return 2.0 * (seq_len - 1) * (dims.n_layers + 1) ** 2 * dims.d_model
+
+
+def pruning_drops_flops(
+    dims: ModelDims,
+    seq_len: int,
+    *,
+    with_intervention: bool = False,
+    with_lens: bool = False,
+    widths: Iterable[int] | None = None,
+) -> float:
+    """The n-block drops (`compute.metrics.pruning_drops`): for each width n and start l, blocks
+    l+n .. L-1 and one unembedding; width 1 is the intervention family's drop when it runs."""
+    from compute.metrics.pruning_drops import drop_widths
+
+    a, m, u = block_parts(dims, seq_len)
+    b, n_layers = a + m, dims.n_layers
+    total = 0.0
+    for n in drop_widths(n_layers) if widths is None else widths:
+        if n == 1 and with_intervention:
+            continue
+        starts = n_layers - n + 1
+        total += (n_layers - n) * starts / 2 * b + starts * u - (u if with_lens else 0.0)
+    return total
 
 
 def neurons_flops(dims: ModelDims, vocab_real: int | None = None) -> float:

@@ -108,7 +108,7 @@ def inspect_gguf(path: Path, sha256: str | None = None) -> GGUFInfo:
     vocabulary takes seconds; hashing it, a tenth of that)."""
     path = Path(path)
     if not path.is_file():
-        raise ModelLoadError(f"{path}: no such GGUF file")
+        raise ModelLoadError(f"no such file or directory: {path} (a GGUF file)")
     digest = file_sha256(path)
     if sha256 is not None and digest != sha256:
         raise ModelLoadError(
@@ -131,6 +131,13 @@ def _cached_info(sha256: str) -> GGUFInfo | None:
     except (OSError, ValueError, TypeError):
         return None
     return info if info.sha256 == sha256 else None
+
+
+def cached_checkpoint(sha256: str) -> Path | None:
+    """The checkpoint already dequantized from the file of this SHA-256, if there is one (never
+    made here: `dequantized_checkpoint` makes it)."""
+    target = _cache_target(sha256)
+    return target if _cached_info(sha256) is not None else None
 
 
 def _cache_target(sha256: str) -> Path:

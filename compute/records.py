@@ -91,6 +91,7 @@ CATALOG: dict[str, str] = {
         ]
     },
     "heads_atp.loss_delta": "nats",
+    "pruning.block_influence": "cosine_distance",
     **{f"similarity.{m}": "cosine" for m in ("self", "index", "adjacent")},
     **{f"attention.{m}": u for m, u in [("bos", "fraction"), ("entropy", "bits")]},
     **{
@@ -125,6 +126,18 @@ PATTERNS: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"attention\.prev_[1-9]\d*_mean"), "fraction"),
     (re.compile(r"heads\.residual_cka(_null)?\.(linear|rbf)"), "cka"),
     (re.compile(r"stages\.boundary_[123]"), "relative_depth"),
+    # the pruning predictors and measured n-block drops: <n> is the width in blocks
+    (re.compile(r"pruning\.angular_distance(_last)?_[1-9]\d*"), "pi_radians"),
+    (re.compile(r"pruning_drops\.(kl|loss|loss_delta)_[1-9]\d*"), "nats"),
+    (re.compile(r"pruning_drops\.(entropy|entropy_delta)_[1-9]\d*"), "bits"),
+    (re.compile(r"pruning_drops\.(top1_agreement|accuracy)_[1-9]\d*"), "fraction"),
+    (
+        re.compile(
+            r"pruning_drops\.spearman_(block_influence|angular_distance|angular_distance_last)"
+            r"_[1-9]\d*(_low|_high)?"
+        ),
+        "rank_correlation",
+    ),
 ]
 # Families indexed by residual point i = 0..L (0 = embeddings, i = output of block i-1), not by
 # block: their `layer` runs to L and their relative depth is i / L.

@@ -77,6 +77,8 @@ class RunConfig(BaseModel):
             data["options"].pop(name, None)
         if "tuned_lens" not in self.families:  # runs without the lens keep their hashes
             data["options"].pop("tuned_lens", None)
+        if "pruning_drops" not in self.families:  # runs without the drops keep their hashes
+            data["options"].pop("drop_widths", None)
         data["families"] = sorted(data["families"])
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
 

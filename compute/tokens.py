@@ -250,15 +250,67 @@ def pack_windows(
     Windows are chosen with `numpy.random.default_rng(seed).permutation` (no replacement).
     """
     body = seq_len - 1
-    available = len(stream) // body
+    available = available_windows(len(stream), seq_len)
     if available < n_sequences:
-        raise TokenSpecError(
-            f"the text yields only {available} sequences of seq_len={seq_len} "
-            f"({len(stream)} tokens) but {n_sequences} were requested; ask for at most "
-            f"{available}, shorten seq_len, or give more text"
-        )
+        raise _too_few(available, len(stream), n_sequences, seq_len)
     chosen = window_order(available, seed)[:n_sequences]
     return _with_bos(stream[: available * body].reshape(available, body)[chosen], bos_token_id)
+
+
+def available_windows(n_tokens: int, seq_len: int) -> int:
+    """How many windows of `seq_len` tokens (BOS included) a text of `n_tokens` tokens yields."""
+    return n_tokens // (seq_len - 1)
+
+
+def _too_few(available: int, n_tokens: int, n_sequences: int, seq_len: int) -> TokenSpecError:
+    return TokenSpecError(
+        f"the text yields only {available} sequences of seq_len={seq_len} "
+        f"({n_tokens} tokens) but {n_sequences} were requested; ask for at most "
+        f"{available}, shorten seq_len, or give more text"
+    )
+
+
+def _longest_piece(tokenizer: Any) -> int | None:
+    """The most characters one token of the tokenizer's vocabulary spells, if it lists one."""
+    try:
+        return max((len(piece) for piece in tokenizer.get_vocab()), default=None)
+    except Exception:  # a tokenizer without a vocabulary to list: no bound
+        return None
+
+
+def check_text_yields(spec: TokenSpec, tokenizer: Any) -> None:
+    """Refuse a text source (builtin, corpus) that asks for more sequences than its text yields
+    with this tokenizer: the `TokenSpecError` `load_tokens` would raise in a worker, raised
+    where a job is submitted, with the model's tokenizer alone (no weights).
+
+    Cheap when the request plainly fits: every token spells at most `longest` characters of
+    the text (a byte-level piece one byte per character, a SentencePiece piece its own
+    characters; byte fallbacks fewer), so a text of C characters yields at least C / longest
+    tokens. Otherwise the text is tokenized as the worker will (`tokenized_stream`, kept per
+    process) and its windows counted as `pack_windows` counts them. Other sources, and a
+    model without a tokenizer, are not checked here."""
+    if spec.source not in ("builtin", "corpus") or tokenizer is None:
+        return
+    _check_spec(spec)
+    documents = (
+        builtin_corpus_documents() if spec.source == "builtin" else read_corpus(str(spec.path))
+    )
+    needed = spec.n_sequences * (spec.seq_len - 1)
+    longest = _longest_piece(tokenizer)
+    if longest and needed * longest <= sum(len(d) for d in documents):
+        return
+    separator = next(
+        (
+            int(v)
+            for v in (getattr(tokenizer, a, None) for a in ("bos_token_id", "eos_token_id"))
+            if v is not None
+        ),
+        0,
+    )  # the worker's (`LoadedModel.bos_token_id`), so its stream is the one kept here
+    stream = tokenized_stream(tokenizer, documents, separator)
+    available = available_windows(len(stream), spec.seq_len)
+    if available < spec.n_sequences:
+        raise _too_few(available, len(stream), spec.n_sequences, spec.seq_len)
 
 
 def _with_bos(windows: np.ndarray, bos_token_id: int) -> Int[Tensor, "n seq_len"]:

@@ -5,6 +5,7 @@
     .venv/bin/python scripts/study_head_stability.py store      # stability + heads runs, stored
     .venv/bin/python scripts/study_head_stability.py analyse    # serve, read back, figures, claims
     .venv/bin/python scripts/study_head_stability.py all
+    .venv/bin/python scripts/study_head_stability.py rescore    # the claims from results/ alone
 
 `train` fits refit families at depths 2, 4 and 6 (d_model 64, 4 heads, n_ctx 64), 5 seeds each,
 with AdamW (weight decay 0.1) and with Adam (no weight decay): 30 models under
@@ -398,6 +399,24 @@ def analyse() -> None:
     print(f"analysis took {time.perf_counter() - started:.0f} s")
 
 
+def rescore() -> None:
+    """The claims again from the stored frames (results/head-stability/*.parquet, what
+    `analyse` read from the service), without a service or the checkpoints: rewrites
+    claims.json and claims.md only."""
+    started = time.perf_counter()
+    frames = {name: pl.read_parquet(RESULTS / f"{name}.parquet")
+              for name in ("heads", "layers", "stability_importance")}
+    results = claims(frames)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "claims.json").write_text(json.dumps(
+        {"definitions": {"middle_band_relative_depth": list(MIDDLE), "deeper_from": DEEPER,
+                         "bootstrap_resamples": N_BOOT, "level": LEVEL, "bootstrap_seed": 0},
+         "claims": [asdict(c) for c in results]}, indent=2) + "\n")
+    (RESULTS / "claims.md").write_text(claims_markdown(results))
+    print_claims(results)
+    print(f"rescoring took {time.perf_counter() - started:.0f} s")
+
+
 # ---------------------------------------------------------------------------------------- store
 
 
@@ -761,22 +780,28 @@ def claim_1(cubes: dict[str, Cube], n_boot: int = N_BOOT) -> list[Claim]:
     return out
 
 
-def claim_2(cubes: dict[str, Cube], n_boot: int = N_BOOT) -> Claim:
+def claim_2(cubes: dict[str, Cube], n_boot: int = N_BOOT, *, first_layer: bool = True
+            ) -> Claim:
     """Deeper models diverge more at mid-depth: the middle - edge dip of the deepest family
-    minus that of the shallowest family with a middle band, per optimizer, averaged (< 0)."""
+    minus that of the shallowest family with a middle band, per optimizer, averaged (< 0);
+    `first_layer=False` leaves layer 0 out of the edge ("2 (no layer 0)"): the dip of claim 1
+    rests on layer 0, so claim 2 is scored both ways."""
     fams = _with_middle(cubes)
     depths = sorted({c.depth for c in fams.values()})
     shallow, deep = depths[0], depths[-1]
     optimizers = sorted({c.optimizer for c in fams.values()})
 
-    def stat(c: dict[str, Cube]) -> float:
-        return float(np.mean([band_dip(c[f"hs{deep}l-{o}"], "stability")
-                              - band_dip(c[f"hs{shallow}l-{o}"], "stability")
-                              for o in optimizers]))
+    def dip(c: dict[str, Cube], o: str) -> float:
+        return (band_dip(c[f"hs{deep}l-{o}"], "stability", first_layer=first_layer)
+                - band_dip(c[f"hs{shallow}l-{o}"], "stability", first_layer=first_layer))
 
-    parts = {o: band_dip(fams[f"hs{deep}l-{o}"], "stability")
-             - band_dip(fams[f"hs{shallow}l-{o}"], "stability") for o in optimizers}
-    return _claim("2", f"mid-depth dip (middle - edge) of {deep} layers minus {shallow} layers",
+    def stat(c: dict[str, Cube]) -> float:
+        return float(np.mean([dip(c, o) for o in optimizers]))
+
+    parts = {o: dip(fams, o) for o in optimizers}
+    return _claim("2" if first_layer else "2 (no layer 0)",
+                  f"mid-depth dip (middle - edge) of {deep} layers minus {shallow} layers"
+                  + ("" if first_layer else ", layer 0 left out"),
                   fams, stat, "<0", parts, n_boot=n_boot)
 
 
@@ -825,42 +850,44 @@ def claim_4(cubes: dict[str, Cube], n_boot: int = N_BOOT, column: str = "stabili
                   parts, n_boot=n_boot)
 
 
-def normalised_excess(value: np.ndarray, null: np.ndarray) -> np.ndarray:
-    """How far from its null towards identity a similarity is: (value - null) / (1 - null)."""
-    return (value - null) / np.clip(1.0 - null, 1e-9, None)
+def claim_5(cubes: dict[str, Cube], n_boot: int = N_BOOT) -> list[Claim]:
+    """The residual stream is comparatively stable. Not scored as a comparison: the residual's
+    linear CKA and the heads' matched pattern cosine are different similarity measures, and no
+    transformation here (not even the fraction of the way from each one's null to 1) puts them
+    on one scale, so a difference between them has no meaning. What is scored is each side
+    against its own null, in its own units, averaged over every (family, anchor, layer): "5
+    (residual)" = linear CKA - its random-init null (> 0), "5 (heads)" = the layer's mean head
+    stability - its null (> 0). The comparison the claim makes is left to the reader, in words."""
+    def gap(c: Cube, side: str) -> np.ndarray:
+        if side == "residual":
+            return c.layers["cka_linear"] - c.layers["cka_null_linear"]
+        return c.layers["stability"] - c.layers["null"]
 
+    out = []
+    for side, what in (("residual", "residual linear CKA - its null (CKA units)"),
+                       ("heads", "layer mean head stability - its null (cosine units)")):
+        def stat(c: dict[str, Cube], side: str = side) -> float:
+            return float(np.mean(np.concatenate([gap(x, side).ravel() for x in c.values()])))
 
-def claim_5(cubes: dict[str, Cube], n_boot: int = N_BOOT) -> Claim:
-    """The residual stream is comparatively stable: per layer, the residual's linear CKA and
-    the heads' mean stability, each as its normalised excess over its own null (CKA against
-    the random-init models; head stability against the same), residual minus heads, averaged
-    over every (family, anchor, layer) (> 0). Both sides are 'the fraction of the way from
-    what an untrained model of the architecture gives to identity', so a cosine is never
-    compared with a CKA directly."""
-    def gap(c: Cube) -> np.ndarray:
-        resid = normalised_excess(c.layers["cka_linear"], c.layers["cka_null_linear"])
-        head = normalised_excess(c.layers["stability"], c.layers["null"])
-        return resid - head
-
-    def stat(c: dict[str, Cube]) -> float:
-        return float(np.mean(np.concatenate([gap(x).ravel() for x in c.values()])))
-
-    parts = {k: float(gap(c).mean()) for k, c in sorted(cubes.items())}
-    return _claim("5", "residual CKA's normalised excess over its null - the heads' (per layer)",
-                  cubes, stat, ">0", parts, n_boot=n_boot, heads=False)
+        parts = {k: float(gap(c, side).mean()) for k, c in sorted(cubes.items())}
+        out.append(_claim(f"5 ({side})", f"{what}, per layer", cubes, stat, ">0", parts,
+                          n_boot=n_boot, heads=False))
+    return out
 
 
 def claims(frames: dict[str, pl.DataFrame], n_boot: int = N_BOOT) -> list[Claim]:
     cubes = cubes_of(frames["heads"], frames["layers"])
     corr = frames["stability_importance"]
-    return [*claim_1(cubes, n_boot), claim_2(cubes, n_boot), claim_3(corr),
+    return [*claim_1(cubes, n_boot), claim_2(cubes, n_boot),
+            claim_2(cubes, n_boot, first_layer=False), claim_3(corr),
             claim_3(corr, column="spearman"), claim_4(cubes, n_boot),
-            claim_4(cubes, n_boot, column="excess"), claim_5(cubes, n_boot)]
+            claim_4(cubes, n_boot, column="excess"), *claim_5(cubes, n_boot)]
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("stage", choices=["train", "store", "analyse", "all", "export-corpus"])
+    parser.add_argument("stage", choices=["train", "store", "analyse", "all", "export-corpus",
+                                          "rescore"])
     parser.add_argument("--steps", type=int, default=DEFAULT_STEPS)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--device", default="cpu", help="train on this device (cuda, say)")
@@ -879,6 +906,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         store()
     if args.stage in ("analyse", "all"):
         analyse()
+    if args.stage == "rescore":
+        rescore()
 
 
 if __name__ == "__main__":

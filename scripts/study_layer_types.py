@@ -3,22 +3,27 @@
     .venv/bin/python scripts/study_layer_types.py --url http://127.0.0.1:8000 \
         --model gemma-3-270m-q4_k_m --config <checkpoint>/config.json \
         [--long-run RUN_ID] --out docs/study-gemma3
+    .venv/bin/python scripts/study_layer_types.py --rescore --out docs/study-gemma3  # no service
 
 Gemma 3 interleaves five sliding-window layers (window 512) with one global layer; the
 checkpoint's `config.json` (`layer_types`) says which is which. For each per-layer signal the
 script compares the global layers with the sliding-window ones — every block but the first and
 the last, which are special for other reasons — as the difference of their means, with a 90%
-seeded bootstrap interval over the run's sequences (`Client.sequences`); per-head numbers
-(which have no per-sequence means) are compared by layer means with a permutation p-value over
-the layers. With `--long-run`, the attention run past the window: each layer's locality and
-sink against its own chance level (`compute.metrics.attention.chance_levels`, with the window
-for a sliding layer). Writes `layer_types.md`, `layer_types.json` and `layer_types.png`.
-Nothing is recomputed but the bootstrap.
+seeded bootstrap interval over the run's sequences (`Client.sequences`), and an exact
+permutation p-value over the layers (every way of choosing which inner layers are "global"),
+Holm-adjusted over every test of the table; per-head numbers (which have no per-sequence means)
+get the permutation p-value of their layer means only. With `--long-run`, the attention run
+past the window: each layer's locality and sink against its own chance level
+(`compute.metrics.attention.chance_levels`, with the window for a sliding layer). Writes
+`layer_types.md`, `layer_types.json` and `layer_types.png`.
+Nothing is recomputed but the bootstrap and the p-values; `--rescore` recomputes the p-values
+alone from the stored `layer_types.json`.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -90,7 +95,6 @@ def contrast(values: np.ndarray, types: list[str]) -> dict[str, Any]:
     diff = boot[:, glob].mean(axis=1) - boot[:, loc].mean(axis=1)
     low, high = np.quantile(diff, [(1 - LEVEL) / 2, (1 + LEVEL) / 2])
     return {
-        "p_value": permutation_p(means, types),
         "global_layers": glob,
         "global_mean": float(means[glob].mean()),
         "local_mean": float(means[loc].mean()),
@@ -100,18 +104,47 @@ def contrast(values: np.ndarray, types: list[str]) -> dict[str, Any]:
     }
 
 
-def permutation_p(means: np.ndarray, types: list[str]) -> float:
-    """Two-sided p-value of global − sliding over the inner layers when the layer types are
-    shuffled among them: what the sequences' bootstrap cannot say (it holds the layers fixed,
-    and with two global inner layers a difference may be one layer's, not the type's)."""
+def permutation_p(means: np.ndarray, types: list[str]) -> tuple[float, int]:
+    """Exact two-sided permutation p-value of global − sliding over the inner layers: the share
+    of all C(n, k) ways of calling k of the n inner layers "global" (the observed one included)
+    whose |difference| is at least the observed one; what the sequences' bootstrap cannot say
+    (it holds the layers fixed, and with two global inner layers a difference may be one
+    layer's, not the type's). Returns (p, number of arrangements): the smallest attainable p is
+    1 / that number (1/120 for 2 of 16 inner layers, 1/105 for 2 of 15)."""
     inner = list(range(1, len(means) - 1))
     is_global = np.asarray([types[i] == "global" for i in inner])
     values = means[inner]
     observed = values[is_global].mean() - values[~is_global].mean()
-    rng = np.random.default_rng(SEED)
-    perms = [rng.permutation(is_global) for _ in range(RESAMPLES)]
-    null = np.asarray([values[p].mean() - values[~p].mean() for p in perms])
-    return float((np.abs(null) >= abs(observed) - 1e-12).mean())
+    null = []
+    for chosen in itertools.combinations(range(len(inner)), int(is_global.sum())):
+        mask = np.zeros(len(inner), bool)
+        mask[list(chosen)] = True
+        null.append(values[mask].mean() - values[~mask].mean())
+    arrangements = len(null)
+    hits = int((np.abs(np.asarray(null)) >= abs(observed) - 1e-12).sum())
+    return hits / arrangements, arrangements
+
+
+def holm(p_values: list[float]) -> list[float]:
+    """Holm's step-down adjusted p-values (family-wise error over all of them)."""
+    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
+    adjusted = [0.0] * len(p_values)
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(p_values) - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+def add_holm(results: dict[str, Any]) -> None:
+    """Each signal's exact p-value again from its stored per-layer means, and Holm's adjustment
+    over every test of the table (`p_holm`)."""
+    rows = [*results["signals"].values(), *results["heads"].values()]
+    for r in rows:
+        r["p_value"], r["arrangements"] = permutation_p(np.asarray(r["per_layer"]),
+                                                        results["types"])
+    for r, adjusted in zip(rows, holm([r["p_value"] for r in rows]), strict=True):
+        r["p_holm"] = adjusted
 
 
 def head_contrast(client: Client, model: str, metric: str, types: list[str]) -> dict[str, Any]:
@@ -124,7 +157,6 @@ def head_contrast(client: Client, model: str, metric: str, types: list[str]) -> 
         "global_mean": float(means[inner][is_global].mean()),
         "local_mean": float(means[inner][~is_global].mean()),
         "difference": float(means[inner][is_global].mean() - means[inner][~is_global].mean()),
-        "p_value": permutation_p(means, types),
         "per_layer": [float(v) for v in means],
     }
 
@@ -151,16 +183,20 @@ def markdown(results: dict[str, Any], types: list[str]) -> str:
              "(g = global, l = sliding window); first and last block left out of both means.",
              "",
              "| signal | global mean | sliding mean | global − sliding "
-             "| 90% interval (sequences) | permutation p (layers) |",
-             "| --- | --- | --- | --- | --- | --- |"]
+             "| 90% interval (sequences) | exact permutation p (layers) | Holm-adjusted p |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+
+    def p_cells(r: dict[str, Any]) -> str:
+        hits = round(r["p_value"] * r["arrangements"])
+        return f"{r['p_value']:.3f} ({hits}/{r['arrangements']}) | {r['p_holm']:.3f}"
+
     for name, r in results["signals"].items():
         where = f"[{r['interval'][0]:.3g}, {r['interval'][1]:.3g}]"
         lines.append(f"| {name} | {r['global_mean']:.4g} | {r['local_mean']:.4g} | "
-                     f"{r['difference']:+.4g} | {where} | {r['p_value']:.3f} |")
+                     f"{r['difference']:+.4g} | {where} | {p_cells(r)} |")
     for name, r in results["heads"].items():
         lines.append(f"| {name} (per-layer mean of heads) | {r['global_mean']:.4g} | "
-                     f"{r['local_mean']:.4g} | {r['difference']:+.4g} | — | "
-                     f"{r['p_value']:.3f} |")
+                     f"{r['local_mean']:.4g} | {r['difference']:+.4g} | — | {p_cells(r)} |")
     long = results.get("long")
     if long:
         lines += ["", f"Attention at {long['seq_len']} tokens, each layer against the chance "
@@ -195,13 +231,26 @@ def draw(results: dict[str, Any], types: list[str], path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", default="http://127.0.0.1:8000")
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--config", type=Path, required=True, help="the checkpoint's config.json")
+    parser.add_argument("--model", help="the registered model (not with --rescore)")
+    parser.add_argument("--config", type=Path, help="the checkpoint's config.json (not with "
+                        "--rescore)")
     parser.add_argument("--long-run", type=int, default=None,
                         help="run id of an attention run past the window")
     parser.add_argument("--window", type=int, default=512)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--rescore", action="store_true",
+                        help="no service: the p-values again from OUT/layer_types.json's "
+                        "stored per-layer means (exact, Holm), rewriting its .json and .md")
     args = parser.parse_args()
+    if args.rescore:
+        stored: dict[str, Any] = json.loads((args.out / "layer_types.json").read_text())
+        add_holm(stored)
+        (args.out / "layer_types.md").write_text(markdown(stored, stored["types"]))
+        (args.out / "layer_types.json").write_text(json.dumps(stored, indent=1))
+        print((args.out / "layer_types.md").read_text())
+        return
+    if args.config is None or args.model is None:
+        parser.error("--model and --config are required (except with --rescore)")
     types = layer_types(args.config)
     args.out.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {"types": types, "signals": {}, "heads": {}}
@@ -228,6 +277,7 @@ def main() -> None:
         if args.long_run is not None:
             results["long"] = long_attention(client, args.model, args.long_run, types,
                                              args.window)
+    add_holm(results)
     (args.out / "layer_types.md").write_text(markdown(results, types))
     (args.out / "layer_types.json").write_text(json.dumps(results, indent=1))
     draw(results, types, args.out / "layer_types.png")

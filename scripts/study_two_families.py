@@ -2,6 +2,7 @@
 
     .venv/bin/python scripts/study_two_families.py --url http://127.0.0.1:8000 \
         --models SmolLM2-135M-Instruct.Q4_1,gemma-3-270m-q4_k_m --out docs/study-two-families
+    .venv/bin/python scripts/study_two_families.py --rescore --out docs/study-two-families
 
 Every number comes from a running Strata service through the project's client; nothing is
 recomputed but the bootstrap of the claim statistics, over the sequences of the stored runs
@@ -9,22 +10,31 @@ recomputed but the bootstrap of the claim statistics, over the sequences of the 
 `claims.md` (a verdict table per claim and model), `compare.md` (every stage signal on relative
 depth, both models, with the API's standard errors), `claims.json`, and `compare.png`.
 
-The claims and their deciding numbers, fixed before the results were read (docs/
-study-two-families.md says why each is defined so):
+The claims and their deciding numbers. **Not fixed before the results were read**: the first
+version of this script (2026-12-04 02:33) computed both measures at once and decided by retained
+accuracy, after docs/study-smollm2.md (2026-12-01) had read SmolLM2's middle by top-1 agreement
+("the paper's relative accuracy") and a review had called the paper's measure retained accuracy.
+Lad et al. (section 4.1) define relative accuracy as "the fraction of predictions that are the
+same between the intervened model and the baseline model": top-1 agreement. Since 2026-12-06
+(docs/preregistration.md) agreement decides and retained accuracy is reported beside it with
+the verdict it gave; the thresholds and the middle below are this study's own, chosen with
+SmolLM2's numbers known (docs/study-two-families.md labels them so).
 
-1. **The middle is robust to drop and swap** (the paper: 72-95% of accuracy retained). Retained
-   accuracy of an intervention = its accuracy / the unmodified model's accuracy, as a ratio of
-   means over sequences. The middle is every block but the first and the last (drop: blocks
-   1..L-2; swap: pairs (l, l+1) with 1 <= l and l+1 <= L-2). Deciding number: the mean retained
-   accuracy over the middle, with its 90% bootstrap interval; holds if the interval lies above
-   0.72, does not hold if below, else cannot tell. The same for top-1 agreement with the
-   unmodified model (what the paper's "relative accuracy" is often read as), reported beside.
-2. **The first and the last layers are critical.** Deciding number: the retained accuracy when
+1. **The middle is robust to drop and swap** (the paper: 72-95% of predictions kept). Deciding
+   number: the mean top-1 agreement with the unmodified model over the middle (the fraction of
+   positions whose argmax is unchanged), with its 90% bootstrap interval; holds if the interval
+   lies above 0.72, does not hold if below, else cannot tell. The middle is every block but the
+   first and the last (drop: blocks 1..L-2; swap: pairs (l, l+1) with 1 <= l and l+1 <= L-2).
+   Beside it: retained accuracy = the intervention's accuracy / the unmodified model's
+   accuracy, a ratio of means over sequences, read against the same 0.72.
+2. **The first and the last layers are critical.** Deciding number: the top-1 agreement when
    dropping block 0 (block L-1); holds if its 90% interval lies below 0.72 (the paper's floor
-   for a robust layer), does not hold if above, else cannot tell.
+   for a robust layer), does not hold if above, else cannot tell. Retained accuracy beside.
 3. **Four stages in order.** Deciding number: how many of the three boundaries the stage rule
    finds clear, in order (1 <= 2 <= 3): holds with three, does not hold with none, cannot tell
    with one or two (the rule names the ones it could not place).
+
+`--rescore` writes claims.md again from the stored claims.json, with no service.
 """
 
 from __future__ import annotations
@@ -47,7 +57,7 @@ import polars as pl  # noqa: E402
 
 from service.client import ApiError, Client  # noqa: E402
 
-FLOOR = 0.72  # the paper's lowest retained accuracy for the middle layers
+FLOOR = 0.72  # the paper's lowest relative accuracy (top-1 agreement), middle layers
 LEVEL = 0.90
 RESAMPLES = 2000
 SEED = 0
@@ -150,27 +160,33 @@ def fmt_interval(pair: tuple[float, float]) -> str:
 
 
 def claims_markdown(results: dict[str, dict[str, Any]]) -> str:
+    """The verdict table: top-1 agreement decides; retained accuracy beside it, with the verdict
+    it gave as the first version's deciding number."""
     lines = [
-        "| claim | model | deciding number | 90% interval | verdict |",
-        "| --- | --- | --- | --- | --- |",
+        "| claim | model | deciding number: top-1 agreement | 90% interval | verdict "
+        "| beside: retained accuracy [90% interval] | verdict by retained accuracy |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for model, r in results.items():
         acc, agree = r["accuracy"], r["agreement"]
         for kind in ("drop", "swap"):
-            a = acc[kind]
+            g, a = agree[kind], acc[kind]
             lines.append(
-                f"| 1. middle robust to {kind} | {model} | retained accuracy, mean over the "
-                f"middle {a['middle_mean']:.3f} (layers {a['middle_range'][0]:.3f}-"
-                f"{a['middle_range'][1]:.3f}); agreement {agree[kind]['middle_mean']:.3f} | "
+                f"| 1. middle robust to {kind} | {model} | mean over the middle "
+                f"{g['middle_mean']:.3f} (layers {g['middle_range'][0]:.3f}-"
+                f"{g['middle_range'][1]:.3f}) | {fmt_interval(g['middle_interval'])} | "
+                f"{verdict(*g['middle_interval'], above=True)} | {a['middle_mean']:.3f} "
                 f"{fmt_interval(a['middle_interval'])} | "
                 f"{verdict(*a['middle_interval'], above=True)} |"
             )
         for name in ("first", "last"):
-            d = acc["drop"]
+            g, a = agree["drop"], acc["drop"]
             lines.append(
-                f"| 2. {name} layer critical | {model} | retained accuracy dropping it "
-                f"{d[name]:.3f} | {fmt_interval(d[f'{name}_interval'])} | "
-                f"{verdict(*d[f'{name}_interval'], above=False)} |"
+                f"| 2. {name} layer critical | {model} | dropping it {g[name]:.3f} | "
+                f"{fmt_interval(g[f'{name}_interval'])} | "
+                f"{verdict(*g[f'{name}_interval'], above=False)} | {a[name]:.3f} "
+                f"{fmt_interval(a[f'{name}_interval'])} | "
+                f"{verdict(*a[f'{name}_interval'], above=False)} |"
             )
         s = r["stages"]
         placed = ", ".join(
@@ -181,7 +197,7 @@ def claims_markdown(results: dict[str, dict[str, Any]]) -> str:
         lines.append(
             f"| 3. four stages in order | {model} | boundaries clear in order: "
             f"{s['clear_in_order']} of 3 ({placed}) | (bootstrap intervals per boundary) | "
-            f"{s['verdict']} |"
+            f"{s['verdict']} | — | (same) |"
         )
     return "\n".join(lines) + "\n"
 
@@ -240,10 +256,19 @@ def draw(table: pl.DataFrame, models: list[str], path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", default="http://127.0.0.1:8000")
-    parser.add_argument("--models", required=True, help="comma-separated registered models")
+    parser.add_argument("--models", help="comma-separated registered models")
     parser.add_argument("--bins", type=int, default=10)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--rescore", action="store_true",
+                        help="no service: claims.md again from OUT/claims.json")
     args = parser.parse_args()
+    if args.rescore:
+        stored = json.loads((args.out / "claims.json").read_text())
+        (args.out / "claims.md").write_text(claims_markdown(stored))
+        print((args.out / "claims.md").read_text())
+        return
+    if not args.models:
+        parser.error("--models is required (except with --rescore)")
     models = [m for m in args.models.split(",") if m]
     args.out.mkdir(parents=True, exist_ok=True)
     with Client(args.url) as client:

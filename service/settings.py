@@ -163,6 +163,14 @@ class JobsSettings(BaseModel):
         gt=0,
         description="how often beat asks for reconciliation (missing or outdated default results)",
     )
+    family_settle_s: float = Field(
+        10.0,
+        ge=0,
+        description="reconciliation queues a refit family's stability only once its members "
+        "have been unchanged this long, so edits in a row (create, add, remove) make one job "
+        "for the membership they settle on (0: at once); a queued job whose membership was "
+        "changed is cancelled either way",
+    )
     reconcile: bool = Field(
         True,
         description="queue the default run of every registered model "

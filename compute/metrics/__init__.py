@@ -11,6 +11,8 @@ from compute.metrics.interventions import InterventionFamily
 from compute.metrics.logit_lens import LogitLensFamily
 from compute.metrics.neurons import NeuronsFamily
 from compute.metrics.norms import NormsFamily
+from compute.metrics.pruning import PruningFamily
+from compute.metrics.pruning_drops import PruningDropsFamily
 from compute.metrics.similarity import SimilarityFamily
 from compute.metrics.tuned_lens import TunedLensFamily
 
@@ -26,13 +28,19 @@ FAMILIES: dict[str, Family] = {
         HeadsFamily(),
         HeadsAtpFamily(),
         TunedLensFamily(),
+        PruningFamily(),
+        PruningDropsFamily(),
     )
 }
 # Asked for by name, not part of the default run: the tuned lens trains a lens before its first
 # run on a model (minutes on a CPU at SmolLM2's size); the head screen (heads_atp) estimates what
 # the default run's exact `heads` family measures, and is for runs that leave `heads` out or
 # compare the two (adding it to the default would change every registered model's default run).
-OPT_IN_FAMILIES = ("tuned_lens", "heads_atp")
+# `pruning` costs well under 1% of a default run (docs/metrics.md) and qualifies for it, but the
+# service's default run is its own list (service settings `families`, the CLI's `--metrics`):
+# adding it there changes every registered model's default-run hash, so it is switched on in all
+# three together. `pruning_drops` measures n-block drops at about an intervention kind per width.
+OPT_IN_FAMILIES = ("tuned_lens", "heads_atp", "pruning", "pruning_drops")
 DEFAULT_FAMILIES = tuple(name for name in FAMILIES if name not in OPT_IN_FAMILIES)
 
 

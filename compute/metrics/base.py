@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import numpy as np
 import pyarrow as pa
 import torch
 from jaxtyping import Float, Int
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from torch import Tensor
 
 from compute.errors import ComputeError
@@ -32,6 +32,11 @@ from compute.reduce import (
     compare_distributions,
     keeps_probs,
 )
+
+T = TypeVar("T")
+# pruning_drops' widths by default: 1 (shared with intervention's drop) to 4, each about one
+# intervention kind's cost (docs/metrics.md)
+DEFAULT_DROP_WIDTHS = (1, 2, 3, 4)
 
 
 class EngineOptions(BaseModel):
@@ -72,6 +77,20 @@ class EngineOptions(BaseModel):
     top_tokens: int = Field(10, ge=1)
     # part of a run's identity only when the run has the tuned_lens family (RunConfig)
     tuned_lens: LensTraining = LensTraining()
+    # part of a run's identity only when the run has the pruning_drops family (RunConfig)
+    drop_widths: tuple[int, ...] = Field(
+        DEFAULT_DROP_WIDTHS,
+        min_length=1,
+        description="pruning_drops: the numbers of consecutive blocks dropped at once (widths "
+        "above half the model's blocks are skipped)",
+    )
+
+    @field_validator("drop_widths")
+    @classmethod
+    def _widths(cls, widths: tuple[int, ...]) -> tuple[int, ...]:
+        if any(n < 1 for n in widths):
+            raise ValueError(f"drop widths are numbers of blocks, at least 1: {widths}")
+        return tuple(sorted(set(widths)))
 
 
 # Options that change speed and memory but not the numbers (beyond float rounding): they are
@@ -206,6 +225,28 @@ class BatchContext:
         self._memo[key] = run
         return run
 
+    def shared(self, key: tuple[object, ...], make: Callable[[], T]) -> T:
+        """`make()`, computed once per batch for every family that asks by the same key."""
+        if key not in self._memo:
+            self._memo[key] = make()
+        return self._memo[key]  # type: ignore[return-value]
+
+    def dropped(self, layer: int) -> TokenStats:
+        """Q with block l skipped: blocks l+1.. on the cached residual before l (at the last
+        block, logit-lens point L-1). Both `intervention` (drop) and `pruning_drops` (width 1)
+        need it: computed once when both run, and released after its second use."""
+        key = ("dropped", layer)
+        if key in self._memo:
+            return self._memo.pop(key)  # type: ignore[return-value]
+        stats = (
+            self.point_stats(layer)
+            if layer == self.n_layers - 1
+            else self.compare(self.run_from(layer + 1, self.resid[layer]), f"drop at layer {layer}")
+        )
+        if {"intervention", "pruning_drops"} <= self.families:
+            self._memo[key] = stats
+        return stats
+
     def at_eval(self, x: Float[Tensor, "batch pos ..."]) -> Float[Tensor, "n ..."]:
         """Flatten [batch, pos, ...] to the evaluated positions 1..T-2, batch-major."""
         return x[:, 1:-1].reshape(-1, *x.shape[2:])
@@ -234,12 +275,18 @@ def cosine_per_token(a: Tensor, b: Tensor) -> Tensor:
 
 
 def accumulated_records(
-    family: str, acc: MeanAccumulator, key_fields: tuple[str, ...]
+    family: str,
+    acc: MeanAccumulator,
+    key_fields: tuple[str, ...],
+    keep: Callable[[tuple[object, ...]], bool] | None = None,
 ) -> list[Record]:
-    """One record per accumulated key. `key_fields` names the key's parts: "metric" (the name
-    within the family) and any of "layer", "component", "head"."""
+    """One record per accumulated key (those `keep` accepts, if given). `key_fields` names the
+    key's parts: "metric" (the name within the family) and any of "layer", "component",
+    "head"."""
     records = []
     for key, stat in acc.results().items():
+        if keep is not None and not keep(key):
+            continue
         fields = dict(zip(key_fields, key, strict=True))
         metric = fields.pop("metric")
         records.append(
@@ -249,13 +296,19 @@ def accumulated_records(
 
 
 def accumulated_sequence_means(
-    family: str, acc: MeanAccumulator, key_fields: tuple[str, ...]
+    family: str,
+    acc: MeanAccumulator,
+    key_fields: tuple[str, ...],
+    keep: Callable[[tuple[object, ...]], bool] | None = None,
 ) -> pa.Table:
-    """The per-sequence means of every per-layer key (no head, or head None): one row per
-    (key, sequence that has values for it), in `SEQUENCE_MEANS_SCHEMA`."""
+    """The per-sequence means of every per-layer key (no head, or head None; and `keep`
+    accepts it, if given): one row per (key, sequence that has values for it), in
+    `SEQUENCE_MEANS_SCHEMA`."""
     keys, means, has = acc.sequence_means()
     parts = [dict(zip(key_fields, key, strict=True)) for key in keys]
-    chosen = [i for i, p in enumerate(parts) if p.get("head") is None]
+    chosen = [
+        i for i, p in enumerate(parts) if p.get("head") is None and (keep is None or keep(keys[i]))
+    ]
     seq, col = np.nonzero(has[:, chosen].T)[::-1]  # key-major: a key's sequences together
     slot = np.asarray(chosen, dtype=np.int64)[col] if chosen else np.zeros(0, np.int64)
     values = means[seq, slot]

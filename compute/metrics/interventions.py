@@ -16,7 +16,7 @@ from torch import Tensor
 
 from compute.metrics.base import BatchContext, EngineOptions, FamilyBase, FamilyOutput
 from compute.models import LoadedModel
-from compute.reduce import MeanAccumulator, TokenStats
+from compute.reduce import MeanAccumulator, Reference, TokenStats
 
 KINDS = ("drop", "swap", "drop_attn", "drop_mlp")
 METRICS = ("kl", "top1_agreement", "entropy", "entropy_delta", "loss", "loss_delta", "accuracy")
@@ -30,11 +30,10 @@ def _kinds(lm: LoadedModel) -> tuple[str, ...]:
     return KINDS if lm.has_mlp else ("drop", "swap", "drop_attn")
 
 
-def _add(
-    acc: MeanAccumulator, kind: str, layer: int | None, q: TokenStats, ctx: BatchContext
-) -> None:
-    ref = ctx.ref
-    values = torch.stack(
+def metric_values(q: TokenStats, ref: Reference) -> Tensor:
+    """[len(METRICS), tokens]: the per-token values of `METRICS` for one intervened model Q
+    against the clean reference (also `pruning_drops`' measures)."""
+    return torch.stack(
         [
             q.kl[0],
             q.agree[0],
@@ -45,7 +44,12 @@ def _add(
             q.correct[0],
         ]
     )
-    acc.add_many([(m, kind, layer) for m in METRICS], values)
+
+
+def _add(
+    acc: MeanAccumulator, kind: str, layer: int | None, q: TokenStats, ctx: BatchContext
+) -> None:
+    acc.add_many([(m, kind, layer) for m in METRICS], metric_values(q, ctx.ref))
 
 
 class InterventionFamily(FamilyBase):
@@ -105,11 +109,7 @@ def _layer_runs(ctx: BatchContext, layer: int) -> list[tuple[str, Callable[[], T
 
     def drop() -> TokenStats:
         if not dropped:  # attention-only models: drop_attn is the same run
-            dropped.append(
-                ctx.point_stats(layer)
-                if layer == n_layers - 1
-                else ctx.compare(ctx.run_from(layer + 1, pre), f"drop at layer {layer}")
-            )
+            dropped.append(ctx.dropped(layer))  # shared with pruning_drops (width 1)
         return dropped[0]
 
     def drop_attn() -> TokenStats:

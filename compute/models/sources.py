@@ -30,6 +30,7 @@ from compute.models.parity import ParityReference, hugging_face_reference, parit
 from compute.models.processing import AppliedProcessing, effective_processing
 from compute.models.refusals import refusal_of
 from compute.models.spec import TORCH_DTYPES, DType, ModelSpec, Processing
+from compute.models.unknown import unknown_model_message
 from compute.zoo.paths import ZOO_DIR, zoo_path
 from compute.zoo.planted import PLANTED, planted_checksum, planted_weights
 
@@ -358,11 +359,7 @@ def resolve_model_spec(
                 dtype=dtype,
                 processing=processing or Processing(),
             )
-    hint = ", ".join(zoo_names()[:8])
-    raise UnknownModelError(
-        f"unknown model {ref!r}: not a zoo model ({hint}), not a directory with config.json, "
-        "and not a TransformerLens official name (e.g. gpt2, pythia-410m-deduped)"
-    )
+    raise UnknownModelError(unknown_model_message(ref, zoo_names()))
 
 
 def _gguf_spec(ref: str, *, dtype: DType, processing: Processing | None) -> ModelSpec:

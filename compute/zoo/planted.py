@@ -38,6 +38,8 @@ Models:
                           unembedding in the rotated basis: the raw logit lens reads points 0-2
                           in the wrong basis, while an exact affine translator exists (the
                           tuned lens's positive control).
+  planted-pruning         8 layers: a cancelling pair (layers 3, 4: redundant together, not
+                          alone), two identity blocks (5, 6): the layer-pruning control.
 """
 
 from __future__ import annotations
@@ -499,6 +501,75 @@ ROTATED_EXPECTED: tuple[dict[str, Any], ...] = (
 )
 
 
+# --------------------------------------------------------------------------- planted-pruning
+
+PRUNING_LAYERS = 8
+CANCELLING_PAIR = (3, 4)  # layer 3's MLP writes f(state), layer 4's writes -f(state)
+IDLE_RUN = (5, 6)  # identity blocks: they write nothing
+PRUNING_OUTPUT_LAYERS = (1, 2, 7)  # each writes towards the logits, read from the state
+JUNK_NORM = 3.0  # norm of the map behind f: the pair's writes are as large as the residual
+
+
+def build_pruning(seed: int, d_vocab: int) -> Weights:
+    """The layer-pruning positive control (see `PRUNING_EXPECTED`).
+
+    In abstract row vectors: the embedding writes a unit token vector ("tok"), two diffuse heads
+    of layer 0 a mix of earlier tokens ("ctx"), layer 0's MLP the state ("state", a linear map of
+    tok). Layers 1, 2 and 7 write linear maps of the state into "out"; layer 3 writes f = M
+    state into "junk" and layer 4 writes -M state (it reads the state, which layer 3 leaves
+    alone), so x_5 = x_3: the pair is redundant together and neither block is alone. Layers 5
+    and 6 write nothing. The unembedding reads every block of the basis, junk included.
+    """
+    blocks = Blocks({"tok": 16, "ctx": 8, "state": 16, "junk": 16, "out": 16}, seed=4000 + seed)
+    gen = torch.Generator().manual_seed(seed)
+    dim = blocks.dim
+    w = Weights(PRUNING_LAYERS, 2, 8, blocks.d_model, d_vocab, 2 * 16)
+    tok = _unit_rows(torch.randn(d_vocab, blocks.size("tok"), generator=gen, dtype=torch.float64))
+    w["embed.W_E"][:] = blocks.write(blocks.place("tok", tok))
+    for head in range(2):
+        _diffuse_head(w, blocks, 0, head, gen, reads="tok", writes="ctx", qk_std=0.5, ov_norm=1.0)
+
+    def random_map(rows: str, cols: str, norm: float) -> Tensor:
+        """[dim, size(cols)]: a random map from block `cols` into block `rows`."""
+        m = torch.zeros(dim, blocks.size(cols), dtype=torch.float64)
+        m[blocks.slices[rows]] = torch.randn(
+            blocks.size(rows), blocks.size(cols), generator=gen, dtype=torch.float64
+        )
+        return m / m.norm(dim=0, keepdim=True) * norm
+
+    _linear_pairs(w, blocks, 0, 0, "tok", random_map("state", "tok", 1.0))
+    for layer in PRUNING_OUTPUT_LAYERS:
+        _linear_pairs(w, blocks, layer, 0, "state", random_map("out", "state", 1.0))
+    junk = random_map("junk", "state", JUNK_NORM)
+    _linear_pairs(w, blocks, CANCELLING_PAIR[0], 0, "state", junk)
+    _linear_pairs(w, blocks, CANCELLING_PAIR[1], 0, "state", -junk)
+    w["unembed.W_U"][:] = blocks.read(
+        torch.randn(dim, d_vocab, generator=gen, dtype=torch.float64) * 2.0
+    )
+    return w
+
+
+PRUNING_EXPECTED: tuple[dict[str, Any], ...] = (
+    {
+        "metric": "pruning.block_influence",
+        "layer": list(IDLE_RUN),
+        "expected": "0 for the identity blocks 5 and 6; every other block > 0, the cancelling "
+        "pair 3, 4 included (a single-block score cannot see that they cancel)",
+    },
+    {
+        "metric": "pruning.angular_distance_<n>",
+        "expected": "0 exactly where the blocks l..l+n-1 write nothing in sum: (5, 1), (6, 1), "
+        "(3, 2), (5, 2), (3, 3), (3, 4); every other (l, n) > 0; the same for the last-token "
+        "variant",
+    },
+    {
+        "metric": "pruning_drops.kl_<n>",
+        "expected": "~0 at the same (l, n) as the angular distance, and > 0 everywhere else; "
+        "intervention.kl (drop) ~0 at layers 5 and 6 only",
+    },
+)
+
+
 # --------------------------------------------------------------------------- registry
 
 
@@ -634,6 +705,13 @@ PLANTED: dict[str, PlantedModel] = {
         "affine translator exists (the tuned lens's positive control)",
         lambda d_vocab, tokenizer: build_rotated(0, d_vocab),
         ROTATED_EXPECTED,
+    ),
+    "planted-pruning": PlantedModel(
+        "planted-pruning",
+        "8 layers: blocks 3 and 4 cancel each other (redundant together, neither alone), "
+        "blocks 5 and 6 are identities, the rest do work: the layer-pruning positive control",
+        lambda d_vocab, tokenizer: build_pruning(0, d_vocab),
+        PRUNING_EXPECTED,
     ),
 }
 

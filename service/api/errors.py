@@ -16,12 +16,13 @@
 Every error answer has one body, `{"error": <code>, "detail": <what to fix>, "status": <int>}`
 (`ErrorBody`). Other exceptions are mapped in `exception_handlers`: Litestar's own HTTP
 exceptions keep their status (400 for a parameter or body that fails the schema, 404 for an
-unknown path, 405, 413); `SpecError` (an `IngestError` or `RegistrationError` too) is 422; a
-`ModelConflictError` (a model registered under another name) 409; `FamilyConflictError` (a
-refit family of that name exists) 409 and `FamilyNotFoundError` 404; the job errors
-(`service.jobs.errors`) 404, 409 and 503; `DatabaseHeldError` 503; a write that failed because
-the disk is full 507 (Insufficient Storage: rolled back, nothing stored); any other exception is a
-500 whose detail says nothing about internals (it is logged instead).
+unknown path, 405, and 413, whose detail names the route's body limit); `SpecError` (an
+`IngestError` or `RegistrationError` too) is 422; a `ModelConflictError` (a model registered
+under another name) 409; `FamilyConflictError` (a refit family of that name exists) 409 and
+`FamilyNotFoundError` 404; the job errors (`service.jobs.errors`) 404, 409 and 503;
+`DatabaseHeldError` 503; a write that failed because the disk is full 507 (Insufficient
+Storage: rolled back, nothing stored); any other exception is a 500 whose detail says nothing
+about internals (it is logged instead).
 """
 
 from __future__ import annotations
@@ -127,10 +128,33 @@ def _validation_detail(exc: ValidationException) -> str:
     return "; ".join(parts) or str(exc.detail)
 
 
-def handle_http_exception(_: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
+def body_too_large(limit_bytes: int | None, setting: str | None = None) -> str:
+    """The detail of a 413: the limit the body passed, so the client knows what fits."""
+    if not limit_bytes:
+        return "the request body is too large"
+    if limit_bytes % 2**20 == 0:
+        size = f"{limit_bytes // 2**20} MiB"
+    elif limit_bytes % 2**10 == 0:
+        size = f"{limit_bytes // 2**10} KiB"
+    else:
+        size = f"{limit_bytes} bytes"
+    return f"request body exceeds the {size} limit" + (f" ({setting})" if setting else "")
+
+
+def _body_limit(request: Request[Any, Any, Any]) -> int | None:
+    """The body limit of the route a request reached (the app's, unless the route sets one)."""
+    try:
+        return request.route_handler.resolve_request_max_body_size()
+    except Exception:  # no route resolved: the limit is not known here
+        return None
+
+
+def handle_http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
     status = exc.status_code
     if isinstance(exc, ValidationException):
         detail = _validation_detail(exc)
+    elif status == 413:
+        detail = body_too_large(_body_limit(request))
     elif status >= 500:
         log.error("HTTP %s: %s", status, exc.detail)
         detail = "internal error"

@@ -27,7 +27,7 @@ _REASONS = {
     404: "no such model, run or family, or no results for it",
     406: "none of the formats the client accepts",
     409: "the request contradicts what is stored",
-    413: "the body is too large",
+    413: "the body is larger than the route's limit (the detail names it)",
     422: "well-formed but not meaningful (unknown metric, component, source, ...)",
     503: "a service it needs (the job broker) is unavailable; nothing was changed",
 }

@@ -54,8 +54,11 @@ def families() -> None:
 @families.command("list")
 @url_option
 def list_families(url: str | None) -> None:
-    """Every family, with its members' state."""
-    for family in call(url, "GET", V1):
+    """Every family, with its members' state ("no families", and how to make one, if none)."""
+    found = call(url, "GET", V1)
+    if not found:
+        click.echo("no families: make one with `strata families create NAME --member A --member B`")
+    for family in found:
         click.echo(_describe(family))
 
 

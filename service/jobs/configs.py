@@ -20,10 +20,16 @@ from compute.lens.store import LensStore, check_fits_spec
 from compute.metrics import families_named
 from compute.metrics.base import EngineOptions
 from compute.models import ModelSpec
+from compute.models.tokenizers import tokenizer_of
 from compute.refits import prompt_spec
 from compute.run import RunConfig
 from compute.stability import StabilityOptions
-from compute.tokens import TokenSpec, check_training_source, resolve_token_spec
+from compute.tokens import (
+    TokenSpec,
+    check_text_yields,
+    check_training_source,
+    resolve_token_spec,
+)
 from service.settings import Settings
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -162,6 +168,16 @@ def run_config(
     return RunConfig(
         model=spec, tokens=tokens, families=tuple(dict.fromkeys(families)), options=options
     )
+
+
+def check_sequences(config: RunConfig) -> None:
+    """A text source asked for more sequences than its text yields with the model's tokenizer
+    is refused here (`SpecError` naming how many it yields), not in the worker: counted with
+    the tokenizer alone, the weights never loaded (`compute.tokens.check_text_yields`; cheap
+    when the request plainly fits). A model whose tokenizer is not at hand offline is left to
+    the worker."""
+    if config.tokens.source in ("builtin", "corpus"):
+        check_text_yields(config.tokens, tokenizer_of(config.model))
 
 
 def lens_training(

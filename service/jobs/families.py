@@ -15,11 +15,20 @@ run: a family made or grown (members join or leave), a new metric version, a mem
 changed (its checkpoint registered again with another checksum: the family follows the new
 registration, `service.store.families.follow_registrations`). Those jobs wait behind people's
 jobs, as every reconciliation job does.
+
+One job per settled membership: a family is queued only once it has gone unchanged for
+`STRATA_JOBS__FAMILY_SETTLE_S` (`StoredFamily.edited_at`), so `create`, `add`, `remove` in a
+row make one job, for the members they leave; each edit reconciles again once that window has
+passed. A job no worker has started whose configuration is no longer the family's is cancelled
+(`supersede`, at each edit and each reconciliation; a running one finishes and stores its
+result for the members it was given). A configuration whose only job was cancelled so is not
+"known": a family that returns to an earlier membership is queued for it again.
 """
 
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
 from typing import Protocol
 
 from pydantic import ValidationError
@@ -30,6 +39,7 @@ from compute.models import ModelSpec
 from compute.run import METRIC_VERSION
 from service.jobs.configs import stability_prompts
 from service.jobs.parts import JobView, NewJob, mark_succeeded
+from service.settings import Settings
 from service.store import families, job_rows
 from service.store.db import Store
 from service.store.errors import FamilyError
@@ -41,12 +51,14 @@ from service.store.stability import (
     ingest_stability,
     stability_config,
 )
-from service.store.tables import JobRow
+from service.store.tables import JobRow, utcnow
 
 log = logging.getLogger("strata.jobs")
 
 # Stability is compared in float32: the attention patterns of every member at full precision.
 STABILITY_DTYPE = "float32"
+# The error of a job cancelled because its family's membership changed before it started.
+SUPERSEDED = "superseded: the refit family's members changed before the job started"
 
 
 def is_stability(config: dict[str, object]) -> bool:
@@ -57,6 +69,7 @@ class JobSystem(Protocol):
     """What family jobs use of `service.jobs.service.JobService` (which holds them)."""
 
     store: Store
+    settings: Settings
 
     def check_device(self, device: str | None) -> None: ...
 
@@ -67,6 +80,12 @@ class JobSystem(Protocol):
     def settle(self, job: JobRow, new: bool, reason: str) -> JobView: ...
 
     def delivered(self, job_id: int) -> None: ...
+
+    def cancel_queued(self, job_id: int, why: str) -> bool: ...
+
+    def release_background(self) -> list[int]: ...
+
+    def reconcile_soon(self, delay_s: float = 0.0) -> None: ...
 
 
 class FamilyJobs:
@@ -146,28 +165,70 @@ class FamilyJobs:
                 s.expunge(job)
             return job
 
+    @property
+    def settle(self) -> timedelta:
+        return timedelta(seconds=self.jobs.settings.jobs.family_settle_s)
+
+    def edited(self, name: str) -> list[int]:
+        """After family `name` was made or its members changed: its queued jobs for other
+        members are cancelled now, and, with reconciliation on, it is reconciled at once and
+        again once the edit has settled (when its job is queued). The cancelled job ids."""
+        cancelled = self.supersede(name)
+        if self.jobs.settings.jobs.reconcile:
+            self.jobs.reconcile_soon()
+            if self.settle:
+                # a little past the window, so that the edit reads as settled then
+                self.jobs.reconcile_soon(self.settle.total_seconds() + 0.1)
+        return cancelled
+
+    def supersede(self, name: str, current: str | None = None) -> list[int]:
+        """Cancel family `name`'s stability jobs that no worker has started and whose
+        configuration is not `current` (the hash of its configuration now; computed when not
+        given, None if it has none). Running jobs finish. The cancelled job ids."""
+        if current is None:
+            try:
+                current = self.plan(name).config_hash
+            except (SpecError, ValidationError):  # no stability to compute: none is current
+                current = None
+        with self.jobs.store.read() as conn, Session(bind=conn) as session:
+            stale = [
+                j.id
+                for j in job_rows.queued_stability_jobs(session, name)
+                if j.config_hash != current
+            ]
+        cancelled = [i for i in stale if self.jobs.cancel_queued(i, SUPERSEDED)]
+        if cancelled:
+            log.info("refit family %s changed: cancelled its queued jobs %s", name, cancelled)
+            self.jobs.release_background()
+        return cancelled
+
     def reconcile(self, reason: str) -> list[int]:
         """Queue (held, behind people's jobs) the stability of every family whose current
-        configuration was never queued or stored. Called by `JobService.reconcile`, under its
-        lock. Returns the new job ids."""
+        configuration was never queued or stored, once the family has settled (unchanged for
+        `family_settle_s`); cancel its queued jobs for configurations it no longer has. Called
+        by `JobService.reconcile`, under its lock. Returns the new job ids."""
         moved = families.follow_registrations(self.jobs.store)
         if moved:
             log.info("refit families %s follow their members' new registrations", moved)
+            if self.settle:  # an edit too: queued once it has settled
+                self.jobs.reconcile_soon(self.settle.total_seconds() + 0.1)
         with self.jobs.store.read() as conn, Session(bind=conn) as session:
-            names = [f.family.name for f in families.all_families(session)]
+            edits = {f.family.name: f.edited_at for f in families.all_families(session)}
         queued = []
-        for name in names:
+        for name, edited_at in edits.items():
             try:
                 new = self.plan(name)
             except (SpecError, ValidationError) as exc:  # one family's, not every family's
                 log.warning("refit family %s has no stability to compute: %s", name, exc)
                 continue
+            self.supersede(name, new.config_hash)
+            if utcnow() - edited_at < self.settle:
+                continue  # edited moments ago: the reconciliation due once it settles queues it
             with self.jobs.store.read() as conn, Session(bind=conn) as session:
-                known = (
-                    job_rows.latest_for(session, new.config_hash, new.metric_version) is not None
-                    or job_rows.succeeded_run(session, new.config_hash, new.metric_version)
-                    is not None
-                )
+                latest = job_rows.latest_for(session, new.config_hash, new.metric_version)
+                stored = job_rows.succeeded_run(session, new.config_hash, new.metric_version)
+            superseded = latest is not None and latest.error == SUPERSEDED
+            known = (latest is not None and not superseded) or stored is not None
             if known:
                 continue
             job, created = self.jobs.create(new, reason)

@@ -41,7 +41,7 @@ from compute.errors import SpecError
 from compute.run import METRIC_VERSION, RunConfig, RunResult
 from service.jobs.board import Board, WorkerSeen
 from service.jobs.broker import OPS_QUEUE, Broker
-from service.jobs.configs import JobRequest, check_lens, run_config
+from service.jobs.configs import JobRequest, check_lens, check_sequences, run_config
 from service.jobs.errors import JobConflictError, JobNotFoundError
 from service.jobs.families import FamilyJobs
 from service.jobs.parts import JobView, NewJob, mark_succeeded
@@ -211,6 +211,9 @@ class JobService:
         """The job for a request, and whether it is new. Raises `SpecError` before anything is
         stored or sent, `BrokerUnavailableError` if the broker does not take it (nothing kept)."""
         model, config = self.configure(request)
+        # Counted for people's requests; reconciliation's default runs are not (every model's
+        # tokenizer read at every start, for the deployment's own small default).
+        check_sequences(config)
         job, new = self._create(model, config, request, reason)
         return self.settle(job, new, reason), new
 
@@ -332,6 +335,21 @@ class JobService:
         self.board.forget(job_id)
         self.release_background()
         return self.view(job)
+
+    def cancel_queued(self, job_id: int, why: str) -> bool:
+        """Cancel a job no worker has started (a running one is left to finish); whether it
+        was cancelled. `why` is its error."""
+        job = self._set(
+            job_id,
+            only_if=lambda j: j.state == "queued",
+            state="cancelled",
+            finished_at=utcnow(),
+            error=why,
+        )
+        if job is None:
+            return False
+        self.board.forget(job_id)
+        return True
 
     # ------------------------------------------------------------------ the worker's side
     def claim(self, job_id: int, dispatch: int, worker: str, device: str) -> Claimed:
@@ -536,10 +554,14 @@ class JobService:
             ]
         self.board.grace(running)
 
-    def reconcile_soon(self) -> None:
-        """Reconcile in the background (after a registration: the answer need not wait)."""
+    def reconcile_soon(self, delay_s: float = 0.0) -> None:
+        """Reconcile in the background (after a registration: the answer need not wait), after
+        `delay_s` seconds (a refit family's edits settling); not at all if the service stops
+        meanwhile."""
 
         def run() -> None:
+            if self._stopping.wait(delay_s):
+                return
             try:
                 self.reconcile()
             except Exception:  # logged; the next scheduled reconciliation tries again

@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -63,6 +64,9 @@ class StoredFamily:
     options: StabilityOptions
     origin: str
     anchor_id: int  # the current anchor (`refit_family_settings`, else the family row's)
+    # When its members or anchor last changed (its settings row's `updated_at`, else when it
+    # was made): reconciliation waits for a family to settle (`STRATA_JOBS__FAMILY_SETTLE_S`).
+    edited_at: datetime
 
     @property
     def anchor(self) -> RegisteredModelRow:
@@ -164,7 +168,9 @@ def load(session: Session, name: str) -> StoredFamily:
     """The family `name` (`FamilyNotFoundError` if there is none)."""
     family = _get(session, name)
     options, origin, anchor = _settings(session, family)
-    return StoredFamily(family, members_of(session, family.id), options, origin, anchor)
+    row = session.get(RefitFamilySettings, family.id)
+    edited = row.updated_at if row is not None else family.created_at
+    return StoredFamily(family, members_of(session, family.id), options, origin, anchor, edited)
 
 
 def all_families(session: Session) -> list[StoredFamily]:
@@ -258,6 +264,10 @@ def add_members(store: Store, name: str, refs: Sequence[str]) -> tuple[StoredFam
         new = [m for m in models if m.id not in have]
         check_architectures([stored.anchor, *new])
         session.add_all([RefitFamilyMember(family_id=stored.family.id, model_id=m.id) for m in new])
+        if new:  # an edit: the settings row's `updated_at` says when (`StoredFamily.edited_at`)
+            write_settings(
+                session, stored.family.id, stored.anchor_id, stored.options, stored.origin
+            )
         session.flush()
         return load(session, name), [m.id for m in new]
 
@@ -289,7 +299,7 @@ def remove_member(store: Store, name: str, ref: str) -> StoredFamily:
                 RefitFamilyMember.model_id == model.id,
             )
         )
-        session.flush()
+        write_settings(session, stored.family.id, stored.anchor_id, stored.options, stored.origin)
         return load(session, name)
 
 

@@ -140,3 +140,18 @@ def latest_stability_job(session: Session, family: str) -> JobRow | None:
         .order_by(JobRow.id.desc())
         .limit(1)
     ).first()
+
+
+def queued_stability_jobs(session: Session, family: str) -> list[JobRow]:
+    """Refit family `family`'s stability jobs that no worker has started (state `queued`)."""
+    return list(
+        session.scalars(
+            sa.select(JobRow)
+            .where(
+                sa.func.json_extract_string(JobRow.config, "$.kind") == "stability",
+                sa.func.json_extract_string(JobRow.config, "$.refit_family") == family,
+                JobRow.state == "queued",
+            )
+            .order_by(JobRow.id)
+        )
+    )

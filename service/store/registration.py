@@ -29,6 +29,7 @@ from sqlalchemy.orm import Session
 
 from compute.errors import ModelLoadError, SpecError
 from compute.models import ModelSpec, Processing, load_model, resolve_model_spec
+from compute.models.unknown import looks_like_path
 from service.store.db import Store
 from service.store.errors import ModelConflictError, RegistrationError
 from service.store.registry import (
@@ -89,6 +90,10 @@ def _weights_mb(path: Path) -> float:
 def resolve(registration: Registration, checkpoint_roots: Sequence[Path] | None) -> ModelSpec:
     """The model spec a registration names; local weights must lie under a checkpoint root."""
     directory = _checkpoint_dir(registration.source)
+    if directory is None and checkpoint_roots is not None and looks_like_path(registration.source):
+        # Refused like a checkpoint outside the roots, so that the answer never says whether a
+        # path outside them exists (`resolve_model_spec` would name a missing one).
+        directory = Path(registration.source)
     if directory is not None:
         _check_root(directory, checkpoint_roots)
     try:

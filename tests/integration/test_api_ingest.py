@@ -118,4 +118,11 @@ def test_writes_need_a_key_and_bodies_have_a_limit(server: Api) -> None:
     too_big = post(server, b"\0" * (INGEST_MAX_MB * 2**20 + 1))
     assert too_big.status_code == 413
     assert too_big.json()["status"] == 413
+    assert too_big.json()["detail"] == (
+        f"request body exceeds the {INGEST_MAX_MB} MiB limit (STRATA_API__INGEST_MAX_MB)")
+    # any other route: the app's limit, named too (Litestar's own answer named none)
+    oversized = server.post(f"{V1}/jobs", content=b"{" + b" " * 2**21 + b"}",
+                            headers={"Content-Type": "application/json", "X-API-Key": KEY})
+    assert oversized.status_code == 413
+    assert oversized.json()["detail"] == "request body exceeds the 1 MiB limit"
     assert server.get(f"{V1}/runs/ingest").status_code in (404, 405)

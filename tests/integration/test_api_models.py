@@ -128,6 +128,19 @@ def test_register_checkpoints_only_under_a_root(server: Api) -> None:
     zoo_dir = register(server, {"name": "zoo-by-path",
                                 "source": str(server.tmp / "checkpoints" / ".." / "..")})
     assert zoo_dir.status_code == 422
+
+
+def test_a_missing_checkpoint_is_named_as_missing_only_under_a_root(server: Api) -> None:
+    absent = str(server.tmp / "checkpoints" / "absent")
+    missing = register(server, {"name": "absent", "source": absent})
+    assert missing.status_code == 422
+    assert missing.json()["detail"] == (
+        f"unknown model {absent!r}: no such file or directory: {absent}")
+    # outside the roots, whether a path exists is not told: both are refused for the root
+    for outside in (str(server.tmp / "nowhere"), str(server.tmp)):
+        refused = register(server, {"name": "outside", "source": outside})
+        assert refused.status_code == 422
+        assert "STRATA_API__CHECKPOINT_ROOTS" in refused.json()["detail"]
     zoo = register(server, {"name": "tiny-4l", "source": "zoo:tiny-4l-s0"})
     assert zoo.status_code == 409  # registered by the stability run as tiny-4l-s0
 

@@ -63,6 +63,9 @@ MARKED = {
     '.venv/bin/strata models add "$(bash scripts/fetch_gemma3.sh)"',
     ".venv/bin/strata jobs submit --model gemma-3-270m-q4_k_m",
     'curl -s "$API/compare?metric=intervention.kl&component=drop&models=SmolLM2',
+    # docs/api.md's family examples that need a third refit of the zoo's 4-layer architecture
+    "strata families add tiny-4l my-refit",
+    "strata families remove tiny-4l my-refit",
 }
 # Commands the docs say run without a service, and whose outputs no later command reads: each
 # runs as its own test, in a fresh folder of its own with no `strata serve` anywhere (so it shows

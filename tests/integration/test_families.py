@@ -24,6 +24,7 @@ from compute.zoo.paths import zoo_path
 from service.worker.cache import ModelCache
 from service.worker.stability import stability_body
 from tests.integration.test_job_states import ARROW, V1, Jobs, open_jobs
+from tests.serving import wait_for
 
 # A small comparison: seconds on a CPU.
 SETTINGS = {"n_prompts": 4, "prompt_len": 16, "n_null": 1, "cka_tokens": 32}
@@ -238,7 +239,8 @@ def test_a_cancelled_stability_job_stores_nothing(jobs: Jobs) -> None:
 
 def test_reconciliation_queues_a_family_once_behind_people_and_again_when_it_grows(
         tmp_path: Path) -> None:
-    with open_jobs(tmp_path, reconcile=True, reconcile_interval_s=3600) as jobs:
+    with open_jobs(tmp_path, reconcile=True, reconcile_interval_s=3600,
+                   family_settle_s=0) as jobs:
         jobs.worker_alive("cpu")
         for source in ("zoo:tiny-4l-s0", "zoo:tiny-4l-s1"):
             jobs.http.post(f"{V1}/models", json={"source": source})
@@ -274,7 +276,8 @@ def test_reconciliation_queues_a_family_once_behind_people_and_again_when_it_gro
 def test_a_member_whose_weights_change_is_followed_and_recomputed(tmp_path: Path) -> None:
     import safetensors.torch as st
 
-    with open_jobs(tmp_path, reconcile=True, reconcile_interval_s=3600) as jobs:
+    with open_jobs(tmp_path, reconcile=True, reconcile_interval_s=3600,
+                   family_settle_s=0) as jobs:
         folder = Path(refit_copy(tmp_path, "tiny-4l-s2"))
         for source in ("zoo:tiny-4l-s0", str(folder)):
             assert jobs.http.post(f"{V1}/models", json={"source": source}).status_code == 201
@@ -312,3 +315,63 @@ def test_the_importance_join_reads_the_anchors_heads_run_once_it_lands(jobs: Job
     assert joined.status_code == 200, joined.text
     assert joined.json()["importance_run"]["id"] == jobs.job(heads["id"])["run_id"]
     assert [r["layer"] for r in joined.json()["rows"]] == [0, 1, 2, 3]
+
+
+def family_jobs(jobs: Jobs, family: str) -> list[dict[str, Any]]:
+    """The family's stability jobs, newest first."""
+    listed = jobs.http.get(f"{V1}/jobs", params={"limit": 100}).json()["items"]
+    return [j for j in listed if j["config"].get("refit_family") == family]
+
+
+def member_names(job: dict[str, Any], jobs: Jobs) -> list[str]:
+    names = {m["spec"]["name"]: m["name"]
+             for m in jobs.http.get(f"{V1}/models", params={"limit": 100}).json()["items"]}
+    return sorted(names.get(m["name"], m["name"]) for m in job["config"]["members"])
+
+
+def test_edits_coalesce_into_one_job_per_settled_membership_and_supersede_queued_ones(
+        tmp_path: Path) -> None:
+    """create -> add -> remove in a row queue nothing while the family is being edited, and one
+    stability job, for the members it is left with, once it has settled (the reconciliation
+    each edit schedules for the end of the window queues it). A job no worker has started is
+    cancelled at once when the members change; a running one finishes; a family that returns
+    to an earlier membership is queued for it again."""
+    with open_jobs(tmp_path, reconcile=True, reconcile_interval_s=3600,
+                   family_settle_s=3) as jobs:
+        jobs.worker_alive("cpu")
+        for source in ("zoo:tiny-4l-s0", "zoo:tiny-4l-s1",
+                       refit_copy(tmp_path, "tiny-4l-s2")):
+            assert jobs.http.post(f"{V1}/models", json={"source": source}).status_code == 201
+        assert make(jobs, name="t4", members=["tiny-4l-s0", "tiny-4l-s1"]).status_code == 201
+        assert jobs.http.post(f"{V1}/families/t4/members",
+                              json={"members": ["tiny-4l-s2"]}).status_code == 200
+        assert jobs.http.delete(f"{V1}/families/t4/members/tiny-4l-s1").status_code == 200
+        jobs.service.reconcile()  # within the window: nothing for the family yet
+        assert family_jobs(jobs, "t4") == []
+
+        def queued() -> list[dict[str, Any]]:
+            return [j for j in family_jobs(jobs, "t4") if j["state"] == "queued"]
+
+        [first] = wait_for("the settled family's stability job", queued, timeout=60)
+        assert first["reason"] == "reconcile"
+        assert member_names(first, jobs) == ["tiny-4l-s0", "tiny-4l-s2"]
+
+        # grown again: the queued job is cancelled at once, a new one queued once settled
+        assert jobs.http.post(f"{V1}/families/t4/members",
+                              json={"members": ["tiny-4l-s1"]}).status_code == 200
+        cancelled = jobs.job(first["id"])
+        assert cancelled["state"] == "cancelled"
+        assert "superseded" in cancelled["error"]
+        [second] = wait_for("the grown family's job", queued, timeout=60)
+        assert member_names(second, jobs) == ["tiny-4l-s0", "tiny-4l-s1", "tiny-4l-s2"]
+
+        # claimed by a worker: running, so it stays when the members change again; the
+        # first membership, back again, is queued again
+        assert jobs.claim(second["id"], 0).status_code == 200
+        assert jobs.http.delete(f"{V1}/families/t4/members/tiny-4l-s1").status_code == 200
+        [third] = wait_for("the shrunk family's job", queued, timeout=60)
+        assert third["config_hash"] == first["config_hash"]
+        assert jobs.job(second["id"])["state"] == "running"
+        jobs.service.reconcile()
+        assert [(j["id"], j["state"]) for j in family_jobs(jobs, "t4")] == [
+            (third["id"], "queued"), (second["id"], "running"), (first["id"], "cancelled")]

@@ -125,7 +125,9 @@ def test_a_worker_killed_mid_stability_the_job_is_requeued_and_completed(
 
 
 def test_beat_recomputes_a_family_when_it_gains_a_member() -> None:
-    d = deployment(STRATA_JOBS__RECONCILE="true", STRATA_JOBS__RECONCILE_INTERVAL_S="2")
+    # edits settle in 1 s (not the default 10): this test is about beat, not the window
+    d = deployment(STRATA_JOBS__RECONCILE="true", STRATA_JOBS__RECONCILE_INTERVAL_S="2",
+                   STRATA_JOBS__FAMILY_SETTLE_S="1")
     try:
         d.start_api(workers=1)
         d.start_beat()

@@ -189,6 +189,44 @@ def test_bad_submissions_are_refused_before_anything_is_queued(jobs: Jobs) -> No
     assert jobs.broker.sent == []
 
 
+def test_more_sequences_than_the_text_yields_are_refused_naming_the_true_number(
+        jobs: Jobs, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request beyond what the token source yields is a 422 at submission naming how many
+    it yields (it used to be accepted and fail in the worker); that number is the true limit:
+    asking for exactly it is accepted, and the worker's tokens for it load."""
+    import re
+
+    from compute.models import load_model
+    from compute.tokens import load_tokens
+
+    jobs.worker_alive("cpu")
+    refused = jobs.submit(metrics=["norms"], n_sequences=1_000_000, seq_len=128)
+    assert refused.status_code == 422, refused.text
+    detail = refused.json()["detail"]
+    found = re.search(r"the text yields only (\d+) sequences of seq_len=128", detail)
+    assert found, detail
+    yields = int(found.group(1))
+    assert "1000000 were requested" in detail
+    assert jobs.broker.sent == []
+    assert jobs.submit(metrics=["norms"], n_sequences=yields + 1,
+                       seq_len=128).status_code == 422
+    accepted = jobs.submit(metrics=["norms"], n_sequences=yields, seq_len=128)
+    assert accepted.status_code == 202, accepted.text
+    config = RunConfig.model_validate(jobs.claim(accepted.json()["id"], 0).json()["config"])
+    lm = load_model(config.model, "cpu")
+    tokens = load_tokens(config.tokens, lm.tokenizer, bos_token_id=lm.bos_token_id,
+                         d_vocab=lm.d_vocab, n_ctx=lm.n_ctx)
+    assert tokens.shape == (yields, 128)
+    # a request that plainly fits is accepted without tokenizing the text
+    import compute.tokens
+
+    def tokenized(*_: Any) -> None:
+        raise AssertionError("the text was tokenized for a request that plainly fits")
+
+    monkeypatch.setattr(compute.tokens, "tokenized_stream", tokenized)
+    assert jobs.submit(metrics=["norms"], n_sequences=4, seq_len=16).status_code == 202
+
+
 def test_tuned_lens_settings_and_a_stored_lens_are_checked_at_submission(jobs: Jobs,
                                                                          tmp_path: Path) -> None:
     """What would otherwise fail only in the worker is a 422 naming what to fix: settings

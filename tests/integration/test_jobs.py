@@ -366,6 +366,9 @@ def test_jobs_and_models_from_the_shell() -> None:
         assert added.returncode == 0, added.stderr
         assert "registered my-checkpoint" in added.stdout
         d.start_api(workers=1)
+        no_families = strata(d, "families", "list")
+        assert no_families.returncode == 0, no_families.stderr
+        assert no_families.stdout.startswith("no families: make one with `strata families create")
         named = strata(d, "models", "add", MODEL, "--name", "two-layers")
         assert named.returncode == 0, named.stderr
         listed = strata(d, "models", "list")

@@ -84,9 +84,9 @@ def test_every_family_runs_without_nan(matrix_dir: Path, name: str) -> None:
 
     lm = load_model(resolve_model_spec(str(checkpoint(matrix_dir, name))))
     opts = EngineOptions(induction_n=8, induction_sequences=2, top_neurons=2, top_tokens=2)
-    # The default run's families and the head screen, which differentiates through every
-    # block (autograd must get through each architecture's forward).
-    names = [*DEFAULT_FAMILIES, "heads_atp"]
+    # The default run's families, the head screen, which differentiates through every block
+    # (autograd must get through each architecture's forward), and the pruning families.
+    names = [*DEFAULT_FAMILIES, "heads_atp", "pruning", "pruning_drops"]
     result = sweep(lm, tokens()[:, :24], names, opts)
     families = {r.metric.split(".")[0] for r in result.records}
     assert families == set(names)

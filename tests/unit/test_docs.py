@@ -133,7 +133,7 @@ def test_every_catalog_name_is_documented_with_its_unit() -> None:
         assert documented.get(name) == unit, f"{name} ({unit}) missing from the catalog table"
         assert text.count(f"`{name}`") >= 2, f"{name} is listed but not defined"
     for name, unit in documented.items():
-        example = name.replace("<k>", "5")
+        example = name.replace("<k>", "5").replace("<n>", "2")
         assert unit_of(example) == unit, f"docs/metrics.md: {name} is not {unit} in the code"
 
 

@@ -82,7 +82,7 @@ def test_a_file_that_changed_after_its_run_was_specified_is_refused(tmp_path: Pa
 
 
 def test_a_missing_file_is_named(tmp_path: Path) -> None:
-    with pytest.raises(ModelLoadError, match="no such GGUF file"):
+    with pytest.raises(ModelLoadError, match="no such file or directory"):
         resolve_model_spec(str(tmp_path / "absent.gguf"))
 
 

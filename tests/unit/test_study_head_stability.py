@@ -166,6 +166,19 @@ def test_claim_2_deeper_dip(study: ModuleType) -> None:
     assert same.estimate == pytest.approx(0.0, abs=1e-12)
 
 
+def test_claim_2_without_layer_0(study: ModuleType) -> None:
+    # the edge is layer 0 at 0.95 and the last layers at 0.8: with layer 0 the 6-layer edge
+    # mean holds less of it (1 of 4 edge layers against 1 of 2), so the dips differ by depth
+    # through layer 0 alone; without it they are equal
+    heads = synthetic_heads(middle=0.8, edge=0.8, first_layer=0.95)
+    with_first = study.claim_2(cubes(study, heads), n_boot=NB)
+    without = study.claim_2(cubes(study, heads), n_boot=NB, first_layer=False)
+    assert (with_first.claim, without.claim) == ("2", "2 (no layer 0)")
+    assert "layer 0 left out" in without.statistic
+    assert with_first.estimate == pytest.approx(-0.15 / 4 + 0.15 / 2)
+    assert without.estimate == pytest.approx(0.0, abs=1e-12)
+
+
 def test_claim_3_pools_deeper_layers_with_layers_as_the_units(study: ModuleType) -> None:
     rows = []
     for depth in (2, 4, 6):
@@ -205,14 +218,28 @@ def test_claim_4_weight_decay_gain(study: ModuleType) -> None:
     assert study.claim_4(cubes(study, worse), n_boot=NB).verdict == "does not hold"
 
 
-def test_claim_5_compares_each_side_with_its_own_null(study: ModuleType) -> None:
+def test_claim_5_scores_each_side_against_its_own_null_without_comparing_them(
+        study: ModuleType) -> None:
+    # a CKA and a pattern cosine are not on one scale: each side is value - its own null, in
+    # its own units, and no row subtracts one side from the other
     heads = synthetic_heads(middle=0.7, edge=0.7, null_middle=0.4, null_edge=0.4)
-    # heads: (0.7 - 0.4) / (1 - 0.4) = 0.5 of the way from their null to identity
-    for cka, cka_null, want in ((0.95, 0.9, 0.5 - 0.5), (0.95, 0.5, 0.9 - 0.5),
-                                (0.95, 0.93, 2 / 7 - 0.5)):
-        claim = study.claim_5(study.cubes_of(heads, layers_of(heads, cka, cka_null)),
-                              n_boot=NB)
-        assert claim.estimate == pytest.approx(want, abs=1e-9)
-    # a CKA far above the heads' cosine but no further above its own null is no evidence
-    assert study.claim_5(study.cubes_of(heads, layers_of(heads, 0.95, 0.93)),
-                         n_boot=NB).verdict == "does not hold"
+    residual, head = study.claim_5(study.cubes_of(heads, layers_of(heads, 0.95, 0.9)),
+                                   n_boot=NB)
+    assert (residual.claim, head.claim) == ("5 (residual)", "5 (heads)")
+    assert residual.estimate == pytest.approx(0.05, abs=1e-9)
+    assert head.estimate == pytest.approx(0.3, abs=1e-9)
+    assert residual.verdict == head.verdict == "holds"
+    # a residual no further from its null than chance is scored on its own, whatever the heads
+    below = study.claim_5(study.cubes_of(heads, layers_of(heads, 0.5, 0.6)), n_boot=NB)[0]
+    assert below.estimate == pytest.approx(-0.1, abs=1e-9)
+    assert below.verdict == "does not hold"
+    assert {c.claim for c in study.claims({"heads": heads, "layers": layers_of(heads),
+                                           "stability_importance": _no_correlations()},
+                                          n_boot=NB)} >= {"5 (residual)", "5 (heads)"}
+
+
+def _no_correlations() -> pl.DataFrame:
+    """Two deeper layers' correlations, enough for claim 3's pool to run."""
+    return pl.DataFrame([{"family": "hs4l-adamw", "seed": 0, "layer": layer,
+                          "relative_depth": layer / 3, "n_heads": 4, "pearson": r,
+                          "spearman": r} for layer, r in ((2, 0.1), (3, -0.1))])

@@ -44,11 +44,12 @@ def _request(data: NewFamily) -> stored_families.FamilyRequest:
     )
 
 
-def _changed(ctx: ApiContext) -> None:
-    """A family was made or its members changed: reconcile soon (its stability is queued
-    behind people's jobs), as a registration does."""
-    if ctx.jobs is not None and ctx.settings.jobs.reconcile:
-        ctx.jobs.reconcile_soon()
+def _changed(ctx: ApiContext, family: str) -> None:
+    """A family was made or its members changed: its queued jobs for other members are
+    cancelled, and its stability is queued (behind people's jobs) once the edits settle
+    (`service.jobs.families.FamilyJobs.edited`)."""
+    if ctx.jobs is not None:
+        ctx.jobs.families.edited(family)
 
 
 class FamiliesController(Controller):
@@ -79,9 +80,10 @@ class FamiliesController(Controller):
         anchor among them and its stability settings. Refused with 422, nothing stored: fewer
         than two distinct members, a model that is not registered, an anchor that is not a
         member, members of different architectures; 409 if the name is taken. With
-        reconciliation on, its stability is then queued (behind people's jobs)."""
+        reconciliation on, its stability is then queued (behind people's jobs) once the family
+        has gone unchanged for `STRATA_JOBS__FAMILY_SETTLE_S`."""
         stored_families.create(ctx.store, _request(data))
-        _changed(ctx)
+        _changed(ctx, data.name)
         return family_queries.get_family(ctx.reader, ctx.snapshot(), data.name)
 
     @post(
@@ -94,9 +96,10 @@ class FamiliesController(Controller):
     )
     def add_members(self, ctx: ApiContext, family: str, data: FamilyMembers) -> Family:
         """Add registered models to a family (API key); members already in it stay. 422,
-        nothing stored, for a model that is not registered or of another architecture."""
+        nothing stored, for a model that is not registered or of another architecture. Its
+        stability jobs that no worker has started, for the members it had, are cancelled."""
         stored_families.add_members(ctx.store, family, data.members)
-        _changed(ctx)
+        _changed(ctx, family)
         return family_queries.get_family(ctx.reader, ctx.snapshot(), family)
 
     @delete(
@@ -109,9 +112,10 @@ class FamiliesController(Controller):
     )
     def remove_member(self, ctx: ApiContext, family: str, model: str) -> Family:
         """Take a member out of a family (API key). 422 for a model that is not a member, the
-        anchor, or a member whose leaving would leave one."""
+        anchor, or a member whose leaving would leave one. Its stability jobs that no worker
+        has started, for the members it had, are cancelled."""
         stored_families.remove_member(ctx.store, family, model)
-        _changed(ctx)
+        _changed(ctx, family)
         return family_queries.get_family(ctx.reader, ctx.snapshot(), family)
 
     @post(

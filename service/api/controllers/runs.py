@@ -13,7 +13,7 @@ from litestar.params import Parameter
 from service.api.auth import SECURITY, require_write_key
 from service.api.controllers.jobs import jobs_of
 from service.api.controllers.params import MetricVersion, ModelId
-from service.api.errors import BadRequestHttpError, PayloadTooLargeHttpError
+from service.api.errors import BadRequestHttpError, PayloadTooLargeHttpError, body_too_large
 from service.api.formats import MEDIA_TYPES
 from service.api.queries import ingest as ingest_queries
 from service.api.queries import models_and_runs
@@ -143,16 +143,13 @@ class RunsController(Controller):
 async def read_limited(request: Request[Any, Any, Any], max_mb: int) -> bytes:
     """The request body, refused with 413 as soon as it passes `max_mb` MiB."""
     limit, chunks, size = max_mb * 2**20, [], 0
+    too_large = body_too_large(limit, "STRATA_API__INGEST_MAX_MB")
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLargeHttpError(
-            f"the body is larger than {max_mb} MiB (STRATA_API__INGEST_MAX_MB)"
-        )
+        raise PayloadTooLargeHttpError(too_large)
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise PayloadTooLargeHttpError(
-                f"the body is larger than {max_mb} MiB (STRATA_API__INGEST_MAX_MB)"
-            )
+            raise PayloadTooLargeHttpError(too_large)
         chunks.append(chunk)
     return b"".join(chunks)
