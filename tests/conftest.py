@@ -238,7 +238,8 @@ SHARED = {"server": "api-server", "web": "web-service"}
 # measured 2026-12-04), the many short unit tests last, so that none starts late and runs on
 # alone while the other processes sit idle.
 LONGEST_FIRST = ["tests/integration/test_smollm2.py", "tests/integration/test_doc_commands.py",
-                 "tests/integration/test_gemma3.py", "web-service",
+                 "tests/integration/test_gemma3.py", "tests/integration/test_qwen.py",
+                 "web-service",
                  "tests/unit/test_reference_engine.py", "api-server",
                  "tests/unit/test_architectures.py",
                  "tests/integration/test_first_run.py", "tests/integration/test_family_jobs.py",

@@ -159,9 +159,8 @@ CASES: dict[str, Callable[[Factories, pytest.FixtureRequest], Any]] = {
     "gpt2-random": lambda f, r: f["random"](seed=1, n_layers=5),
     "gpt2-random-uncentred": lambda f, r: f["random"](seed=1, n_layers=5, processing=UNCENTRED),
     "llama-hf": lambda f, r: f["checkpoint"](r.getfixturevalue("hf_llama_dir")),
-    "rotary-parallel-random": lambda f, r: f["random"](
-        seed=4, n_layers=4, positional_embedding_type="rotary", parallel_attn_mlp=True, rotary_dim=4
-    ),
+    # parallel attention and MLP: GPT-NeoX (TransformerLens 4's native blocks are sequential)
+    "neox-parallel-hf": lambda f, r: f["checkpoint"](r.getfixturevalue("hf_neox_dir")),
     "attn-only-random": lambda f, r: f["random"](seed=6, attn_only=True, n_layers=4),
 }
 
