@@ -150,7 +150,6 @@ class LoadedModel:
             "parallel_attn_mlp": bool(self.cfg.parallel_attn_mlp),
             "processing": self.applied.as_dict(),
             "n_experts": self.n_experts,
-            "block_path": self.block_path,
             "parity": self.parity.as_dict() if self.parity is not None else None,
         }
 

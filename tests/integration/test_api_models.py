@@ -106,8 +106,9 @@ def test_register_official_names_offline(server: Api) -> None:
     assert raw.status_code == 201  # other processing: another registration of the name
     llama = register(server, {"name": "llama2-7b", "source": "meta-llama/Llama-2-7b-hf"})
     assert llama.status_code == 201, llama.text
-    assert llama.json()["n_layers"] == 32
-    assert llama.json()["d_model"] == 4096
+    # TransformerLens 4 keeps no built-in configs: the numbers come from a cached Hugging Face
+    # config or stay unknown until the model is loaded
+    assert llama.json()["n_layers"] is None
     unknown = register(server, {"name": "nope", "source": "someone/not-a-model"})
     assert unknown.status_code == 422
     assert "unknown model" in unknown.json()["detail"]
