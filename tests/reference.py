@@ -228,7 +228,7 @@ def swapped_model(model: Any, layer: int) -> Any:
         other.blocks[layer], other.blocks[layer + 1] = second, first
     # Models whose forward picks each position's mask and rotary base from the config's list of
     # layer types (Gemma 2/3, OLMo 3, ...): the list is reordered with the layers.
-    config = other.original_model.config
+    config = getattr(other.original_model, "config", None)  # (the native model has none)
     for holder in (config, getattr(config, "text_config", None)):
         kinds = getattr(holder, "layer_types", None) if holder is not None else None
         if isinstance(kinds, list) and len(kinds) > layer + 1:
