@@ -246,4 +246,4 @@ def test_an_architecture_strata_cannot_run_exactly_is_refused_at_registration(
     assert model["processing"]["fold_ln"] is False
     assert any("normalises after each sublayer" in n for n in model["processing"]["notes"])
     assert model["parity"]["passed"] is True
-    assert model["parity"]["block_paths"] == ["transformer_lens"] * 3
+    assert model["parity"]["block_paths"] == ["bridge"] * 3

@@ -94,7 +94,7 @@ def test_the_file_is_read_as_what_it_is(gemma3: LoadedModel) -> None:
     assert report is not None
     assert report.passed
     assert report.reference == "huggingface"
-    assert report.block_paths == ("transformer_lens",) * 18
+    assert report.block_paths == ("bridge",) * 18
     assert report.max_abs_logprob_diff is not None
     assert report.max_abs_logprob_diff < TOL
 
@@ -208,6 +208,6 @@ def test_its_parity_report_is_stored_and_served(
     assert parity["passed"] is True
     assert parity["dtype"] == "float32"
     assert parity["tokens"] == 64
-    assert parity["block_paths"] == ["transformer_lens"] * 18
+    assert parity["block_paths"] == ["bridge"] * 18
     assert parity["max_abs_logprob_diff"] == pytest.approx(gemma3.parity.max_abs_logprob_diff)
     assert 0 <= parity["kl_to_reference"] <= parity["kl_tolerance"]

@@ -98,7 +98,7 @@ def hf_log_probs(gguf_file: Path, smollm2: LoadedModel) -> tuple[torch.Tensor, t
     return tokens, theirs
 
 
-@pytest.mark.parametrize("blocks", ["fast", "transformer_lens"])
+@pytest.mark.parametrize("blocks", ["fast", "bridge"])
 def test_forward_matches_hugging_face(smollm2: LoadedModel,
                                       hf_log_probs: tuple[torch.Tensor, torch.Tensor],
                                       blocks: str) -> None:
