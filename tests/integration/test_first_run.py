@@ -146,7 +146,9 @@ def assert_console_is_stratas(console: str, api_log: Path, tmp_path: Path, port:
     assert f"Strata: serving {tmp_path / 'strata.duckdb'} on http://127.0.0.1:{port}" in text
     assert f"logs:      {(tmp_path / 'state').resolve() / 'logs'}" in text
     logged = api_log.read_text()
-    assert logged.count("Loading model config from local directory") >= 3
+    # the libraries' own lines, kept off the console, are in the log
+    assert "Uvicorn running on" in logged
+    assert "alembic.runtime.migration" in logged
     assert "WARNING kombu.connection: No hostname was supplied" in logged
     assert "Uvicorn running on" in logged
     # every console line is Strata's: its announcement, its log records, its progress

@@ -80,14 +80,18 @@ def test_the_file_is_read_as_what_it_is(gemma3: LoadedModel) -> None:
     assert (spec.source, spec.quantization, spec.revision) == ("gguf", "Q4_K_M",
                                                                "sha256:" + SHA256)
     cfg = gemma3.cfg
-    assert cfg.original_architecture == "Gemma3ForCausalLM"
+    assert gemma3.architecture == "Gemma3ForCausalLM"
     assert (cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.n_key_value_heads, cfg.d_head,
             cfg.d_mlp) == (18, 640, 4, 1, 256, 2048)
-    assert cfg.attn_types == (["local"] * 5 + ["global"]) * 3
-    assert cfg.window_size == WINDOW
-    assert (cfg.rotary_base, cfg.rotary_base_local) == (1_000_000, 10_000)
-    assert cfg.use_qk_norm
-    assert cfg.use_normalization_before_and_after
+    hf = gemma3.model.original_model.config  # the Hugging Face model's own, which it runs
+    assert hf.layer_types == (["sliding_attention"] * 5 + ["full_attention"]) * 3
+    assert hf.sliding_window == WINDOW
+    rope = hf.rope_parameters
+    thetas = (rope["full_attention"]["rope_theta"], rope["sliding_attention"]["rope_theta"])
+    assert thetas == (1_000_000, 10_000)
+    modules = [n for n, _ in gemma3.model.original_model.named_modules()]
+    assert any(n.endswith("q_norm") for n in modules)  # qk-norm
+    assert any(n.endswith("post_attention_layernorm") for n in modules)  # norms after sublayers
     # Post-sublayer norms and q/k norms: TransformerLens's blocks, not the fused ones.
     assert not gemma3.fast_path
     report = gemma3.parity

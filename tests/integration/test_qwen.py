@@ -78,11 +78,12 @@ def test_the_file_is_read_as_what_it_is(qwen: LoadedModel) -> None:
     assert (spec.source, spec.quantization, spec.revision) == ("gguf", "Q4_K_M",
                                                                "sha256:" + SHA256)
     cfg = qwen.cfg
-    assert cfg.original_architecture == "Qwen2ForCausalLM"
+    assert qwen.architecture == "Qwen2ForCausalLM"
     assert (cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.n_key_value_heads, cfg.d_head,
             cfg.d_mlp) == (24, 896, 14, 2, 64, 4864)
-    assert cfg.rotary_base == 1_000_000
-    assert cfg.normalization_type == "RMSPre"
+    hf = qwen.model.original_model.config  # the Hugging Face model's own, which it runs
+    assert hf.rope_parameters["rope_theta"] == 1_000_000
+    assert cfg.normalization_type == "RMS" and qwen.applied.fold_ln
     report = qwen.parity
     assert report is not None
     assert report.passed

@@ -67,7 +67,11 @@ def test_the_file_is_read_as_what_it_is(gguf_file: Path, smollm2: LoadedModel) -
     assert (cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.n_key_value_heads, cfg.d_mlp) == \
         (30, 576, 9, 3, 1536)
     assert cfg.gated_mlp
-    assert cfg.normalization_type == "RMSPre"
+    # the norms folded into the weights that read them: each keeps unit gains (TransformerLens
+    # 4 keeps the module, where 3.9 made it an RMSPre)
+    assert cfg.normalization_type == "RMS" and smollm2.applied.fold_ln
+    gain = smollm2.model.blocks[0].ln1.original_component.weight
+    assert torch.equal(gain, torch.ones_like(gain))
     assert smollm2.d_vocab_real == 49_152
     assert smollm2.fast_path
     # Once dequantized, the file's header is not parsed again: what the cache recorded for
