@@ -83,7 +83,8 @@ def test_the_file_is_read_as_what_it_is(qwen: LoadedModel) -> None:
             cfg.d_mlp) == (24, 896, 14, 2, 64, 4864)
     hf = qwen.model.original_model.config  # the Hugging Face model's own, which it runs
     assert hf.rope_parameters["rope_theta"] == 1_000_000
-    assert cfg.normalization_type == "RMS" and qwen.applied.fold_ln
+    assert cfg.normalization_type == "RMS"
+    assert qwen.applied.fold_ln
     report = qwen.parity
     assert report is not None
     assert report.passed

@@ -69,7 +69,8 @@ def test_the_file_is_read_as_what_it_is(gguf_file: Path, smollm2: LoadedModel) -
     assert cfg.gated_mlp
     # the norms folded into the weights that read them: each keeps unit gains (TransformerLens
     # 4 keeps the module, where 3.9 made it an RMSPre)
-    assert cfg.normalization_type == "RMS" and smollm2.applied.fold_ln
+    assert cfg.normalization_type == "RMS"
+    assert smollm2.applied.fold_ln
     gain = smollm2.model.blocks[0].ln1.original_component.weight
     assert torch.equal(gain, torch.ones_like(gain))
     assert smollm2.d_vocab_real == 49_152
