@@ -13,18 +13,11 @@ import pytest
 import torch
 
 from compute.errors import UnsupportedArchitectureError
-from compute.models import LoadedModel, Processing, load_model, resolve_model_spec
+from compute.models import Processing, load_model, resolve_model_spec
+from tests.unit.test_hf_forward import strata_log_probs
 
 RAW = Processing(fold_ln=False, center_writing_weights=False, center_unembed=False,
                  fold_value_biases=False)
-
-
-def _log_probs(lm: LoadedModel, tokens: torch.Tensor) -> torch.Tensor:
-    with torch.inference_mode():
-        x = lm.embed(tokens)
-        for layer in range(lm.n_layers):
-            x = lm.run_block(layer, x).resid
-        return lm.logits(x).double().log_softmax(-1)
 
 
 @pytest.mark.parametrize("which", ["gpt2", "neox", "zoo"])
@@ -41,7 +34,7 @@ def test_processing_keeps_the_function_and_changes_the_weights(
         lm._ctx["fast_path"] = fast
     gen = torch.Generator().manual_seed(0)
     tokens = torch.randint(1, raw.d_vocab_real, (2, 16), generator=gen)
-    diff = (_log_probs(processed, tokens) - _log_probs(raw, tokens)).abs().max().item()
+    diff = (strata_log_probs(processed, tokens) - strata_log_probs(raw, tokens)).abs().max().item()
     assert diff < 1e-4
     w_q = processed.model.blocks[0].attn.W_Q, raw.model.blocks[0].attn.W_Q
     assert not torch.equal(*w_q)
