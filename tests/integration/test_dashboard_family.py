@@ -13,18 +13,20 @@ from typing import Any
 import pytest
 
 from tests.integration.test_dashboard import (
-    CHROMEDRIVER,
-    CHROMIUM,
     chrome,
     console_errors,
+    require_browser,
     screenshot,
     wait_for,
 )
 from tests.integration.web_harness import FAMILY, KEY, Service
 
-pytestmark = pytest.mark.skipif(
-    CHROMIUM is None or CHROMEDRIVER is None,
-    reason="needs Debian's chromium and chromium-driver (.ci/run installs them)")
+
+@pytest.fixture(autouse=True, scope="module")
+def _browser() -> None:
+    """First of the module's fixtures: before a service or a browser is started."""
+    require_browser()
+
 
 V1 = "/api/v1"
 
