@@ -8,6 +8,15 @@ sequence.
 reference distribution (`reference_distribution`), making and reducing the logits in [rows,
 cols] blocks (`LogitChunks`) so that no [tokens, vocab] intermediate exists and, on a CPU, each
 block is reduced while it is in the cache.
+
+Why one module of about 600 lines: the two halves share one contract that would otherwise be
+spread over two files and kept in step by hand. `compare_distributions` emits per-token values
+in exactly the layout `MeanAccumulator.add_many` sums (keys x batch rows, float64 on the
+device, no host sync), and the reference distribution (`Reference`, kept as probabilities or,
+for linear logits, pulled back through W_U) is defined by what the streamed statistics read.
+Each part is small — the accumulator (~210 lines), the reference (~100), the streamed and fused
+reductions (~190), the finite checks and masks (~30) — and each is held to its slow reference
+in `tests/unit/test_reduce.py`.
 """
 
 from __future__ import annotations
