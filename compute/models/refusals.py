@@ -131,22 +131,10 @@ REFUSED: tuple[Refusal, ...] = (
         "zero; the clean forward matches Hugging Face",
     ),
     Refusal(
-        "NanoChatForCausalLM",
-        "attention run as one fused kernel: TransformerLens 4.3 wraps NanoChat's attention "
-        "whole, so hook_pattern never fires and the families that read attention patterns "
-        "(induction) have none; the clean forward matches Hugging Face",
-    ),
-    Refusal(
         "ModernBertDecoderForCausalLM",
         "prediction head: a dense layer, GELU and LayerNorm sit between the final norm and the "
         "unembedding, and Strata's logits are the final norm and W_U only (10 nats of "
         "log-probability on the architecture matrix)",
-    ),
-    Refusal(
-        "LagunaForCausalLM",
-        _FUSED_EXPERTS
-        + "; and its gated attention is TransformerLens 4.3's wrapped whole, so hook_pattern "
-        "never fires and the families that read attention patterns (induction) have none",
     ),
     Refusal("DeepseekV2ForCausalLM", _MLA),
     Refusal("DeepseekV3ForCausalLM", _MLA),

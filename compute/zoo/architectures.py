@@ -572,7 +572,7 @@ CASES: tuple[ArchitectureCase, ...] = (
         "NanoChatConfig",
         _llama_like(final_logit_softcapping=15.0),
         ("RMSNorm without weights", "qk-norm", "ReLU² MLP", "logit soft-cap"),
-        expect="refused",
+        expect="exact",
     ),
     ArchitectureCase(
         "bitnet",
@@ -1080,7 +1080,7 @@ CASES: tuple[ArchitectureCase, ...] = (
             mlp_layer_types=["dense", "sparse", "sparse"],
         ),
         ("mixture of experts (4, top 2) + shared expert", "sliding window (16)", "gated attention"),
-        expect="refused",
+        expect="exact",
     ),
     ArchitectureCase(
         "flex-olmo",
