@@ -113,6 +113,12 @@ class FastBlock:
     native_rope: tuple[Tensor, Tensor] | None = None
 
 
+def has_post_sublayer_norms(bridge: Any) -> bool:
+    """Whether any block normalises a sublayer's output before adding it to the residual
+    stream (the adapter maps a `ln1_post` / `ln2_post`: Gemma 2/3, OLMo 2/3, ...)."""
+    return any(hasattr(b, n) for b in bridge.blocks for n in ("ln1_post", "ln2_post"))
+
+
 def fast_path_refusal(bridge: Any) -> str | None:
     """Why the fused forward cannot compute this model exactly (None: it can)."""
     cfg = bridge.cfg
@@ -139,14 +145,14 @@ def fast_path_refusal(bridge: Any) -> str | None:
         return "soft-capped attention scores"
     if cfg.act_fn not in _ACTIVATIONS:
         return f"activation {cfg.act_fn!r}"
+    if has_post_sublayer_norms(bridge):
+        return "norms after the sublayers"
     for block in bridge.blocks:
         for name in ("ln1", "ln2"):
             module = getattr(block, name, None)
             if module is not None and _norm_kind(module) is None:
                 kind = type(getattr(module, "original_component", module)).__name__
                 return f"norm {kind}"
-        if any(hasattr(block, n) for n in ("ln1_post", "ln2_post")):
-            return "norms after the sublayers"
     return None
 
 

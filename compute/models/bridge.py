@@ -149,26 +149,21 @@ class BlockInputs:
     and the device, never on the tokens: Strata's batches have no padding)."""
 
     bridge: Any
+    # per (length, device): batch 1's inputs, captured; per (batch, length, device): those
+    # made for the batch (made once, not on every block run)
     _by_length: dict[tuple[int, str], list[dict[str, Any]]] = field(default_factory=dict)
+    _by_batch: dict[tuple[int, int, str], list[dict[str, Any]]] = field(default_factory=dict)
 
     def of(self, layer: int, resid: Tensor) -> dict[str, Any]:
         """The inputs of block `layer` for a residual of `resid`'s batch, length and device."""
         batch, length = int(resid.shape[0]), int(resid.shape[1])
-        key = (length, str(resid.device))
-        if key not in self._by_length:
-            self._by_length[key] = self._capture(length, resid.device)
-        inputs = self._by_length[key][layer]
-        if batch > 1:
-            inputs = dict(inputs)
-            if "alibi" in inputs:
-                # ALiBi biases come per (sequence, head) as [batch * heads, 1, pos]; the
-                # sequences of a batch have the same positions, so batch 1's repeat.
-                inputs["alibi"] = inputs["alibi"].repeat(batch, 1, 1)
-            mask = inputs.get("attention_mask")
-            if isinstance(mask, Tensor) and mask.dim() == 4 and mask.shape[0] == 1:
-                # layers that check the mask's batch size (XGLM) get batch 1's, broadcast
-                inputs["attention_mask"] = mask.expand(batch, *mask.shape[1:])
-        return inputs
+        key = (batch, length, str(resid.device))
+        if key not in self._by_batch:
+            base = (length, str(resid.device))
+            if base not in self._by_length:
+                self._by_length[base] = self._capture(length, resid.device)
+            self._by_batch[key] = [_for_batch(i, batch) for i in self._by_length[base]]
+        return self._by_batch[key][layer]
 
     def _capture(self, length: int, device: torch.device) -> list[dict[str, Any]]:
         captured: list[dict[str, Any]] = [{} for _ in self.bridge.blocks]
@@ -198,6 +193,21 @@ class BlockInputs:
             for handle in handles:
                 handle.remove()
         return captured
+
+
+def _for_batch(inputs: dict[str, Any], batch: int) -> dict[str, Any]:
+    """Batch 1's block inputs made for `batch` sequences of the same positions."""
+    if batch == 1:
+        return inputs
+    inputs = dict(inputs)
+    if "alibi" in inputs:
+        # ALiBi biases come per (sequence, head) as [batch * heads, 1, pos]: batch 1's repeat
+        inputs["alibi"] = inputs["alibi"].repeat(batch, 1, 1)
+    mask = inputs.get("attention_mask")
+    if isinstance(mask, Tensor) and mask.dim() == 4 and mask.shape[0] == 1:
+        # layers that check the mask's batch size (XGLM) get batch 1's, broadcast
+        inputs["attention_mask"] = mask.expand(batch, *mask.shape[1:])
+    return inputs
 
 
 # What a decoder layer takes from its model's forward that is about caching (left out: Strata

@@ -337,10 +337,7 @@ class LoadedModel:
     def attn_write_is_linear_in_z(self) -> bool:
         """True when the attention write is b_O plus the sum over heads of z_h W_O[h]: no norm
         between the output projection and the residual stream."""
-        return self.fast_path or not (
-            self.post_norm
-            or any(hasattr(b, n) for b in self.model.blocks for n in ("ln1_post", "ln2_post"))
-        )
+        return self.fast_path or not (self.post_norm or blocks.has_post_sublayer_norms(self.model))
 
     @property
     def post_norm(self) -> bool:

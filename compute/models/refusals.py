@@ -48,34 +48,6 @@ _MLA = (
     "(W_O raises PerLayerGeometryError) and the head-ablation families cannot compute one "
     "head's write; the clean forward matches Hugging Face"
 )
-_LOGITS_SCALED = (
-    "logit scaling (logits / logits_scaling): Strata's logits are the final norm, W_U and b_U "
-    "(and a soft-cap), so the scale Granite applies after its unembedding is missed (5.2 nats "
-    "of log-probability on the architecture matrix)"
-)
-
-_FUSED_EXPERTS = (
-    "fused experts: transformers 5 keeps a layer's experts as one module with stacked weights "
-    "(down_proj [experts, d_model, d_expert]), and Strata's neuron families read one W_out per "
-    "expert module (LoadedModel.w_out iterates the experts), so they fail; the clean forward "
-    "matches Hugging Face"
-)
-
-_COHERE_SCALE = (
-    "logit scale (logits * logit_scale): TransformerLens 4.3 folds Cohere's scale into W_U "
-    "only when it processes the weights, and Strata's logits are the final norm, W_U and b_U, "
-    "so an unprocessed load (--no-processing) misses it (4.6 nats of log-probability on the "
-    "architecture matrix; processed, the forward matches Hugging Face)"
-)
-
-
-def _cohere_scaled(config: Mapping[str, Any]) -> bool:
-    scale = config.get("logit_scale", 0.0625)
-    return scale is not None and float(scale) != 1.0
-
-
-def _scaled_logits(config: Mapping[str, Any]) -> bool:
-    return float(config.get("logits_scaling") or 1.0) != 1.0
 
 
 REFUSED: tuple[Refusal, ...] = (
@@ -89,10 +61,7 @@ REFUSED: tuple[Refusal, ...] = (
         "GraniteMoeHybridForCausalLM",
         "Mamba-2 layers: TransformerLens 4.3 cannot boot a Granite hybrid without a rotary "
         "embedding (its adapter binds model.rotary_emb; Granite 4.0's hybrids have "
-        "position_embedding_type 'nope'); "
-        + _no_attention("its Mamba-2 layers", "Granite hybrid")
-        + "; and "
-        + _LOGITS_SCALED,
+        "position_embedding_type 'nope'); " + _no_attention("its Mamba-2 layers", "Granite hybrid"),
     ),
     Refusal(
         "FalconForCausalLM",

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 import torch
 
+from compute.blocks import has_post_sublayer_norms
 from compute.errors import ModelLoadError, UnknownModelError, UnsupportedArchitectureError
 from compute.models.bridge import apply_processing, boot_hf, boot_native, import_bridge
 from compute.models.parity import ParityReference, hugging_face_reference, parity_tokens
@@ -124,7 +125,7 @@ def processing_fields(bridge: Any, architecture: str) -> dict[str, Any]:
     """What `effective_processing` reads of a model: its norm, architecture, logit soft-cap,
     post-sublayer norms and attention sinks."""
     cfg = bridge.cfg
-    post_norms = any(hasattr(b, n) for b in bridge.blocks for n in ("ln1_post", "ln2_post"))
+    post_norms = has_post_sublayer_norms(bridge)
     return {
         "normalization_type": cfg.normalization_type,
         "original_architecture": architecture,
