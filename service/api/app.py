@@ -72,7 +72,7 @@ def create_app(
             allow_origins=settings.api.cors_origins,
             allow_methods=["GET", "POST", "DELETE"],
             allow_headers=["X-API-Key", "Authorization", "Content-Type", "If-None-Match"],
-            expose_headers=["ETag"],
+            expose_headers=["ETag", "X-Strata-Run"],
         )
     limits = RateLimitMiddleware(settings)
     counted = ServiceMetrics(store, jobs)

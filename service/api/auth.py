@@ -56,6 +56,13 @@ def presented_key(connection: ASGIConnection[Any, Any, Any, Any]) -> str | None:
     return token.strip() or None
 
 
+def key_id(connection: ASGIConnection[Any, Any, Any, Any]) -> str:
+    """The audit log's name for the key a write came with: `key:` and the first 12 hex digits
+    of its SHA-256 (which key, never the key itself)."""
+    key = presented_key(connection) or ""
+    return "key:" + _digest(key).hex()[:12]
+
+
 def check_key(connection: ASGIConnection[Any, Any, Any, Any], settings: Settings) -> None:
     keys = settings.write_keys()
     if not keys:

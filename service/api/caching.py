@@ -23,8 +23,13 @@ API_VERSION = "v1"
 
 
 def etag(
-    request: Request[Any, Any, Any], fmt: str, runs: Iterable[tuple[int, datetime | None]]
+    request: Request[Any, Any, Any],
+    fmt: str,
+    runs: Iterable[tuple[int, datetime | None]],
+    also: Iterable[str] = (),
 ) -> str:
+    """The answer's tag: the request, each run's (id, finish time), and `also` (why each run
+    was chosen: pinning a run changes the answer's context, not its rows)."""
     # The raw path and query string (cheaper than parsed ones; a reordered query only gets
     # another tag, which is harmless).
     scope = request.scope
@@ -34,6 +39,7 @@ def etag(
         scope["query_string"].decode("latin-1"),
         fmt,
         *(f"{run}@{finished.isoformat() if finished else '-'}" for run, finished in runs),
+        *also,
     ]
     return 'W/"' + hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:32] + '"'
 

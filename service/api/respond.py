@@ -13,7 +13,7 @@ from litestar.openapi.datastructures import ResponseSpec
 from service.api.caching import cache_control, etag, matches
 from service.api.errors import ErrorBody
 from service.api.formats import MEDIA_TYPES, encode, negotiate
-from service.api.queries.answers import Answer
+from service.api.queries.answers import Answer, run_header
 from service.api.queries.cache import Reader, Responses, RunRows
 from service.api.queries.index import Snapshot, StoreIndex
 from service.jobs.service import JobService
@@ -43,6 +43,9 @@ def errors(*codes: int) -> dict[int, ResponseSpec]:
     }
 
 
+# Every data answer names the runs it was read from, and why, in every format (docs/api.md).
+RUN_HEADER = "X-Strata-Run"
+
 # What a data endpoint can answer besides 200: bad/unknown input, no such model, bad format.
 DATA_ERRORS = errors(400, 404, 406, 422)
 
@@ -64,7 +67,7 @@ class ApiContext:
         return cls(
             store,
             settings,
-            StoreIndex(store),
+            StoreIndex(store, settings),
             Reader(store, RunRows(settings.api.row_cache_rows)),
             Responses(settings.api.response_cache_mb * 2**20),
             jobs,
@@ -94,9 +97,17 @@ async def respond(
     else:
         answer = build(snap)
     fmt = negotiate(format_param, request.headers.get("accept"))
-    tag = etag(request, fmt, [(r.id, r.finished_at) for r in answer.runs])
+    picks = answer.chosen()
+    # why each run was read is part of the answer (a run pinned or unpinned changes it)
+    tag = etag(
+        request,
+        fmt,
+        [(r.id, r.finished_at) for r in answer.runs],
+        [f"{p.run.id}:{p.basis}:{p.canonical}" for p in picks],
+    )
     headers = {
         "ETag": tag,
+        RUN_HEADER: run_header(picks),
         "Vary": "Accept",
         "Cache-Control": cache_control(
             pinned=answer.pinned,

@@ -1,11 +1,13 @@
-"""`strata models ...`: register and list models. With a service running, through its API
-(`service/cli/http.py`); `strata models add` with none registers into the database file
-directly (`service.store.registration`: the CLI is then its one writer)."""
+"""`strata models ...`: register and list models, and pin a model's canonical run. With a
+service running, through its API (`service/cli/http.py`); `strata models add` with none
+registers into the database file directly (`service.store.registration`: the CLI is then its one
+writer)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import click
 
@@ -95,6 +97,95 @@ def list_models(url: str | None) -> None:
     page = call(url, "GET", "/api/v1/models", params={"limit": 500})
     for m in page["items"]:
         click.echo(f"{m['id']}\t{m['name']}\t{m['source']}\tlayers={m['n_layers']}")
+
+
+def _who() -> str:
+    """The audit log's name for whoever runs this command: user@host."""
+    import getpass
+    import socket
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (a container)
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"[:200]
+
+
+def _families(values: tuple[str, ...]) -> list[str] | None:
+    names = [f.strip() for v in values for f in v.split(",") if f.strip()]
+    return names or None
+
+
+def _show_pins(pins: dict[str, Any]) -> None:
+    model = pins["model"]
+    click.echo(f"{model['name']} (id {model['id']}): default run {pins['default_run_id']}")
+    for family, run in sorted(pins["canonical"].items()):
+        click.echo(
+            f"  {family:<12} run {run['id']} ({run['selected_by']}; {run['tokens']}, "
+            f"{run['n_sequences']} x {run['seq_len']} tokens, {run['dtype']})"
+        )
+
+
+_family_option = click.option(
+    "--family",
+    "families",
+    multiple=True,
+    help="metric family (repeat or comma-separate; default: every family the run computed)",
+)
+
+
+@models.command("pin")
+@click.argument("model")
+@click.argument("run_id", type=int)
+@_family_option
+@click.option("--note", default=None, help="why, for the audit log")
+@url_option
+def pin(
+    model: str, run_id: int, families: tuple[str, ...], note: str | None, url: str | None
+) -> None:
+    """Make RUN_ID MODEL's canonical run (API key): every answer about MODEL reads it for its
+    families until `strata models unpin`. Recorded with your user@host and the time."""
+    body: dict[str, Any] = {"run_id": run_id, "by": _who()}
+    if (names := _families(families)) is not None:
+        body["families"] = names
+    if note:
+        body["note"] = note
+    _show_pins(call(url, "POST", f"/api/v1/models/{quote(model, safe='')}/pins", json=body))
+
+
+@models.command("unpin")
+@click.argument("model")
+@_family_option
+@click.option("--note", default=None, help="why, for the audit log")
+@url_option
+def unpin(model: str, families: tuple[str, ...], note: str | None, url: str | None) -> None:
+    """Unpin MODEL's pinned runs (API key; default: every pinned family): its default
+    configuration's run is canonical again."""
+    params: dict[str, Any] = {"by": _who()}
+    if (names := _families(families)) is not None:
+        params["family"] = ",".join(names)
+    if note:
+        params["note"] = note
+    _show_pins(call(url, "DELETE", f"/api/v1/models/{quote(model, safe='')}/pins", params=params))
+
+
+@models.command("pins")
+@click.argument("model")
+@click.option("--history", "with_history", is_flag=True, help="also every pin and unpin")
+@url_option
+def pins(model: str, with_history: bool, url: str | None) -> None:
+    """MODEL's canonical run for each family (pinned, default or latest) and, with
+    --history, the audit log of pins and unpins."""
+    answer = call(url, "GET", f"/api/v1/models/{quote(model, safe='')}/pins")
+    _show_pins(answer)
+    if with_history:
+        for event in answer["history"]:
+            run = f" run {event['run_id']}" if event["run_id"] is not None else ""
+            note = f": {event['note']}" if event["note"] else ""
+            click.echo(
+                f"  {event['at']} {event['action']} {event['family']}{run} by "
+                f"{event['by']} ({event['key_id']}){note}"
+            )
 
 
 @models.command("check")

@@ -23,6 +23,7 @@ from service.schemas.families import Family
 from service.schemas.health import Health
 from service.schemas.jobs import Job, JobPage
 from service.schemas.models import Model, ModelDetail, ModelPage
+from service.schemas.pins import Pins
 from service.schemas.runs import Run, RunPage
 from service.schemas.stages import ModelStages
 
@@ -157,9 +158,50 @@ class BaseClient(ABC, Generic[FrameT]):
         return self._get(f"{V1}/models/{_seg(model)}", ModelDetail)
 
     def current_runs(self, model: str | int) -> dict[str, int]:
-        """Metric family -> id of the run the API reads for it by default (the API decides:
-        its latest succeeded run under the current metric version computing the family)."""
+        """Metric family -> id of the run the API reads for it by default, the model's
+        canonical run (the API decides: the run pinned for the family, else the default
+        configuration's run, else the latest; `model(m).current_run_basis` says which)."""
         return dict(self.model(model).current_runs)
+
+    def pins(self, model: str | int) -> Pins:
+        """The model's pinned runs, its canonical run for each family (with why) and the audit
+        log of pins and unpins."""
+        return self._get(f"{V1}/models/{_seg(model)}/pins", Pins)
+
+    def pin(
+        self,
+        model: str | int,
+        run_id: int,
+        *,
+        families: Sequence[str] | None = None,
+        by: str | None = None,
+        note: str | None = None,
+    ) -> Pins:
+        """Make `run_id` the model's canonical run for `families` (default: every family it
+        computed) until unpinned (API key); recorded in the audit log with `by` (default: the
+        key's id) and `note`."""
+        body: dict[str, Any] = {"run_id": run_id}
+        for key, value in (
+            ("families", None if families is None else list(families)),
+            ("by", by),
+            ("note", note),
+        ):
+            if value is not None:
+                body[key] = value
+        return decode(self._send("POST", f"{V1}/models/{_seg(model)}/pins", body=body), Pins)
+
+    def unpin(
+        self,
+        model: str | int,
+        *,
+        families: Sequence[str] | None = None,
+        by: str | None = None,
+        note: str | None = None,
+    ) -> Pins:
+        """Unpin the model's pinned runs (default: every pinned family; API key): the default
+        configuration's run is canonical again."""
+        params = dict(family=None if families is None else ",".join(families), by=by, note=note)
+        return decode(self._send("DELETE", f"{V1}/models/{_seg(model)}/pins", params=params), Pins)
 
     def register(
         self,
@@ -274,8 +316,10 @@ class BaseClient(ABC, Generic[FrameT]):
         bins: int = 20,
         method: str = "interpolate",
         metric_version: str | None = None,
+        run_ids: Sequence[int] | None = None,
     ) -> FrameT:
-        """One metric across models on relative depth, one row per model and bin."""
+        """One metric across models on relative depth, one row per model and bin; each
+        model's canonical run, or the one of `run_ids` (at most one per model)."""
         return self._table(
             f"{V1}/compare",
             dict(
@@ -285,6 +329,7 @@ class BaseClient(ABC, Generic[FrameT]):
                 bins=bins,
                 method=method,
                 metric_version=metric_version,
+                run_ids=None if run_ids is None else _join(run_ids),
             ),
         )
 
@@ -295,9 +340,11 @@ class BaseClient(ABC, Generic[FrameT]):
         component: str | None = None,
         *,
         metric_version: str | None = None,
+        run_ids: Sequence[int] | None = None,
     ) -> StagesResult[FrameT]:
         """Stage boundaries with their evidence, and the four stages of each model (with the
-        mean of `metric` over each stage when given)."""
+        mean of `metric` over each stage when given); each model's canonical runs, or the run
+        of `run_ids` (at most one per model)."""
         names = [models] if isinstance(models, str | int) else list(models)
         stages = self._table(
             f"{V1}/stages",
@@ -306,6 +353,7 @@ class BaseClient(ABC, Generic[FrameT]):
                 metric=metric,
                 component=component,
                 metric_version=metric_version,
+                run_ids=None if run_ids is None else _join(run_ids),
             ),
         )
         # the boundaries travel in the answer's context, decoded with the API's own schema

@@ -170,6 +170,15 @@ def run_config(
     )
 
 
+def default_config(model_spec: dict[str, Any], n_ctx: int | None, settings: Settings) -> RunConfig:
+    """The configuration of a model's default run: the request that names nothing but the
+    model, with the deployment's defaults (`STRATA_JOBS__*`). Reconciliation queues it
+    (`JobService.reconcile`), and its run is the model's canonical run for each family it
+    computes unless an operator pins another (`service.api.queries.index`). `SpecError` where
+    the defaults do not fit the model."""
+    return run_config(JobRequest(model=""), model_spec, n_ctx, settings)
+
+
 def check_sequences(config: RunConfig) -> None:
     """A text source asked for more sequences than its text yields with the model's tokenizer
     is refused here (`SpecError` naming how many it yields), not in the worker: counted with

@@ -22,8 +22,19 @@ CurrentRuns = Annotated[
     dict[str, int],
     msgspec.Meta(
         description=(
-            "metric family -> id of the run the data endpoints read for it by default: the model's "
-            "latest succeeded run under the current metric version that computed the family"
+            "metric family -> id of the run the data endpoints read for it by default, the "
+            "model's canonical run: the run pinned for the family, else its default "
+            "configuration's run, else (neither exists) its latest succeeded run that computed "
+            "the family; all under the current metric version"
+        )
+    ),
+]
+CurrentRunBasis = Annotated[
+    dict[str, str],
+    msgspec.Meta(
+        description=(
+            "metric family -> why `current_runs` names that run: pinned, default or latest "
+            "(latest: the model has no pinned or default run for the family, docs/api.md)"
         )
     ),
 ]
@@ -78,14 +89,18 @@ class Model(msgspec.Struct):
     parity: ParityReport | None = None
     n_experts: int | None = None  # experts per MLP layer (1: dense); null until loaded
     current_runs: CurrentRuns = {}
+    current_run_basis: CurrentRunBasis = {}
 
 
 class ModelDetail(Model):
-    """A model with its runs: how many, its current run, and other registrations of its name."""
+    """A model with its runs: how many, its current run (its default run, else its latest),
+    its default run, the families pinned to another run, and other registrations of its name."""
 
     n_runs: int = 0
     current_run_id: int | None = None
     same_name_ids: list[int] = []
+    default_run_id: int | None = None
+    pinned: dict[str, int] = {}
 
 
 class ModelPage(msgspec.Struct):

@@ -76,6 +76,7 @@ class CompareModel(msgspec.Struct):
     run_id: int | None
     n_points: int
     stderr_basis: str | None = None  # "sequence" or "token" (docs/metrics.md); null: no run
+    run: RunRef | None = None  # the run read, why, and its configuration; null: no run
 
 
 class CompareRow(msgspec.Struct):

@@ -6,6 +6,8 @@ from typing import Any
 
 import msgspec
 
+from service.schemas.common import RunRef
+
 
 class Boundary(msgspec.Struct):
     """Boundary k ends stage k: `layer` is the first block of stage k+1 (null: not clear).
@@ -40,6 +42,9 @@ class ModelStages(msgspec.Struct):
     run_id: int | None
     metric_run_id: int | None
     boundaries: list[Boundary]
+    # the runs behind `run_id` and `metric_run_id`: why each was read, its configuration
+    run: RunRef | None = None
+    metric_run: RunRef | None = None
 
 
 class StageRow(msgspec.Struct):

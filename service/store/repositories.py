@@ -1,9 +1,10 @@
 """The queries the API serves, in SQL, and only those. Entities come back as ORM objects, row
 sets as Polars frames.
 
-Which run is "current" for a model and metric family is decided once, by the serving index
-(`service.api.queries.index.Snapshot.current_run`, from `run_index` below), and told to
-clients in the model answers (`current_runs`); the queries here take run ids.
+Which run is a model's canonical run for a metric family is decided once, by the serving index
+(`service.api.queries.index.Snapshot.canonical`, from `model_index`, `run_index` and the pins
+in force, `service.store.pins.in_force`), and told to clients in the model answers
+(`current_runs`); the queries here take run ids.
 Row queries filter `results` or `neurons` by run id: a run's rows sit together, so DuckDB's
 zone maps skip other runs' row groups and the cost of a query does not grow with the number of
 runs stored.
@@ -321,21 +322,30 @@ def all_rows_of_run(conn: Any, run_id: int) -> pl.DataFrame:
 
 
 def model_index(conn: Any) -> pl.DataFrame:
-    """Every model's id, name and layer count: what a serving process resolves names with."""
-    return _frame(conn, "SELECT id, name, n_layers FROM models ORDER BY id")
+    """Every model's id, name, layer count, spec (JSON text) and context length: what a serving
+    process resolves names with and works out each model's default configuration from."""
+    return _frame(
+        conn, "SELECT id, name, n_layers, spec::VARCHAR AS spec, n_ctx FROM models ORDER BY id"
+    )
 
 
 def run_index(conn: Any) -> pl.DataFrame:
     """Every run's id, model, status, metric version, families, finish time and refit family
-    (stability runs), and whether stage boundaries were stored for it: what a serving process
-    picks "current" runs with."""
+    (stability runs), whether stage boundaries were stored for it, and what its configuration
+    is (hash, token source, sequences, length, dtype): what a serving process picks a model's
+    canonical runs with and describes them by."""
     return _frame(
         conn,
         """
         SELECT r.id, r.model_id, r.status, r.metric_version,
                CAST(r.families AS VARCHAR[]) AS families, r.finished_at,
                json_extract_string(r.config, '$.refit_family') AS refit_family,
-               EXISTS (SELECT 1 FROM stage_boundaries s WHERE s.run_id = r.id) AS has_stages
+               EXISTS (SELECT 1 FROM stage_boundaries s WHERE s.run_id = r.id) AS has_stages,
+               r.config_hash, r.dtype,
+               json_extract_string(r.config, '$.tokens.source') AS tokens,
+               TRY_CAST(json_extract(r.config, '$.tokens.n_sequences') AS BIGINT) AS n_sequences,
+               TRY_CAST(json_extract(r.config, '$.tokens.seq_len') AS BIGINT) AS seq_len,
+               r.tokens_evaluated
         FROM runs r ORDER BY r.id""",
     )
 

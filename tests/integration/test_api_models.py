@@ -35,7 +35,9 @@ def test_list_filter_and_paginate(server: Api) -> None:
     listed = {m["name"]: m["current_runs"] for m in every["items"]}
     assert listed["tiny-2l-s0"] == server.get(f"{V1}/models/tiny-2l-s0").json()["current_runs"]
     assert set(listed["tiny-2l-s0"].values()) == {server.runs["tiny-2l-s0"]}
-    assert list(every["items"][0])[-1] == "current_runs"
+    assert list(every["items"][0])[-2:] == ["current_runs", "current_run_basis"]
+    # no model here has a default run (reconciliation is off): each reads its latest, and says so
+    assert set(every["items"][0]["current_run_basis"].values()) <= {"latest"}
 
 
 def test_current_runs_are_the_runs_data_answers_read(server: Api) -> None:
@@ -62,7 +64,8 @@ def test_one_model(server: Api) -> None:
     assert model["current_run_id"] == server.runs["tiny-2l-s0"]
     run = server.get(f"{V1}/runs/{server.runs['tiny-2l-s0']}").json()
     assert model["current_runs"] == {f: run["id"] for f in run["families"]}
-    assert list(model)[-4:] == ["current_runs", "n_runs", "current_run_id", "same_name_ids"]
+    assert list(model)[-7:] == ["current_runs", "current_run_basis", "n_runs", "current_run_id",
+                                "same_name_ids", "default_run_id", "pinned"]
     assert model["registered_at"].endswith("Z") or model["registered_at"].endswith("+00:00")
     missing = server.get(f"{V1}/models/tiny-2l-s1")
     assert missing.status_code == 404

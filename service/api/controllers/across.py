@@ -13,7 +13,9 @@ from service.api.controllers.params import (
     Metric,
     MetricVersion,
     Models,
+    RunIds,
     split_models,
+    split_run_ids,
 )
 from service.api.docs import TabularOperation
 from service.api.queries import compare as compare_queries
@@ -48,6 +50,7 @@ class AcrossModelsController(Controller):
             ),
         ] = "interpolate",
         metric_version: MetricVersion = None,
+        run_ids: RunIds = None,
         fmt: Format = None,
     ) -> Response[Comparison]:
         """One metric across models on relative depth, binned: mean ± stderr per model and
@@ -63,6 +66,7 @@ class AcrossModelsController(Controller):
                 bins=bins,
                 method=method,
                 metric_version=metric_version,
+                run_ids=split_run_ids(run_ids),
             )
 
         return await respond(request, ctx, build, fmt)
@@ -81,6 +85,7 @@ class AcrossModelsController(Controller):
         ] = None,
         component: Component = None,
         metric_version: MetricVersion = None,
+        run_ids: RunIds = None,
         fmt: Format = None,
     ) -> Response[Stages]:
         """Stage boundaries (with evidence) of several models, and their four stages with
@@ -94,6 +99,7 @@ class AcrossModelsController(Controller):
                 metric=metric,
                 component=component,
                 metric_version=metric_version,
+                run_ids=split_run_ids(run_ids),
             )
 
         return await respond(request, ctx, build, fmt)

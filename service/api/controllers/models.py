@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from litestar import Controller, Request, Response, get, post
+from litestar import Controller, Request, Response, delete, get, post
 from litestar.params import Parameter
 
-from service.api.auth import SECURITY, require_write_key
+from service.api.auth import SECURITY, key_id, require_write_key
 from service.api.controllers.params import (
     Component,
     Format,
@@ -22,12 +22,14 @@ from service.api.docs import TabularOperation
 from service.api.errors import BadRequestHttpError
 from service.api.queries import models_and_runs, results
 from service.api.queries import neurons as neuron_queries
+from service.api.queries import pins as pin_queries
 from service.api.queries import stages as stage_queries
 from service.api.queries.answers import Answer
 from service.api.queries.index import Snapshot
 from service.api.respond import DATA_ERRORS, ApiContext, errors, respond
 from service.schemas.models import Model, ModelDetail, ModelPage, RegisterModel
 from service.schemas.neurons import NeuronCounts, Neurons
+from service.schemas.pins import PinRequest, Pins
 from service.schemas.results import HeadRows, MetricRows, SequenceRows
 from service.schemas.stages import Stages
 from service.store.registration import Registration, register
@@ -95,7 +97,7 @@ class ModelsController(Controller):
         )
         if created and ctx.jobs is not None and ctx.settings.jobs.reconcile:
             ctx.jobs.reconcile_soon()
-        current = ctx.snapshot().current_runs(model.id)
+        current = ctx.snapshot().canonical_runs(model.id)
         return Response(
             models_and_runs.model_out(model, [], current), status_code=201 if created else 200
         )
@@ -285,6 +287,7 @@ class ModelsController(Controller):
             ),
         ] = None,
         component: Component = None,
+        run_id: RunId = None,
         metric_version: MetricVersion = None,
         model_id: ModelId = None,
         fmt: Format = None,
@@ -301,9 +304,77 @@ class ModelsController(Controller):
                 component=component,
                 metric_version=metric_version,
                 model_id=model_id,
+                run_ids=None if run_id is None else [run_id],
             )
 
         return await respond(request, ctx, build, fmt)
+
+    # ---- pinning the canonical run
+
+    @get("/{model:str}/pins", sync_to_thread=True, responses=errors(400, 404))
+    def pins(self, ctx: ApiContext, model: str, model_id: ModelId = None) -> Pins:
+        """The model's pinned runs, its canonical run for each family (and why: pinned,
+        default or latest), its default run, and the audit log of pins and unpins."""
+        snap = ctx.snapshot()
+        return pin_queries.pins_of(ctx.store, snap, snap.model(model, model_id))
+
+    @post(
+        "/{model:str}/pins",
+        sync_to_thread=True,
+        guards=[require_write_key],
+        security=SECURITY,
+        status_code=201,
+        responses=errors(400, 401, 403, 404, 409, 422),
+    )
+    def pin(
+        self,
+        request: Request[Any, Any, Any],
+        ctx: ApiContext,
+        model: str,
+        data: PinRequest,
+        model_id: ModelId = None,
+    ) -> Pins:
+        """Pin a run as the model's canonical run for its families (API key): every answer
+        about the model reads it until it is unpinned. Recorded in the audit log with who
+        (`by`, default the key's id), the key's id and the time."""
+        snap = ctx.snapshot()
+        entry = snap.model(model, model_id)
+        pin_queries.pin(ctx.store, snap, entry, data, key_id(request))
+        return pin_queries.pins_of(ctx.store, ctx.snapshot(), entry)
+
+    @delete(
+        "/{model:str}/pins",
+        sync_to_thread=True,
+        guards=[require_write_key],
+        security=SECURITY,
+        status_code=200,
+        responses=errors(400, 401, 403, 404),
+    )
+    def unpin(
+        self,
+        request: Request[Any, Any, Any],
+        ctx: ApiContext,
+        model: str,
+        family: Annotated[
+            str | None,
+            Parameter(
+                max_length=1000,
+                description="comma-separated families to unpin (default: every pinned one)",
+            ),
+        ] = None,
+        by: Annotated[str | None, Parameter(max_length=200, description="who")] = None,
+        note: Annotated[str | None, Parameter(max_length=2000, description="why")] = None,
+        model_id: ModelId = None,
+    ) -> Pins:
+        """Unpin (API key): the families' canonical runs are their default configuration's
+        runs again. Recorded in the audit log."""
+        snap = ctx.snapshot()
+        entry = snap.model(model, model_id)
+        families = [f.strip() for f in family.split(",") if f.strip()] if family else None
+        pin_queries.unpin(
+            ctx.store, snap, entry, families, by=by, note=note, key_id=key_id(request)
+        )
+        return pin_queries.pins_of(ctx.store, ctx.snapshot(), entry)
 
 
 def _registration(data: RegisterModel) -> Registration:

@@ -28,8 +28,8 @@ RunId = Annotated[
     Parameter(
         query="run_id",
         ge=0,
-        description="read this run of the model; default: its current run "
-        "(latest succeeded under the metric version)",
+        description="read this run of the model; default: its canonical run for the metric's "
+        "family (the run pinned for it, else its default configuration's run; docs/api.md)",
     ),
 ]
 MetricVersion = Annotated[
@@ -37,7 +37,7 @@ MetricVersion = Annotated[
     Parameter(
         query="metric_version",
         max_length=64,
-        description="choose the current run under this metric version (default: the current one)",
+        description="choose the canonical run under this metric version (default: the current one)",
     ),
 ]
 LayerMin = Annotated[int | None, Parameter(query="layer_min", ge=0, le=100_000)]
@@ -72,3 +72,21 @@ Models = Annotated[
 
 def split_models(models: str) -> list[str]:
     return [m.strip() for m in models.split(",") if m.strip()]
+
+
+RunIds = Annotated[
+    str | None,
+    Parameter(
+        query="run_ids",
+        max_length=10_000,
+        pattern=r"^\s*\d+\s*(,\s*\d+\s*)*$",
+        description="comma-separated run ids, at most one per listed model: each replaces its "
+        "model's canonical run",
+    ),
+]
+
+
+def split_run_ids(run_ids: str | None) -> list[int] | None:
+    if run_ids is None:
+        return None
+    return [int(r) for r in run_ids.split(",") if r.strip()]

@@ -17,7 +17,7 @@ import polars as pl
 from compute.records import COMPONENTS, unit_of
 from compute.run import METRIC_VERSION, stderr_basis
 from service.api.errors import NotFoundHttpError, UnprocessableHttpError
-from service.api.queries.index import ModelEntry, RunEntry, Snapshot
+from service.api.queries.index import ModelEntry, Pick, RunEntry, Snapshot
 from service.schemas.common import ModelRef, RunRef
 from service.store.repositories import family_of
 
@@ -29,6 +29,14 @@ class Answer:
     runs: list[RunEntry]  # read from (for the ETag)
     pinned: bool  # the request named its run(s): the answer cannot change
     load: Callable[[], pl.DataFrame]
+    # the runs read and why each (X-Strata-Run, and the ETag: the same rows may become the
+    # canonical ones, which the context says); default: `runs`, named by the request
+    picks: list[Pick] | None = None
+
+    def chosen(self) -> list[Pick]:
+        if self.picks is not None:
+            return self.picks
+        return [Pick(run, "run_id", False) for run in self.runs]
 
 
 def check_metric(metric: str) -> str:
@@ -73,29 +81,64 @@ def pick_run(
     run_id: int | None,
     metric_version: str | None,
     what: str,
-) -> RunEntry:
+) -> Pick:
     """The run to read: `run_id` if given (it must be one of the model's succeeded runs), else
-    the model's current run computing `family` under `metric_version` (default: current)."""
-    if run_id is not None:
-        run = snap.runs.get(run_id)
-        if run is None or run.model_id != model.id:
-            raise NotFoundHttpError(f"model {model.name!r} (id {model.id}) has no run {run_id}")
-        if run.status != "succeeded":
-            raise NotFoundHttpError(f"run {run_id} is {run.status}: it has no results to read")
-        if family is not None and family not in run.families:
-            raise NotFoundHttpError(
-                f"run {run_id} did not compute {family} (it computed "
-                f"{', '.join(sorted(run.families))})"
-            )
-        return run
+    the model's canonical run for `family` under `metric_version` (default: current)."""
     version = metric_version or METRIC_VERSION
-    run = snap.current_run(model.id, family=family, metric_version=version)
-    if run is None:
+    if run_id is not None:
+        run = checked_run(snap, model, run_id, family)
+        canonical = snap.canonical(model.id, family=family, metric_version=run.metric_version)
+        is_canonical = canonical is not None and canonical.canonical and canonical.run == run
+        return Pick(run, "run_id", is_canonical)
+    pick = snap.canonical(model.id, family=family, metric_version=version)
+    if pick is None:
         raise NotFoundHttpError(
             f"model {model.name!r} (id {model.id}) has no succeeded run with "
             f"{what} under metric version {version}"
         )
+    return pick
+
+
+def checked_run(snap: Snapshot, model: ModelEntry, run_id: int, family: str | None) -> RunEntry:
+    """Run `run_id`, which must be a succeeded run of `model` that computed `family`; a 404
+    that says what it is otherwise."""
+    run = snap.runs.get(run_id)
+    if run is None or run.model_id != model.id:
+        owner = "" if run is None else f" (run {run_id} is model {run.model_id}'s)"
+        raise NotFoundHttpError(
+            f"model {model.name!r} (id {model.id}) has no run {run_id}{owner}; "
+            f"GET /api/v1/runs?model={model.id} lists its runs"
+        )
+    if run.status != "succeeded":
+        raise NotFoundHttpError(f"run {run_id} is {run.status}: it has no results to read")
+    if family is not None and family not in run.families:
+        raise NotFoundHttpError(
+            f"run {run_id} did not compute {family} (it computed {', '.join(sorted(run.families))})"
+        )
     return run
+
+
+def chosen_runs(
+    snap: Snapshot, entries: list[ModelEntry], run_ids: list[int] | None
+) -> dict[int, int]:
+    """`run_ids` of a cross-model query by model: each must be a run of one of the listed
+    models (at most one per model); it replaces that model's canonical run."""
+    out: dict[int, int] = {}
+    listed = {m.id for m in entries}
+    for run_id in run_ids or ():
+        run = snap.runs.get(run_id)
+        if run is None or run.model_id not in listed:
+            raise NotFoundHttpError(
+                f"run {run_id} is not a run of the listed models "
+                f"({', '.join(m.name for m in entries)}); GET /api/v1/runs lists the runs"
+            )
+        if run.model_id in out:
+            raise UnprocessableHttpError(
+                f"runs {out[run.model_id]} and {run_id} are both runs of model "
+                f"{snap.models[run.model_id].name!r}: give at most one run per model"
+            )
+        out[run.model_id] = run_id
+    return out
 
 
 def family_needed(metric: str) -> str | None:
@@ -106,6 +149,48 @@ def model_ref(model: ModelEntry) -> ModelRef:
     return ModelRef(model.id, model.name, model.n_layers)
 
 
-def run_ref(run: RunEntry) -> RunRef:
+def run_ref(pick: Pick | RunEntry) -> RunRef:
+    """What an answer says about the run it was read from (a bare run: named by its
+    request, as a family's stability run is)."""
+    if isinstance(pick, RunEntry):
+        pick = Pick(pick, "run_id", False)
+    run = pick.run
     finished = None if run.finished_at is None else run.finished_at.replace(tzinfo=UTC)
-    return RunRef(run.id, run.metric_version, finished, stderr_basis(run.metric_version))
+    return RunRef(
+        run.id,
+        run.metric_version,
+        finished,
+        stderr_basis(run.metric_version),
+        selected_by=pick.basis,
+        canonical=pick.canonical,
+        config_hash=run.config_hash,
+        tokens=run.tokens,
+        n_sequences=run.n_sequences,
+        seq_len=run.seq_len,
+        dtype=run.dtype,
+        families=sorted(run.families),
+    )
+
+
+def run_header(picks: list[Pick]) -> str:
+    """The `X-Strata-Run` header of an answer: each run it was read from as
+    `ID; model=MODEL_ID; selected_by=...; canonical=true|false; metric_version=...;
+    config_hash=...; tokens=...; n_sequences=...; seq_len=...; dtype=...`, runs separated by
+    commas (every value is a number or a word: no quoting needed)."""
+    parts = []
+    for pick in picks:
+        run = pick.run
+        fields = {
+            "model": run.model_id,
+            "selected_by": pick.basis,
+            "canonical": "true" if pick.canonical else "false",
+            "metric_version": run.metric_version,
+            "config_hash": run.config_hash,
+            "tokens": run.tokens,
+            "n_sequences": run.n_sequences,
+            "seq_len": run.seq_len,
+            "dtype": run.dtype,
+        }
+        text = "; ".join(f"{k}={v}" for k, v in fields.items() if v is not None and v != "")
+        parts.append(f"{run.id}; {text}")
+    return ", ".join(parts)

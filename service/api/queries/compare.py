@@ -38,10 +38,14 @@ from service.api.queries.answers import (
     check_component,
     check_metric,
     check_models,
+    chosen_runs,
     family_needed,
+    pick_run,
+    run_ref,
 )
 from service.api.queries.cache import Reader
-from service.api.queries.index import RunEntry, Snapshot
+from service.api.queries.index import Pick, RunEntry, Snapshot
+from service.schemas.common import RunRef
 from service.schemas.results import CompareModel, CompareRow, Comparison, columns
 from service.store import repositories as repo
 
@@ -216,16 +220,29 @@ def compare(
     bins: int,
     method: Method,
     metric_version: str | None,
+    run_ids: list[int] | None = None,
 ) -> Answer:
     check_metric(metric)
     check_component(component)
     check_models(models, "a,b,c")
     entries = snap.models_named(models)
     family = family_needed(metric)
-    runs: dict[int, RunEntry | None] = {}
     version = metric_version or METRIC_VERSION
+    chosen = chosen_runs(snap, entries, run_ids)
+    picks: dict[int, Pick | None] = {}
     for model in entries:
-        runs[model.id] = snap.current_run(model.id, family=family, metric_version=version)
+        if model.id in chosen:
+            picks[model.id] = pick_run(
+                snap,
+                model,
+                family=family,
+                run_id=chosen[model.id],
+                metric_version=None,
+                what=metric,
+            )
+        else:
+            picks[model.id] = snap.canonical(model.id, family=family, metric_version=version)
+    runs: dict[int, RunEntry | None] = {m: p.run if p else None for m, p in picks.items()}
     found = [r for r in runs.values() if r is not None]
 
     def load() -> pl.DataFrame:
@@ -272,12 +289,27 @@ def compare(
         bins,
         method,
         [
-            CompareModel(m.id, m.name, m.n_layers, _id(runs[m.id]), 0, _basis(runs[m.id]))
+            CompareModel(
+                m.id,
+                m.name,
+                m.n_layers,
+                _id(runs[m.id]),
+                0,
+                _basis(runs[m.id]),
+                _ref(picks[m.id]),
+            )
             for m in entries
         ],
         [],
     )
-    return Answer(context, columns(CompareRow), found, False, load)
+    chosen_picks = [p for p in picks.values() if p is not None]
+    return Answer(
+        context, columns(CompareRow), found, len(chosen) == len(entries), load, chosen_picks
+    )
+
+
+def _ref(pick: Pick | None) -> RunRef | None:
+    return None if pick is None else run_ref(pick)
 
 
 def _basis(run: RunEntry | None) -> str | None:

@@ -12,7 +12,7 @@ from compute.run import METRIC_VERSION
 from service.api.errors import NotFoundHttpError, UnprocessableHttpError
 from service.api.queries.answers import Answer, check_layers, check_metric, model_ref, run_ref
 from service.api.queries.cache import Reader
-from service.api.queries.index import RunEntry, Snapshot
+from service.api.queries.index import Pick, RunEntry, Snapshot
 from service.api.queries.models_and_runs import utc
 from service.schemas.common import ModelRef
 from service.schemas.families import (
@@ -144,7 +144,7 @@ def stability(
             f"refit family {name!r} has no stored stability run under this metric version"
         )
     metrics = [metric] if metric else list(STABILITY_METRICS)
-    context = Stability(family, run_ref(run), [])
+    context = Stability(family, run_ref(Pick(run, "latest", True)), [])
 
     def load() -> pl.DataFrame:
         layers = reader.rows([run], metrics, layer_min=layer_min, layer_max=layer_max)
@@ -153,7 +153,7 @@ def stability(
         heads = reader.rows([run], metrics, layer_min=layer_min, layer_max=layer_max, heads=True)
         return pl.concat([layers, heads]).sort("metric", "layer", "head", nulls_last=False)
 
-    return Answer(context, columns(StabilityRow), [run], False, load)
+    return Answer(context, columns(StabilityRow), [run], False, load, [Pick(run, "latest", True)])
 
 
 IMPORTANCE_METRICS = ("heads.ablation_kl", "heads.ablation_loss_delta", "heads.ablation_top1")
@@ -183,13 +183,17 @@ def stability_importance(
         raise NotFoundHttpError(
             f"refit family {name!r} has no stored stability run under this metric version"
         )
-    heads_run = snap.current_run(family.anchor.id, family="heads", metric_version=version)
-    if heads_run is None:
+    heads_pick = snap.canonical(family.anchor.id, family="heads", metric_version=version)
+    if heads_pick is None:
         raise NotFoundHttpError(
             f"the family's anchor {family.anchor.name!r} has no heads run under this metric "
             f'version: submit one (POST /api/v1/jobs with metrics ["heads"]) first'
         )
-    context = StabilityImportance(family, run_ref(run), run_ref(heads_run), importance, [])
+    heads_run = heads_pick.run
+    stability_pick = Pick(run, "latest", True)
+    context = StabilityImportance(
+        family, run_ref(stability_pick), run_ref(heads_pick), importance, []
+    )
 
     def load() -> pl.DataFrame:
         stab = reader.rows([run], ["heads.stability"], heads=True).select(
@@ -200,7 +204,14 @@ def stability_importance(
         )
         return correlate_by_layer(stab.join(imp, on=["layer", "head"], how="inner"))
 
-    return Answer(context, columns(StabilityImportanceRow), [run, heads_run], False, load)
+    return Answer(
+        context,
+        columns(StabilityImportanceRow),
+        [run, heads_run],
+        False,
+        load,
+        [stability_pick, heads_pick],
+    )
 
 
 def correlate_by_layer(joined: pl.DataFrame) -> pl.DataFrame:

@@ -9,7 +9,7 @@ import msgspec
 
 from compute.run import METRIC_VERSION, stderr_basis
 from service.api.errors import NotFoundHttpError
-from service.api.queries.index import Snapshot
+from service.api.queries.index import Pick, Snapshot
 from service.schemas.models import (
     AppliedProcessing,
     Model,
@@ -31,7 +31,7 @@ def utc(value: datetime | None) -> datetime | None:
 def model_out(
     model: RegisteredModelRow,
     families: list[str],
-    current_runs: dict[str, int],
+    canonical: dict[str, Pick],
     parity: tuple[dict[str, object], int] | None = None,
 ) -> Model:
     return Model(
@@ -60,7 +60,8 @@ def model_out(
         ),
         refit_families=families,
         registered_at=utc(model.registered_at),  # type: ignore[arg-type]
-        current_runs=current_runs,
+        current_runs={f: pick.run.id for f, pick in canonical.items()},
+        current_run_basis={f: pick.basis for f, pick in canonical.items()},
         parity=msgspec.convert(parity[0], ParityReport) if parity else None,
         n_experts=parity[1] if parity else None,
     )
@@ -94,7 +95,7 @@ def list_models(
         families = repo.model_families(conn, [m.id for m in models])
         parity = repo.model_parity(conn, [m.id for m in models])
     items = [
-        model_out(m, families.get(m.id, []), snap.current_runs(m.id), parity.get(m.id))
+        model_out(m, families.get(m.id, []), snap.canonical_runs(m.id), parity.get(m.id))
         for m in models
     ]
     return ModelPage(
@@ -112,12 +113,15 @@ def get_model(store: Store, snap: Snapshot, ref: str, model_id: int | None) -> M
         n_runs = repo.count_runs(conn, model_id=entry.id)
         parity = repo.model_parity(conn, [entry.id]).get(entry.id)
     current = snap.current_run(entry.id, metric_version=METRIC_VERSION)
-    base = model_out(model, families, snap.current_runs(entry.id), parity)
+    default = snap.default_run(entry.id)
+    base = model_out(model, families, snap.canonical_runs(entry.id), parity)
     return ModelDetail(
         **{f: getattr(base, f) for f in base.__struct_fields__},
         n_runs=n_runs,
         current_run_id=current.id if current else None,
         same_name_ids=[i for i in snap.by_name.get(entry.name, []) if i != entry.id],
+        default_run_id=default.id if default else None,
+        pinned={f: pin.run_id for f, pin in snap.model_pins(entry.id).items()},
     )
 
 

@@ -36,17 +36,18 @@ def top_neurons(
     """The `top` neurons of a class in each layer (or one layer) with moments and tokens:
     prediction / suppression ranked by kurtosis, partition by variance."""
     model = snap.model(model_ref_, model_id)
-    run = pick_run(
+    pick = pick_run(
         snap, model, family="neurons", run_id=run_id, metric_version=metric_version, what="neurons"
     )
-    context = Neurons(model_ref(model), run_ref(run), neuron_class, top, [])
+    run = pick.run
+    context = Neurons(model_ref(model), run_ref(pick), neuron_class, top, [])
 
     def load() -> pl.DataFrame:
         return repo.neurons(
             reader.cursor(), run.id, layer=layer, neuron_class=neuron_class, top_k=top
         )
 
-    return Answer(context, columns(NeuronRow), [run], run_id is not None, load)
+    return Answer(context, columns(NeuronRow), [run], run_id is not None, load, [pick])
 
 
 def neuron_counts(
@@ -63,10 +64,11 @@ def neuron_counts(
     """Per layer: how many neurons are of each class, and as fractions of d_mlp."""
     check_layers(layer_min, layer_max)
     model = snap.model(model_ref_, model_id)
-    run = pick_run(
+    pick = pick_run(
         snap, model, family="neurons", run_id=run_id, metric_version=metric_version, what="neurons"
     )
-    context = NeuronCounts(model_ref(model), run_ref(run), [])
+    run = pick.run
+    context = NeuronCounts(model_ref(model), run_ref(pick), [])
 
     def load() -> pl.DataFrame:
         rows = reader.rows([run], COUNT_METRICS, layer_min=layer_min, layer_max=layer_max)
@@ -88,4 +90,4 @@ def neuron_counts(
             )
         return wide.sort("layer")
 
-    return Answer(context, columns(NeuronCountRow), [run], run_id is not None, load)
+    return Answer(context, columns(NeuronCountRow), [run], run_id is not None, load, [pick])

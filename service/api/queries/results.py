@@ -18,7 +18,7 @@ from service.api.queries.answers import (
     run_ref,
 )
 from service.api.queries.cache import Reader
-from service.api.queries.index import ModelEntry, RunEntry, Snapshot
+from service.api.queries.index import ModelEntry, Pick, Snapshot
 from service.schemas.results import (
     HeadRow,
     HeadRows,
@@ -51,7 +51,7 @@ def _per_layer_run(
     model_id: int | None,
     *,
     per_neuron: str,
-) -> tuple[ModelEntry, RunEntry]:
+) -> tuple[ModelEntry, Pick]:
     """The checked request of a per-layer metric and the run it is read from; a per-neuron
     metric is refused with `per_neuron` (what to do instead)."""
     check_metric(metric)
@@ -60,7 +60,7 @@ def _per_layer_run(
     if metric in PER_NEURON_METRICS:
         raise UnprocessableHttpError(f"{metric} is per neuron: {per_neuron}")
     model = snap.model(model_ref_, model_id)
-    run = pick_run(
+    pick = pick_run(
         snap,
         model,
         family=family_needed(metric),
@@ -68,7 +68,7 @@ def _per_layer_run(
         metric_version=metric_version,
         what=metric,
     )
-    return model, run
+    return model, pick
 
 
 def metric_rows(
@@ -85,7 +85,7 @@ def metric_rows(
     model_id: int | None,
 ) -> Answer:
     """Per-layer rows of `metric` (all components unless one is given) from one run."""
-    model, run = _per_layer_run(
+    model, pick = _per_layer_run(
         snap,
         model_ref_,
         metric,
@@ -97,7 +97,8 @@ def metric_rows(
         model_id,
         per_neuron="read it from /models/{model}/neurons",
     )
-    context = MetricRows(model_ref(model), run_ref(run), metric, component, [])
+    run = pick.run
+    context = MetricRows(model_ref(model), run_ref(pick), metric, component, [])
     return Answer(
         context,
         columns(MetricRow),
@@ -106,6 +107,7 @@ def metric_rows(
         lambda: reader.rows(
             [run], [metric], component=component, layer_min=layer_min, layer_max=layer_max
         ),
+        [pick],
     )
 
 
@@ -131,16 +133,18 @@ def head_rows(
             "attention.*"
         )
     model = snap.model(model_ref_, model_id)
-    run = pick_run(
+    pick = pick_run(
         snap, model, family=family, run_id=run_id, metric_version=metric_version, what=metric
     )
-    context = HeadRows(model_ref(model), run_ref(run), metric, [])
+    run = pick.run
+    context = HeadRows(model_ref(model), run_ref(pick), metric, [])
     return Answer(
         context,
         columns(HeadRow),
         [run],
         run_id is not None,
         lambda: reader.rows([run], [metric], layer_min=layer_min, layer_max=layer_max, heads=True),
+        [pick],
     )
 
 
@@ -159,7 +163,7 @@ def sequence_rows(
 ) -> Answer:
     """Per-sequence means of `metric` (all components and heads unless a component is given)
     from one run: the samples behind each per-layer row's value and stderr."""
-    model, run = _per_layer_run(
+    model, pick = _per_layer_run(
         snap,
         model_ref_,
         metric,
@@ -171,12 +175,13 @@ def sequence_rows(
         model_id,
         per_neuron="it has no per-sequence means",
     )
+    run = pick.run
     if stderr_basis(run.metric_version) == "token":
         raise UnprocessableHttpError(
             f"run {run.id} is of metric version 1, which kept no per-sequence means; its errors "
             "are token-level (stderr_basis: token)"
         )
-    context = SequenceRows(model_ref(model), run_ref(run), metric, component, [])
+    context = SequenceRows(model_ref(model), run_ref(pick), metric, component, [])
 
     def load() -> pl.DataFrame:
         frame = repo.sequence_means(reader.cursor(), run.id, [metric])
@@ -188,4 +193,4 @@ def sequence_rows(
             frame = frame.filter(pl.col("layer") <= layer_max)
         return frame.with_columns(pl.lit(unit_of(metric)).alias("unit"))
 
-    return Answer(context, columns(SequenceRow), [run], run_id is not None, load)
+    return Answer(context, columns(SequenceRow), [run], run_id is not None, load, [pick])

@@ -31,10 +31,14 @@ from service.api.queries.answers import (
     check_component,
     check_metric,
     check_models,
+    chosen_runs,
     family_needed,
+    pick_run,
+    run_ref,
 )
 from service.api.queries.cache import Reader
-from service.api.queries.index import ModelEntry, RunEntry, Snapshot
+from service.api.queries.index import ModelEntry, Pick, RunEntry, Snapshot
+from service.schemas.common import RunRef
 from service.schemas.results import columns
 from service.schemas.stages import Boundary, ModelStages, StageRow, Stages
 from service.store import repositories as repo
@@ -149,6 +153,7 @@ def stages(
     component: str | None,
     metric_version: str | None,
     model_id: int | None = None,
+    run_ids: list[int] | None = None,
 ) -> Answer:
     if metric is not None:
         check_metric(metric)
@@ -158,14 +163,29 @@ def stages(
         [snap.model(models[0], model_id)] if model_id is not None else snap.models_named(models)
     )
     version = metric_version or METRIC_VERSION
-    staged = {m.id: snap.current_run(m.id, staged=True, metric_version=version) for m in entries}
-    measured: dict[int, RunEntry | None] = {}
-    if metric is not None:
-        family = family_needed(metric)
-        measured = {
-            m.id: snap.current_run(m.id, family=family, metric_version=version) for m in entries
-        }
+    chosen = chosen_runs(snap, entries, run_ids)
+    family = family_needed(metric) if metric is not None else None
+    staged_picks: dict[int, Pick | None] = {}
+    measured_picks: dict[int, Pick | None] = {}
+    for m in entries:
+        if m.id in chosen:  # the named run gives both, where it has them
+            pick = pick_run(
+                snap, m, family=None, run_id=chosen[m.id], metric_version=None, what="stages"
+            )
+            staged_picks[m.id] = pick if pick.run.has_stages else None
+            if metric is not None:
+                has = family is None or family in pick.run.families
+                measured_picks[m.id] = pick if has else None
+            continue
+        staged_picks[m.id] = snap.canonical(m.id, staged=True, metric_version=version)
+        if metric is not None:
+            measured_picks[m.id] = snap.canonical(m.id, family=family, metric_version=version)
+    staged = {m: p.run if p else None for m, p in staged_picks.items()}
+    measured: dict[int, RunEntry | None] = {
+        m: p.run if p else None for m, p in measured_picks.items()
+    }
     runs = [r for r in (*staged.values(), *measured.values()) if r is not None]
+    picks = [p for p in (*staged_picks.values(), *measured_picks.values()) if p is not None]
     context = Stages(metric, component, [], [])
 
     def load() -> pl.DataFrame:
@@ -185,6 +205,8 @@ def stages(
                     run.id if run else None,
                     metric_run.id if metric_run else None,
                     [boundary(r) for r in rows],
+                    _ref(staged_picks[model.id]),
+                    _ref(measured_picks.get(model.id)),
                 )
             )
             spans += _spans(model, {r["boundary"]: r["layer"] for r in rows})
@@ -225,4 +247,8 @@ def stages(
             metric=pl.lit(metric, pl.String), component=pl.lit(component, pl.String)
         ).sort("model", "model_id", "stage")
 
-    return Answer(context, columns(StageRow), runs, False, load)
+    return Answer(context, columns(StageRow), runs, len(chosen) == len(entries), load, picks)
+
+
+def _ref(pick: Pick | None) -> RunRef | None:
+    return None if pick is None else run_ref(pick)

@@ -20,6 +20,7 @@ from service.store.tables.registered_model import RegisteredModelRow
 from service.store.tables.result import RESULT_COLUMNS, Result
 from service.store.tables.run import RUN_STATUSES, RunRow, RunStatus
 from service.store.tables.run_lens import RunLens
+from service.store.tables.run_pin import PIN_ACTIONS, RunPin
 from service.store.tables.sequence_mean import SEQUENCE_MEAN_COLUMNS, SequenceMean
 from service.store.tables.stage import StageBoundary
 from service.store.tables.token_source import TokenSource
@@ -30,6 +31,7 @@ __all__ = [
     "LIVE_STATES",
     "NEURON_COLUMNS",
     "NEURON_TOKEN_COLUMNS",
+    "PIN_ACTIONS",
     "RESULT_COLUMNS",
     "RUN_STATUSES",
     "SEQUENCE_MEAN_COLUMNS",
@@ -45,6 +47,7 @@ __all__ = [
     "RegisteredModelRow",
     "Result",
     "RunLens",
+    "RunPin",
     "RunRow",
     "RunStatus",
     "SequenceMean",

@@ -79,12 +79,65 @@ export function clearSelection() {
   selectionChanged();
 }
 
+/* A run in a few words: id, why it is read (for the canonical one), its configuration. */
+function describeRun(run, basis) {
+  const tokens = run.config?.tokens ?? {};
+  const size = `${tokens.n_sequences || "all"}×${tokens.seq_len || "?"} ${tokens.source ?? ""}`;
+  return `run ${run.id}${basis ? ` (${basis})` : ""} · ${size} · ${run.dtype}`;
+}
+
+/* Which run is drawn for a model, and a menu to draw another: its canonical runs (the default,
+ * the service's choice, what every answer reads unless told otherwise) or any of its succeeded
+ * runs (read from /runs when the menu is first drawn). */
+function runPicker(m) {
+  const canonical = m.current_runs?.intervention ?? Object.values(m.current_runs ?? {})[0];
+  const basis = m.current_run_basis?.intervention ?? Object.values(m.current_run_basis ?? {})[0];
+  const picker = el("select", { class: "run-choice", "data-model-id": m.id,
+    title: "the run drawn for this model" });
+  const runs = state.runsOf(m.id);
+  const chosen = state.chosenRun(m.id);
+  const label = canonical === undefined ? "no runs"
+    : `canonical: run ${canonical}${basis ? ` (${basis})` : ""}`;
+  picker.append(el("option", { value: "", text: label }));
+  for (const run of runs ?? []) {
+    const text = describeRun(run, run.id === canonical ? basis : null);
+    picker.append(el("option", { value: run.id, text }));
+  }
+  picker.value = chosen === undefined ? "" : String(chosen);
+  picker.addEventListener("change", () => {
+    state.chooseRun(m.id, picker.value === "" ? undefined : Number(picker.value));
+    renderSelection();
+    selectionChanged();
+  });
+  if (runs === undefined) {
+    request("GET", url("/runs", { model_id: m.id, status: "succeeded", limit: 200 }))
+      .then((page) => {
+        state.setRunsOf(m.id, page.items);
+        renderSelection();
+      }).catch(() => {});
+  }
+  return picker;
+}
+
+/* What is drawn for a model, in words (the chip's hover and its `data-run` attribute). */
+function drawnRun(m) {
+  const chosen = state.chosenRun(m.id);
+  if (chosen !== undefined) return `run ${chosen} (chosen here)`;
+  const entries = Object.entries(m.current_runs ?? {});
+  if (!entries.length) return "no runs";
+  return entries.map(([family, run]) => `${family}: run ${run} (${m.current_run_basis?.[family]
+    ?? "?"})`).join("; ");
+}
+
 export function renderSelection() {
   const selected = state.selection();
   const chips = selected.map((id) => {
     const m = state.model(id);
-    return el("span", { class: "chip", "data-model-id": id },
+    return el("span", { class: "chip", "data-model-id": id,
+      "data-run": m ? (state.chosenRun(id) ?? m.current_runs?.intervention ?? "") : "",
+      title: m ? `drawn: ${drawnRun(m)}` : "" },
       el("i", { style: `background:${state.modelColor(id)}` }), m ? m.name : String(id),
+      ...(m ? [runPicker(m)] : []),
       el("button", { type: "button", title: "remove", text: "×",
         onclick: () => toggleModel(id, false) }));
   });

@@ -225,7 +225,8 @@ async function loadStages() {
   const ids = state.selectedModels().filter((m) => state.runFor(m, "intervention"))
     .map((m) => m.id);
   if (!ids.length) { state.setStageData(null); return; }
-  const target = url("/stages", { models: ids.join(",") });
+  const chosen = ids.map((id) => state.chosenRun(id)).filter((r) => r !== undefined);
+  const target = url("/stages", { models: ids.join(","), run_ids: chosen.join(",") });
   const answer = await get(target).catch(() => null);
   if (answer === null) { state.setStageData(null); return; }
   state.setStageData({ target, byModel: new Map(answer.models.map((m) => [m.id, m])),

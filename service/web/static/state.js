@@ -1,5 +1,6 @@
 /* What the page knows, shared by the other modules: the model catalog (each model says which
- * run the API reads for each family: `current_runs`), the selection, the view options, the
+ * run the API reads for each family: `current_runs`, and why: `current_run_basis`), the runs a
+ * person chose to draw instead, the selection, the view options, the
  * stage boundaries of the selection, the refit families and the saved API key. Read through the
  * getters; change only through the updates below, which keep the pieces consistent (the
  * selection never names a model the catalog lacks; colours follow the selection order).
@@ -13,6 +14,8 @@ let key = localStorage.getItem(KEY_STORAGE) || "";
 let models = Object.freeze([]);
 let byId = new Map();
 let runsSeen = { total: 0, latest: 0 };
+const runChoice = new Map();  // model id -> the run id a person chose to draw
+const runLists = new Map();  // model id -> its succeeded runs (GET /runs)
 let selected = Object.freeze([]);
 let xAxis = "layer";
 let showErr = true;
@@ -57,11 +60,32 @@ export function hasRuns(id) {
 export function runCount() { return runsSeen.total; }
 export function latestRunId() { return runsSeen.latest; }
 
-/* The id of the run the API reads for this model and family (the model answer's
- * `current_runs`: the service decides); undefined if none computed it. */
+/* The id of the run drawn for this model and family: the run a person chose for the model
+ * (`chooseRun`) where it computed the family, else the model's canonical run (the model
+ * answer's `current_runs`: the service decides); undefined if none computed it. */
 export function runFor(m, family) {
+  const chosen = runChoice.get(m.id);
+  if (chosen !== undefined) {
+    const run = (runLists.get(m.id) ?? []).find((r) => r.id === chosen);
+    if (run && run.families.includes(family)) return chosen;
+  }
   return (byId.get(m.id) ?? m).current_runs?.[family];
 }
+
+/* Why the service reads a family's run by default: "pinned", "default" or "latest". */
+export function runBasis(m, family) {
+  return (byId.get(m.id) ?? m).current_run_basis?.[family];
+}
+
+/* The run a person chose to draw for a model instead of its canonical runs (undefined: the
+ * canonical ones), and the model's succeeded runs to choose from (read once per model). */
+export function chosenRun(id) { return runChoice.get(id); }
+export function chooseRun(id, runId) {
+  if (runId === undefined || runId === null) runChoice.delete(id);
+  else runChoice.set(id, runId);
+}
+export function runsOf(id) { return runLists.get(id); }
+export function setRunsOf(id, runs) { runLists.set(id, runs); }
 
 /* -------------------------------------------------------------- selection */
 
