@@ -177,6 +177,16 @@ class JobsSettings(BaseModel):
         "that lacks current results: at start, at each registration, and on "
         "beat's schedule (false: only what is submitted is computed)",
     )
+    auto_run_max_tflop: float | None = Field(
+        20.0,
+        ge=0,
+        description="a default run estimated above this many TFLOP (compute.flops; 20: about "
+        "20 minutes on a CPU worker, SmolLM2-135M's is 278) is queued only when asked — "
+        "`strata models add --compute`, POST /api/v1/models with default_run true, or "
+        "`strata jobs submit --model NAME` — not by a registration or reconciliation on their "
+        "own, nor is one whose cost is unknown (its numbers are not known before loading); "
+        "unset: every default run is queued automatically",
+    )
     register_zoo: bool = Field(
         True,
         description="on the first start with an empty store, "

@@ -112,6 +112,8 @@ def submit(
         body["tuned_lens"] = lens
     job = call(url, "POST", "/api/v1/jobs", json=body)
     click.echo(json.dumps(job, indent=2))
+    if job.get("estimate"):  # on stderr: stdout stays the job's JSON
+        click.echo(f"job {job['id']} estimate: {job['estimate']['summary']}", err=True)
     if watch_it:
         _watch(url, int(job["id"]))
 

@@ -5,6 +5,10 @@ writer)."""
 
 from __future__ import annotations
 
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -33,29 +37,76 @@ REGISTER_TIMEOUT_S = 1800.0
     help="the model's name in URLs (default: the checkpoint folder's name, or the source's)",
 )
 @click.option("--revision", default=None)
+@click.option(
+    "--compute",
+    "compute_default",
+    is_flag=True,
+    help="queue the model's default run now, whatever it costs (without it: automatically "
+    "only when its estimate is within the service's STRATA_JOBS__AUTO_RUN_MAX_TFLOP)",
+)
 @url_option
-def add(source: str, name: str | None, revision: str | None, url: str | None) -> None:
+def add(
+    source: str,
+    name: str | None,
+    revision: str | None,
+    compute_default: bool,
+    url: str | None,
+) -> None:
     """Register a model (zoo:NAME, a checkpoint folder, a TransformerLens name). With a service
-    running, through it (its default run is then queued); otherwise into the database file."""
+    running, through it: prints what its default run would cost and whether it was queued
+    (automatically only within STRATA_JOBS__AUTO_RUN_MAX_TFLOP; --compute to ask for it);
+    otherwise into the database file."""
     path = Path(source)
     # A local checkpoint folder or GGUF file is sent as an absolute path: the service resolves
     # paths against its own working folder, not this shell's.
     local = (path / "config.json").is_file() or (path.is_file() and path.suffix.lower() == ".gguf")
     ref = str(path.resolve()) if local else source
-    body = {
+    body: dict[str, Any] = {
         "source": ref,
         **({"name": name} if name else {}),
         **({"revision": revision} if revision else {}),
     }
     settings = get_settings()
     if url is not None or service_up(settings.api_url):
+        if compute_default:
+            body["default_run"] = True
         # Registration loads the model to measure its parity: a real model's GGUF is
         # dequantized and loaded in minutes on a CPU (Gemma 3 270M: 2-3), well past the
-        # minute that other calls wait.
-        model = call(url, "POST", "/api/v1/models", json=body, timeout=REGISTER_TIMEOUT_S)
+        # minute that other calls wait. Said while it waits, with the time so far.
+        with _waiting(
+            f"registering {source}: the service loads it to record its numbers and "
+            "check its forward against Hugging Face's (minutes for a real model on "
+            "a CPU)"
+        ):
+            model = call(url, "POST", "/api/v1/models", json=body, timeout=REGISTER_TIMEOUT_S)
     else:
         model = _register_locally(body, path)
     click.echo(f"registered {model['name']} (id {model['id']}, {model['source']})")
+    plan = model.get("default_run")
+    if plan:
+        job = f" (job {plan['job_id']})" if plan.get("job_id") is not None else ""
+        click.echo(f"default run{job}: {plan['detail']}")
+
+
+@contextlib.contextmanager
+def _waiting(what: str, every_s: float = 5.0) -> Iterator[None]:
+    """Say on stderr what is being waited for, then every `every_s` seconds how long so far,
+    until the block ends."""
+    click.echo(f"{what} ...", err=True)
+    done = threading.Event()
+    start = time.monotonic()
+
+    def tick() -> None:
+        while not done.wait(every_s):
+            click.echo(f"  still loading: {time.monotonic() - start:.0f} s", err=True)
+
+    thread = threading.Thread(target=tick, name="strata-waiting", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 def _register_locally(body: dict[str, Any], path: Path) -> dict[str, str | int]:

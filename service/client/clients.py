@@ -22,7 +22,7 @@ from service.client.transport import NO_RETRY, READS, RetryPolicy, Transport, de
 from service.schemas.families import Family
 from service.schemas.health import Health
 from service.schemas.jobs import Job, JobPage
-from service.schemas.models import Model, ModelDetail, ModelPage
+from service.schemas.models import Model, ModelDetail, ModelPage, Registered
 from service.schemas.pins import Pins
 from service.schemas.runs import Run, RunPage
 from service.schemas.stages import ModelStages
@@ -210,15 +210,21 @@ class BaseClient(ABC, Generic[FrameT]):
         *,
         revision: str | None = None,
         processing: dict[str, bool] | None = None,
-    ) -> Model:
-        """Register a model without computing (API key). The same registration again answers
-        the existing model; its source under another name is a `ConflictError`."""
+        default_run: bool = False,
+    ) -> Registered:
+        """Register a model (API key). The same registration again answers the existing model;
+        its source under another name is a `ConflictError`. The answer's `default_run` says
+        what the model's default run would cost and whether it was queued (`default_run`:
+        True asks for it whatever it costs; otherwise it is queued automatically only within
+        the service's STRATA_JOBS__AUTO_RUN_MAX_TFLOP)."""
         body: dict[str, Any] = {"name": name, "source": source}
         if revision is not None:
             body["revision"] = revision
         if processing is not None:
             body["processing"] = processing
-        return decode(self._send("POST", f"{V1}/models", body=body), Model)
+        if default_run:
+            body["default_run"] = True
+        return decode(self._send("POST", f"{V1}/models", body=body), Registered)
 
     def runs(
         self,

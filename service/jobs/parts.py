@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 
 from service.jobs.board import Live
 from service.jobs.errors import JobConflictError, JobNotFoundError
+from service.schemas.jobs import Estimate
 from service.store import job_rows
 from service.store.errors import IngestError
 from service.store.tables import JobRow, utcnow
@@ -17,11 +18,13 @@ from service.store.tables import JobRow, utcnow
 
 @dataclass(frozen=True)
 class JobView:
-    """A job as the API shows it: its row, its live progress, its model's name."""
+    """A job as the API shows it: its row, its live progress, its model's name, and (in the
+    answer to its submission) what it would cost."""
 
     job: JobRow
     live: Live | None
     model: str
+    estimate: Estimate | None = None
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ cancelled) and on every upkeep round.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
@@ -41,10 +42,19 @@ from compute.errors import SpecError
 from compute.run import METRIC_VERSION, RunConfig, RunResult
 from service.jobs.board import Board, WorkerSeen
 from service.jobs.broker import OPS_QUEUE, Broker
-from service.jobs.configs import JobRequest, check_lens, check_sequences, run_config
+from service.jobs.configs import (
+    JobRequest,
+    check_lens,
+    check_sequences,
+    default_config,
+    run_config,
+)
 from service.jobs.errors import JobConflictError, JobNotFoundError
+from service.jobs.estimate import RATE_JOBS, Finished, above_threshold, describe
+from service.jobs.estimate import estimate as estimate_run
 from service.jobs.families import FamilyJobs
 from service.jobs.parts import JobView, NewJob, mark_succeeded
+from service.schemas.jobs import Estimate
 from service.schemas.runs import IngestSummary
 from service.settings import Settings
 from service.store import Store, job_rows
@@ -89,6 +99,7 @@ class JobService:
         self._threads_lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self.families = FamilyJobs(self)
+        self._held_back: set[str] = set()  # default runs logged as waiting to be asked for
 
     # ------------------------------------------------------------------ reads
     def view(self, job: JobRow, names: dict[int, str] | None = None) -> JobView:
@@ -208,14 +219,70 @@ class JobService:
         return model, config
 
     def submit(self, request: JobRequest, *, reason: str = "api") -> tuple[JobView, bool]:
-        """The job for a request, and whether it is new. Raises `SpecError` before anything is
-        stored or sent, `BrokerUnavailableError` if the broker does not take it (nothing kept)."""
+        """The job for a request, and whether it is new, with what it would cost (`estimate`).
+        Raises `SpecError` before anything is stored or sent, `BrokerUnavailableError` if the
+        broker does not take it (nothing kept)."""
         model, config = self.configure(request)
         # Counted for people's requests; reconciliation's default runs are not (every model's
         # tokenizer read at every start, for the deployment's own small default).
         check_sequences(config)
+        found = self.estimate(model, config, device=request.device, queue=request.queue)
         job, new = self._create(model, config, request, reason)
-        return self.settle(job, new, reason), new
+        view = self.settle(job, new, reason)
+        return dataclasses.replace(view, estimate=found), new
+
+    # ------------------------------------------------------------------ estimates
+    def estimate(
+        self,
+        model: RegisteredModelRow,
+        config: RunConfig,
+        *,
+        device: str | None = None,
+        queue: str = "gpu",
+    ) -> Estimate:
+        """What `config` would cost (`service.jobs.estimate`): FLOPs, peak memory on the
+        device it would run on, and its time on each live worker that could take it, by the
+        rate that worker's finished jobs measured."""
+        workers = [
+            w
+            for w in self.compute_workers()
+            if queue in w.queues and device_matches(device, w.device)
+        ]
+        on = device or (workers[0].device if workers else self.settings.worker.device)
+        with self.store.read() as conn, Session(bind=conn, expire_on_commit=False) as session:
+            done = job_rows.finished_by(session, [w.name for w in workers], RATE_JOBS)
+            session.expunge_all()
+        finished = []
+        for job, job_model in done:
+            try:
+                job_config = RunConfig.model_validate(job.config)
+            except ValueError:  # a configuration of an older code version: not measured
+                continue
+            wall = (job.finished_at - job.started_at).total_seconds()  # type: ignore[operator]
+            finished.append(Finished(job.worker or "", job_config, job_model, wall))
+        return estimate_run(
+            config,
+            model,
+            device=on,
+            workers=[(w.name, w.device) for w in workers],
+            finished=finished,
+        )
+
+    def default_job(self, config: RunConfig) -> JobRow | None:
+        """The newest job of a configuration (a default run's: was it ever queued?)."""
+        with self.store.read() as conn, Session(bind=conn, expire_on_commit=False) as session:
+            job = job_rows.latest_for(session, config.config_hash(), config.metric_version)
+            if job is not None:
+                session.expunge(job)
+        return job
+
+    def default_run_plan(self, model: RegisteredModelRow) -> tuple[RunConfig, Estimate, bool]:
+        """A model's default run: its configuration, its estimate, and whether reconciliation
+        may queue it on its own (false above `STRATA_JOBS__AUTO_RUN_MAX_TFLOP` or of unknown
+        cost: it waits to be asked). `SpecError` when the defaults do not fit the model."""
+        config = default_config(model.spec, model.n_ctx, self.settings)
+        found = self.estimate(model, config)
+        return config, found, not above_threshold(found, self.settings.jobs.auto_run_max_tflop)
 
     def settle(self, job: JobRow, new: bool, reason: str) -> JobView:
         """After `create` for a person's request: a new job is sent at once; a held
@@ -554,6 +621,21 @@ class JobService:
             ]
         self.board.grace(running)
 
+    def _may_queue_on_its_own(self, model: RegisteredModelRow, config: RunConfig) -> bool:
+        """Whether reconciliation may queue this default run unasked: its estimate is within
+        `STRATA_JOBS__AUTO_RUN_MAX_TFLOP` (said once per configuration in the log if not)."""
+        if self.settings.jobs.auto_run_max_tflop is None:
+            return True
+        # the FLOPs decide: no worker's rate is needed (nor read, every minute, per model)
+        found = estimate_run(config, model, device="cpu", workers=(), finished=())
+        if not above_threshold(found, self.settings.jobs.auto_run_max_tflop):
+            return True
+        key = config.config_hash()
+        if key not in self._held_back:
+            self._held_back.add(key)
+            log.info(_never_asked(model, config, found))
+        return False
+
     def reconcile_soon(self, delay_s: float = 0.0) -> None:
         """Reconcile in the background (after a registration: the answer need not wait), after
         `delay_s` seconds (a refit family's edits settling); not at all if the service stops
@@ -611,7 +693,7 @@ class JobService:
                         job_rows.latest_for(session, config_hash, METRIC_VERSION) is not None
                         or job_rows.succeeded_run(session, config_hash, METRIC_VERSION) is not None
                     )
-                if known:
+                if known or not self._may_queue_on_its_own(model, config):
                     continue
                 job, new = self._create(model, config, JobRequest(model=str(model.id)), reason)
                 if new and job.state == "queued":  # held: sent when a worker is free
@@ -622,6 +704,14 @@ class JobService:
             log.info("reconcile queued jobs %s", queued)
             self.release_background()
         return queued
+
+
+def _never_asked(model: RegisteredModelRow, config: RunConfig, found: Estimate) -> str:
+    return (
+        f"model {model.id} ({model.name}): its default run is not queued on its own "
+        f"({describe(found)}; above STRATA_JOBS__AUTO_RUN_MAX_TFLOP or of unknown cost); "
+        f"ask for it with `strata jobs submit --model {model.name}`"
+    )
 
 
 def _default_run_cost(model: RegisteredModelRow) -> tuple[float, int]:

@@ -145,6 +145,36 @@ class JobProgress(msgspec.Struct):
     eta_s: float | None
 
 
+class WorkerTime(msgspec.Struct):
+    """How long a run would take on one worker that could take it: its measured rate (the
+    estimated FLOPs of its last finished jobs over their wall time); null without one."""
+
+    worker: str
+    device: str
+    flops_per_s: float | None
+    seconds: float | None
+    jobs_measured: int
+    note: str
+
+
+class Estimate(msgspec.Struct):
+    """What a run would cost (`service.jobs.estimate`): FLOPs (`compute.flops`), peak device
+    memory — weights plus the batch's working set — and the host's while loading
+    (`compute.memory`), and its time on each worker that could take it (`seconds`: the fastest
+    with a measured rate; null when none has one). Null where the model's numbers are not known
+    before loading; `notes` say what is not counted or known."""
+
+    flops: float | None
+    peak_memory_bytes: int | None
+    weights_bytes: int | None
+    bytes_per_sequence: int | None
+    load_peak_host_bytes: int | None
+    seconds: float | None
+    workers: list[WorkerTime]
+    notes: list[str]
+    summary: str = ""  # the estimate in one line, as the CLI prints it
+
+
 class Job(msgspec.Struct):
     id: int
     state: str
@@ -168,6 +198,8 @@ class Job(msgspec.Struct):
     attempts: int
     error: str | None
     config: dict[str, Any]
+    # what it would cost: in the answer to its submission (null in other answers)
+    estimate: Estimate | None = None
 
 
 class JobPage(msgspec.Struct):

@@ -7,6 +7,8 @@ from typing import Annotated, Any
 
 import msgspec
 
+from service.schemas.jobs import Estimate
+
 
 class AppliedProcessing(msgspec.Struct):
     """The weight processing actually applied (null until the model has been loaded)."""
@@ -103,6 +105,23 @@ class ModelDetail(Model):
     pinned: dict[str, int] = {}
 
 
+class DefaultRun(msgspec.Struct):
+    """A registration's default run: whether it was queued (`job_id` when the registration
+    queued it itself; reconciliation queues it a moment later otherwise), what it would cost,
+    and in words why it was or was not queued and how to ask for it."""
+
+    queued: bool
+    job_id: int | None
+    estimate: Estimate | None
+    detail: str
+
+
+class Registered(Model):
+    """A registration's answer: the model, and its default run (null without a job system)."""
+
+    default_run: DefaultRun | None = None
+
+
 class ModelPage(msgspec.Struct):
     items: list[Model]
     total: int
@@ -144,3 +163,11 @@ class RegisterModel(msgspec.Struct, forbid_unknown_fields=True):
     name: ModelName | None = None  # default: the checkpoint folder's name, or the source's
     revision: str | None = None
     processing: ProcessingRequest | None = None
+    default_run: Annotated[
+        bool,
+        msgspec.Meta(
+            description="true: queue the model's default run now, whatever it costs; false "
+            "(default): queued automatically when its estimate is within "
+            "STRATA_JOBS__AUTO_RUN_MAX_TFLOP and reconciliation is on, else only when asked"
+        ),
+    ] = False

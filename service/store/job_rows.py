@@ -90,6 +90,29 @@ def page(
     return list(rows), int(total)
 
 
+def finished_by(
+    session: Session, workers: list[str], per_worker: int
+) -> list[tuple[JobRow, RegisteredModelRow]]:
+    """The newest succeeded run jobs (not stability jobs) of each of `workers`, with their
+    models: what a worker's measured rate is taken over."""
+    out: list[tuple[JobRow, RegisteredModelRow]] = []
+    for worker in workers:
+        rows = session.execute(
+            sa.select(JobRow, RegisteredModelRow)
+            .join(RegisteredModelRow, RegisteredModelRow.id == JobRow.model_id)
+            .where(
+                JobRow.worker == worker,
+                JobRow.state == "succeeded",
+                JobRow.started_at.is_not(None),
+                JobRow.finished_at.is_not(None),
+            )
+            .order_by(JobRow.id.desc())
+            .limit(per_worker)
+        )
+        out += [(job, model) for job, model in rows.tuples()]
+    return out
+
+
 def in_state(session: Session, state: str) -> list[JobRow]:
     return list(session.scalars(sa.select(JobRow).where(JobRow.state == state).order_by(JobRow.id)))
 

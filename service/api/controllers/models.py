@@ -26,8 +26,9 @@ from service.api.queries import pins as pin_queries
 from service.api.queries import stages as stage_queries
 from service.api.queries.answers import Answer
 from service.api.queries.index import Snapshot
+from service.api.queries.jobs import default_run_of
 from service.api.respond import DATA_ERRORS, ApiContext, errors, respond
-from service.schemas.models import Model, ModelDetail, ModelPage, RegisterModel
+from service.schemas.models import ModelDetail, ModelPage, Registered, RegisterModel
 from service.schemas.neurons import NeuronCounts, Neurons
 from service.schemas.pins import PinRequest, Pins
 from service.schemas.results import HeadRows, MetricRows, SequenceRows
@@ -84,23 +85,31 @@ class ModelsController(Controller):
         status_code=201,
         responses=errors(400, 401, 403, 409, 422),
     )
-    def register(self, ctx: ApiContext, data: RegisterModel) -> Response[Model]:
+    def register(self, ctx: ApiContext, data: RegisterModel) -> Response[Registered]:
         """Register a model (API key). 201 when new; 200 with the existing model when the same
         registration exists; 409 when its source is registered under another name. `name`
-        defaults to the checkpoint folder's name (or the source's). A new model's default run
-        is queued at once when reconciliation is on (`STRATA_JOBS__RECONCILE`)."""
+        defaults to the checkpoint folder's name (or the source's). `default_run` says what
+        its default run would cost (FLOPs, peak memory, time on each worker by its measured
+        rate) and whether it was queued: automatically when reconciliation is on
+        (`STRATA_JOBS__RECONCILE`) and its estimate is within
+        `STRATA_JOBS__AUTO_RUN_MAX_TFLOP`, else only when asked (`"default_run": true`)."""
         model, created = register(
             ctx.store,
             _registration(data),
             checkpoint_roots=ctx.settings.registration_roots(),
             load_max_mb=ctx.settings.api.register_load_max_mb,
         )
-        if created and ctx.jobs is not None and ctx.settings.jobs.reconcile:
-            ctx.jobs.reconcile_soon()
+        plan = None
+        if ctx.jobs is not None:
+            plan = default_run_of(
+                ctx.jobs, ctx.settings, model, asked=data.default_run, created=created
+            )
         current = ctx.snapshot().canonical_runs(model.id)
-        return Response(
-            models_and_runs.model_out(model, [], current), status_code=201 if created else 200
+        base = models_and_runs.model_out(model, [], current)
+        answer = Registered(
+            **{f: getattr(base, f) for f in base.__struct_fields__}, default_run=plan
         )
+        return Response(answer, status_code=201 if created else 200)
 
     @get("/{model:str}", sync_to_thread=True, responses=errors(400, 404))
     def get_model(self, ctx: ApiContext, model: str, model_id: ModelId = None) -> ModelDetail:

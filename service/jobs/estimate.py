@@ -1,0 +1,248 @@
+"""What a run would cost, told before anyone commits to it: its FLOPs (`compute.flops`), its
+peak memory (`compute.memory`), and its time on each worker that could take it, from that
+worker's measured rate.
+
+- FLOPs: every family's per-sequence formula times the sequences, plus the work done once per
+  run (neuron cosines, the induction probe). A family with no formula (the tuned lens's
+  training) is named in `notes`, not guessed.
+- Memory: the weights (with the fused copies of the fast path) plus the batch's working set —
+  every sequence at once, bounded on a CPU worker by its batch budget
+  (`compute.memory.batch_budget_bytes`), as the engine plans it — and the host's peak while
+  loading.
+- Time: a worker's rate is measured, never assumed: the estimated FLOPs of the last jobs it
+  finished over their wall time (loading included). A worker that has finished no job has no
+  rate, and the estimate says so instead of inventing one.
+
+The model's numbers are the registered ones (a checkpoint folder's config.json before it was
+loaded); where they are unknown the estimate is `null` with the reason.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+
+from compute.flops import family_flops, induction_flops, neurons_flops
+from compute.memory import (
+    DTYPE_BYTES,
+    ModelDims,
+    batch_budget_bytes,
+    load_peak_bytes,
+    sweep_bytes_per_sequence,
+)
+from compute.run import RunConfig
+from service.schemas.jobs import Estimate, WorkerTime
+from service.store.tables import RegisteredModelRow
+
+# Architectures whose MLP is gated (three matrices): their FLOPs and weights follow from that.
+GATED = re.compile(
+    r"llama|mistral|mixtral|gemma|qwen|olmo|phi3|granite|cohere|smollm|internlm|stablelm|"
+    r"deepseek|exaone|glm|nemotron|apertus|hunyuan|seed_oss",
+    re.IGNORECASE,
+)
+# Jobs a worker's rate is measured over (its newest).
+RATE_JOBS = 20
+TFLOP = 1e12
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A job a worker finished: what it computed and how long it took."""
+
+    worker: str
+    config: RunConfig
+    model: RegisteredModelRow
+    wall_s: float
+
+
+def dims_of(model: RegisteredModelRow) -> ModelDims | None:
+    """The model's dimensions from its registered numbers (a checkpoint folder's config.json
+    while they are unknown); None where they are not known before loading."""
+    numbers = (model.n_layers, model.d_model, model.n_heads, model.d_mlp, model.d_vocab)
+    if all(n is not None for n in numbers):
+        n_layers, d_model, n_heads, d_mlp, d_vocab = (int(n) for n in numbers)  # type: ignore[arg-type]
+        return ModelDims(
+            n_layers=n_layers,
+            d_model=d_model,
+            n_heads=n_heads,
+            d_head=d_model // max(n_heads, 1),
+            d_mlp=d_mlp,
+            d_vocab=d_vocab,
+            n_ctx=int(model.n_ctx or 2048),
+            gated_mlp=bool(GATED.search(model.architecture or "")),
+            learned_positions=bool(re.search(r"gpt2|gptneo|opt", model.architecture or "", re.I)),
+        )
+    if model.source == "hf_dir":
+        return ModelDims.from_hf_config(Path(str(model.spec.get("name", ""))))
+    return None
+
+
+def run_flops(config: RunConfig, dims: ModelDims, *, parallel: bool = False) -> tuple[float, int]:
+    """A run's FLOPs and the sequences they were counted for (a source read whole, n = 0, is
+    counted as one sequence: its length is not known here; `run_notes` says so)."""
+    seq_len = config.tokens.seq_len or min(128, dims.n_ctx)
+    n_sequences = config.tokens.n_sequences or 1
+    per_sequence = family_flops(dims, seq_len, config.families, parallel=parallel)
+    total = sum(per_sequence.values()) * n_sequences
+    if "neurons" in config.families:
+        total += neurons_flops(dims)
+    if "heads" in config.families:
+        total += induction_flops(
+            dims, config.options.induction_n, config.options.induction_sequences
+        )
+    return total, n_sequences
+
+
+def run_notes(config: RunConfig) -> list[str]:
+    notes = []
+    if "tuned_lens" in config.families:
+        notes.append("the tuned lens's training is not counted (it has no FLOP formula)")
+    if not config.tokens.n_sequences:
+        notes.append("the token source is read whole: counted as one sequence")
+    return notes
+
+
+def memory(config: RunConfig, dims: ModelDims, device: str) -> tuple[int, int, int, int]:
+    """(peak device bytes, weight bytes, bytes per sequence, host bytes while loading)."""
+    dtype = config.model.dtype
+    width = DTYPE_BYTES.get(dtype, 4)
+    seq_len = config.tokens.seq_len or min(128, dims.n_ctx)
+    families = set(config.families)
+    per_sequence = sweep_bytes_per_sequence(
+        dims,
+        seq_len,
+        width,
+        patterns=bool(families & {"attention", "heads", "heads_atp"}),
+        z="heads" in families,
+    )
+    weights = dims.weight_bytes(dtype) + dims.fast_path_extra_bytes(dtype)
+    batch = per_sequence * max(config.tokens.n_sequences, 1)
+    if not device.startswith("cuda"):  # the engine's CPU budget bounds the batch
+        batch = min(batch, batch_budget_bytes(dims.n_params, width, device, None))
+    return weights + batch, weights, per_sequence, load_peak_bytes(dims, dtype, device)
+
+
+def estimate(
+    config: RunConfig,
+    model: RegisteredModelRow,
+    *,
+    device: str,
+    workers: Iterable[tuple[str, str]],
+    finished: Iterable[Finished],
+) -> Estimate:
+    """The estimate of running `config` of `model` on `device`, timed on each of `workers`
+    ((name, device) that could take it) by the rate its `finished` jobs measured."""
+    dims = dims_of(model)
+    if dims is None:
+        return _summarised(
+            Estimate(
+                flops=None,
+                peak_memory_bytes=None,
+                weights_bytes=None,
+                bytes_per_sequence=None,
+                load_peak_host_bytes=None,
+                seconds=None,
+                workers=[],
+                notes=[
+                    "the model's numbers are not known before it is loaded (it was registered by "
+                    "name, offline): no estimate"
+                ],
+            )
+        )
+    flops, _ = run_flops(config, dims)
+    peak, weights, per_sequence, load_peak = memory(config, dims, device)
+    rates = measured_rates(finished)
+    times = []
+    for name, worker_device in workers:
+        rate, count = rates.get(name, (None, 0))
+        times.append(
+            WorkerTime(
+                worker=name,
+                device=worker_device,
+                flops_per_s=None if rate is None else float(f"{rate:.4g}"),
+                seconds=None if rate is None else round(flops / rate, 1),
+                jobs_measured=count,
+                note=(
+                    f"measured over its last {count} finished job(s), loading included"
+                    if rate is not None
+                    else "no measured rate: this worker has finished no job yet"
+                ),
+            )
+        )
+    timed = [t.seconds for t in times if t.seconds is not None]
+    notes = run_notes(config)
+    if not times:
+        notes.append("no worker that could take it is up: no time estimate")
+    elif not timed:
+        notes.append("no worker has a measured rate yet: no time estimate")
+    return _summarised(
+        Estimate(
+            flops=float(f"{flops:.4g}"),
+            peak_memory_bytes=peak,
+            weights_bytes=weights,
+            bytes_per_sequence=per_sequence,
+            load_peak_host_bytes=load_peak,
+            seconds=min(timed) if timed else None,
+            workers=times,
+            notes=notes,
+        )
+    )
+
+
+def _summarised(found: Estimate) -> Estimate:
+    return msgspec.structs.replace(found, summary=describe(found))
+
+
+def measured_rates(finished: Iterable[Finished]) -> dict[str, tuple[float, int]]:
+    """Per worker: FLOP/s over its finished jobs (their estimated FLOPs over their summed wall
+    time) and how many jobs that was."""
+    work: dict[str, list[float]] = {}
+    for job in finished:
+        dims = dims_of(job.model)
+        if dims is None or job.wall_s <= 0:
+            continue
+        flops, _ = run_flops(job.config, dims)
+        done = work.setdefault(job.worker, [0.0, 0.0, 0.0])
+        done[0] += flops
+        done[1] += job.wall_s
+        done[2] += 1
+    return {w: (f / s, int(n)) for w, (f, s, n) in work.items() if s > 0}
+
+
+def above_threshold(found: Estimate, max_tflop: float | None) -> bool:
+    """Whether an automatic default run of this estimate waits to be asked for: above the
+    threshold, or of unknown cost (with a threshold set)."""
+    if max_tflop is None:
+        return False
+    return found.flops is None or found.flops > max_tflop * TFLOP
+
+
+def describe(found: Estimate) -> str:
+    """The estimate in one line: FLOPs, peak memory, time on the fastest measured worker."""
+    if found.flops is None:
+        return "cost unknown (" + "; ".join(found.notes) + ")"
+    parts = [f"{found.flops / TFLOP:.3g} TFLOP"]
+    if found.peak_memory_bytes is not None:
+        parts.append(f"peak memory {found.peak_memory_bytes / 2**30:.2f} GiB")
+    if found.seconds is not None:
+        fastest = min((t for t in found.workers if t.seconds is not None), key=_seconds)
+        parts.append(f"about {_duration(found.seconds)} on {fastest.worker}")
+    else:
+        parts.append("time unknown: no worker has a measured rate yet")
+    return ", ".join(parts)
+
+
+def _seconds(t: WorkerTime) -> float:
+    return t.seconds if t.seconds is not None else float("inf")
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"

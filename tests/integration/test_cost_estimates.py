@@ -1,0 +1,131 @@
+"""The cost before the commitment (issue 50): a job's submission and a model's registration
+answer what the run would cost — FLOPs (`compute.flops`), peak memory (`compute.memory`) and
+the time on each worker that could take it, from that worker's measured rate (none measured:
+none given) — and a default run above `STRATA_JOBS__AUTO_RUN_MAX_TFLOP` waits to be asked for.
+
+The real app and `JobService` on a real DuckDB file, with the fake broker of
+test_job_states.py; a worker's history is written as a finished job row."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy.orm import Session
+
+from compute.flops import family_flops
+from compute.memory import ModelDims, sweep_bytes_per_sequence
+from compute.zoo.paths import zoo_path
+from service.store.tables import JobRow
+from tests.integration.test_job_states import V1, Jobs, open_jobs
+from tests.serving import wait_for
+
+TINY = {"metrics": ["intervention", "logit_lens"], "n_sequences": 2, "seq_len": 16}
+
+
+def _flops(n_sequences: int, seq_len: int, families: list[str]) -> float:
+    dims = ModelDims.from_hf_config(zoo_path("tiny-2l-s0"))
+    assert dims is not None
+    return sum(family_flops(dims, seq_len, families).values()) * n_sequences
+
+
+def test_a_submission_answers_its_flops_and_memory(tmp_path: Path) -> None:
+    with open_jobs(tmp_path) as jobs:
+        answer = jobs.submit(**TINY)
+        assert answer.status_code == 202, answer.text
+        estimate = answer.json()["estimate"]
+        assert estimate["flops"] == pytest.approx(_flops(2, 16, TINY["metrics"]), rel=1e-3)
+        dims = ModelDims.from_hf_config(zoo_path("tiny-2l-s0"))
+        assert dims is not None
+        assert estimate["bytes_per_sequence"] == sweep_bytes_per_sequence(
+            dims, 16, 4, patterns=False, z=False)
+        assert estimate["peak_memory_bytes"] == (estimate["weights_bytes"]
+                                                 + 2 * estimate["bytes_per_sequence"])
+        assert estimate["weights_bytes"] >= dims.weight_bytes("float32")
+        assert estimate["load_peak_host_bytes"] > estimate["weights_bytes"]
+        # no worker is up: no time, and it says so rather than inventing one
+        assert (estimate["seconds"], estimate["workers"]) == (None, [])
+        assert any("no worker" in note for note in estimate["notes"])
+        assert "TFLOP" in estimate["summary"]
+        assert "time unknown" in estimate["summary"]
+        # only the answer to a submission carries it
+        assert jobs.job(answer.json()["id"])["estimate"] is None
+
+
+def _finished_by(jobs: Jobs, job_id: int, worker: str, wall_s: float) -> None:
+    """Job `job_id` as if `worker` had run it in `wall_s` seconds."""
+    with jobs.store.write() as conn, Session(bind=conn) as session:
+        job = session.get(JobRow, job_id)
+        assert job is not None
+        job.state, job.worker = "succeeded", worker
+        job.started_at = job.created_at
+        job.finished_at = job.created_at + timedelta(seconds=wall_s)
+        session.flush()
+
+
+def test_the_time_comes_from_the_workers_measured_rate(tmp_path: Path) -> None:
+    with open_jobs(tmp_path) as jobs:
+        jobs.worker_alive("cpu")
+        first = jobs.submit(**TINY).json()
+        unmeasured = first["estimate"]["workers"]
+        assert [(w["worker"], w["flops_per_s"], w["seconds"]) for w in unmeasured] == [
+            ("w1", None, None)]
+        assert "no measured rate" in unmeasured[0]["note"]
+        assert first["estimate"]["seconds"] is None
+
+        _finished_by(jobs, first["id"], "w1", wall_s=10.0)
+        second = jobs.submit(**{**TINY, "n_sequences": 6}).json()["estimate"]
+        rate = first["estimate"]["flops"] / 10.0
+        timed = second["workers"][0]
+        assert timed["flops_per_s"] == pytest.approx(rate, rel=1e-3)
+        assert timed["jobs_measured"] == 1
+        assert timed["seconds"] == pytest.approx(second["flops"] / rate, rel=1e-3)
+        assert second["seconds"] == timed["seconds"]
+        assert "on w1" in second["summary"]
+
+
+def test_above_the_threshold_a_default_run_waits_to_be_asked(tmp_path: Path) -> None:
+    with open_jobs(tmp_path, reconcile=True, auto_run_max_tflop=0.01) as jobs:
+        made = jobs.http.post(f"{V1}/models", json={"source": "zoo:tiny-4l-s0"})
+        assert made.status_code == 201, made.text
+        plan = made.json()["default_run"]
+        assert (plan["queued"], plan["job_id"]) == (False, None)
+        assert plan["estimate"]["flops"] > 0.01e12
+        assert "STRATA_JOBS__AUTO_RUN_MAX_TFLOP" in plan["detail"]
+        assert "strata jobs submit --model tiny-4l-s0" in plan["detail"]
+        assert "TFLOP" in plan["detail"]
+        # reconciliation does not queue it on its own either
+        assert jobs.http.post(f"{V1}/jobs/reconcile").status_code in (200, 201)
+        listed = jobs.http.get(f"{V1}/jobs", params={"model": "tiny-4l-s0"}).json()
+        assert listed["total"] == 0
+        # asked for: queued now, as a person's job
+        asked = jobs.http.post(f"{V1}/models", json={"source": "zoo:tiny-4l-s1",
+                                                     "default_run": True})
+        assert asked.status_code == 201, asked.text
+        queued = asked.json()["default_run"]
+        assert queued["queued"] is True
+        job = jobs.job(queued["job_id"])
+        assert (job["model"], job["reason"], job["state"]) == ("tiny-4l-s1", "api", "queued")
+        assert jobs.broker.sent[-1][0] == queued["job_id"]
+
+
+def test_within_the_threshold_the_default_run_is_queued_as_before(tmp_path: Path) -> None:
+    with open_jobs(tmp_path, reconcile=True) as jobs:
+        made = jobs.http.post(f"{V1}/models", json={"source": "zoo:tiny-4l-s0"})
+        assert made.status_code == 201, made.text
+        plan: dict[str, Any] = made.json()["default_run"]
+        assert plan["queued"] is True
+        assert "queued by reconciliation" in plan["detail"]
+
+        def reconciled() -> Any:
+            found = jobs.http.get(f"{V1}/jobs", params={"model": "tiny-4l-s0"}).json()
+            return found["items"] if found["total"] else None
+
+        items = wait_for("the default run's job", reconciled, timeout=60)
+        assert items[0]["reason"] == "reconcile"
+        # the same registration again says it is queued, with its job
+        again = jobs.http.post(f"{V1}/models", json={"source": "zoo:tiny-4l-s0"})
+        assert again.status_code == 200
+        assert again.json()["default_run"]["job_id"] == items[0]["id"]
