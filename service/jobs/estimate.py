@@ -227,10 +227,10 @@ def describe(found: Estimate) -> str:
         return "cost unknown (" + "; ".join(found.notes) + ")"
     parts = [f"{found.flops / TFLOP:.3g} TFLOP"]
     if found.peak_memory_bytes is not None:
-        parts.append(f"peak memory {found.peak_memory_bytes / 2**30:.2f} GiB")
+        parts.append(f"peak memory {_bytes(found.peak_memory_bytes)}")
     if found.seconds is not None:
         fastest = min((t for t in found.workers if t.seconds is not None), key=_seconds)
-        parts.append(f"about {_duration(found.seconds)} on {fastest.worker}")
+        parts.append(f"{_duration(found.seconds)} on {fastest.worker}")
     else:
         parts.append("time unknown: no worker has a measured rate yet")
     return ", ".join(parts)
@@ -241,8 +241,14 @@ def _seconds(t: WorkerTime) -> float:
 
 
 def _duration(seconds: float) -> str:
+    if seconds < 1:
+        return "under 1 s"
     if seconds < 120:
-        return f"{seconds:.0f} s"
+        return f"about {seconds:.0f} s"
     if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
+        return f"about {seconds / 60:.0f} min"
+    return f"about {seconds / 3600:.1f} h"
+
+
+def _bytes(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"

@@ -47,6 +47,7 @@ export function setCatalog(newModels, seen) {
   models = Object.freeze([...newModels]);
   byId = new Map(models.map((m) => [m.id, m]));
   runsSeen = seen;
+  runLists.clear();  // read again when a menu is next drawn: new runs may have arrived
   selected = Object.freeze(selected.filter((id) => byId.has(id)));
 }
 
