@@ -19,7 +19,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from compute.errors import TokenSpecError
+from compute.errors import TokenSpecError, UnsupportedArchitectureError
 from compute.flops import family_flops, unit_weights
 from compute.memory import (
     ModelDims,
@@ -145,7 +145,14 @@ def sweep(
 ) -> SweepResult:
     """Compute the named families on `tokens` and return their records."""
     opts = opts or EngineOptions()
-    families = families_named(family_names)
+    refused = lm.refused_families  # recorded with the model (`describe`), not computed
+    families = [f for f in families_named(family_names) if f.name not in refused]
+    if not families:
+        named = ", ".join(dict.fromkeys(family_names))
+        raise UnsupportedArchitectureError(
+            f"{lm.architecture}: {named} refused on this architecture: "
+            + "; ".join(dict.fromkeys(refused[n] for n in family_names))
+        )
     lm.forget_derived_weights()  # weights may have been edited in place since the last sweep
     n_seq, seq_len = tokens.shape
     if seq_len < 3:
@@ -254,7 +261,9 @@ def clean_pass(
     capture_z: bool = False,
     families: frozenset[str] = frozenset(),
 ) -> BatchContext:
-    """Run the unmodified model once, caching what every family needs."""
+    """Run the unmodified model once, caching what every family needs (per block; None where
+    the block has no such thing: a pattern or z off the attention blocks, a write of a
+    sublayer it lacks)."""
     resid = [lm.embed(tokens)]
     attn_out, mlp_out, patterns, zs = [], [], [], []
     for layer in range(lm.n_layers):
@@ -262,10 +271,8 @@ def clean_pass(
         resid.append(run.resid)
         attn_out.append(run.attn_out)
         mlp_out.append(run.mlp_out)
-        if run.pattern is not None:
-            patterns.append(run.pattern)
-        if capture_z and run.z is not None:
-            zs.append(run.z)
+        patterns.append(run.pattern)
+        zs.append(run.z if capture_z else None)
     final = resid[-1][:, 1:-1].reshape(-1, lm.d_model)
     targets = tokens[:, 2:].reshape(-1)
     ref = reference_distribution(lm, final, targets, chunks=chunks)
@@ -279,6 +286,6 @@ def clean_pass(
         ref,
         chunks,
         tick,
-        z=zs if capture_z and zs else None,
+        z=zs if capture_z else None,
         families=families,
     )

@@ -94,6 +94,8 @@ class AttentionFamily(FamilyBase):
         # a query q > k among the evaluated 1..t-2 exists only for k <= t-3
         ks = [k for k in opts.prev_ks if k <= t - 3]
         for layer, pattern in enumerate(ctx.patterns):
+            if pattern is None:  # not an attention block: no rows
+                continue
             heads = pattern.shape[1]
             for metric, values in per_query_values(pattern, ks).items():  # [batch, head, q]
                 v = values[..., evaluated_queries(metric, t)]  # [batch, head, q']

@@ -175,13 +175,15 @@ class BatchContext:
     lm: LoadedModel
     tokens: Int[Tensor, "batch pos"]
     resid: list[Float[Tensor, "batch pos d_model"]]  # points 0..L (0 = embeddings)
-    attn_out: list[Float[Tensor, "batch pos d_model"]]
+    # per block; None where the block has no such sublayer (`LoadedModel.layers`)
+    attn_out: list[Float[Tensor, "batch pos d_model"] | None]
     mlp_out: list[Float[Tensor, "batch pos d_model"] | None]
-    patterns: list[Float[Tensor, "batch head q k"]] | None
+    # per block; None off the attention blocks
+    patterns: list[Float[Tensor, "batch head q k"] | None] | None
     ref: Reference
     chunks: LogitChunks
     tick: Callable[[int], None]
-    z: list[Float[Tensor, "batch pos head d_head"]] | None = None
+    z: list[Float[Tensor, "batch pos head d_head"] | None] | None = None
     families: frozenset[str] = frozenset()
     _memo: dict[tuple[object, ...], object] = field(default_factory=dict)
 

@@ -22,24 +22,27 @@ from compute.reduce import MeanAccumulator
 from compute.tokens import random_repeated_tokens
 
 
-def induction_scores(lm: LoadedModel, opts: EngineOptions) -> torch.Tensor:
-    """Per (layer, head, item) induction attention: [L, H, sequences * (n-1)]."""
+def induction_scores(lm: LoadedModel, opts: EngineOptions) -> dict[int, torch.Tensor]:
+    """Per attention block, (head, item) induction attention: [H, sequences * (n-1)]."""
     n = min(opts.induction_n, (lm.n_ctx - 1) // 2)
     tokens = random_repeated_tokens(
         opts.induction_sequences, n, lm.d_vocab_real, lm.bos_token_id, opts.induction_seed
     ).to(lm.device)
     i = torch.arange(1, n, device=lm.device)
-    scores = []
+    attention = set(lm.attention_layers)
+    scores = {}
     with torch.inference_mode():
         resid = lm.embed(tokens)
         for layer in range(lm.n_layers):
-            run = lm.run_block(layer, resid, capture_pattern=True)
+            run = lm.run_block(layer, resid, capture_pattern=layer in attention)
             resid = run.resid
+            if layer not in attention:
+                continue
             assert run.pattern is not None
             # pattern[b, h, n+i, i+1] for i = 1..n-1
             picked = run.pattern[:, :, n + i, i + 1].float()  # [b, h, n-1]
-            scores.append(picked.transpose(0, 1).reshape(lm.n_heads, -1))
-    return torch.stack(scores)
+            scores[layer] = picked.transpose(0, 1).reshape(picked.shape[1], -1)
+    return scores
 
 
 def _ablated_block_output(ctx: BatchContext, layer: int, group: list[int]) -> torch.Tensor:
@@ -48,18 +51,23 @@ def _ablated_block_output(ctx: BatchContext, layer: int, group: list[int]) -> to
     The attention write is b_O + sum_h z_h W_O[h], so zeroing head h's z subtracts exactly its
     term from the cached write: no attention is recomputed, only the MLP of the layer (which
     reads the changed residual; parallel and attention-only blocks need not even that).
-    Architectures whose write is not linear in z rerun the block with the head masked.
+    Blocks whose write is not linear in z (`LoadedModel.head_writes_are_linear`) rerun the
+    block with the head masked.
     """
     lm, b = ctx.lm, ctx.tokens.shape[0]
-    if ctx.z is None or not lm.attn_write_is_linear_in_z:
-        mask = torch.ones(len(group), lm.n_heads, device=ctx.tokens.device)
+    z = ctx.z[layer] if ctx.z is not None else None
+    attn = ctx.attn_out[layer]
+    if z is None or attn is None or not lm.head_writes_are_linear(layer):
+        heads = lm.layers[layer].heads
+        assert heads is not None, f"block {layer} has no heads"
+        mask = torch.ones(len(group), heads.n_heads, device=ctx.tokens.device)
         mask[torch.arange(len(group)), group] = 0.0
         mask = mask.repeat_interleave(b, dim=0)  # variant-major, like the residual
         pre = ctx.resid[layer].repeat(len(group), 1, 1)
         return lm.run_block(layer, pre, head_mask=mask).resid
-    delta = lm.head_writes(layer, ctx.z[layer], group)  # [g, b, pos, d]
-    if lm.has_mlp and not lm.parallel:
-        mid = ((ctx.resid[layer] + ctx.attn_out[layer])[None] - delta).flatten(0, 1)
+    delta = lm.head_writes(layer, z, group)  # [g, b, pos, d]
+    if lm.layers[layer].mlp is not None and not lm.parallel:
+        mid = ((ctx.resid[layer] + attn)[None] - delta).flatten(0, 1)
         return mid + lm.run_mlp(layer, mid)
     return (ctx.resid[layer + 1][None] - delta).flatten(0, 1)
 
@@ -71,16 +79,20 @@ def _ablated_block_output(ctx: BatchContext, layer: int, group: list[int]) -> to
 CPU_HEAD_GROUP_TOKENS = 2048
 
 
-def head_group_size(lm: LoadedModel, batch: int, seq_len: int, opts: EngineOptions) -> int:
-    """How many head variants of a layer run as one wide pass.
+def head_group_size(
+    lm: LoadedModel, batch: int, seq_len: int, opts: EngineOptions, n_heads: int | None = None
+) -> int:
+    """How many head variants of a layer (of `n_heads`, default the model's) run as one wide
+    pass.
 
     CPU: about `CPU_HEAD_GROUP_TOKENS` tokens per pass (at least one variant). Accelerator: as
     many variants as `logits_budget_mb` holds at the working set of one intervention
     (`compute.memory.variant_bytes_per_sequence`)."""
+    heads = n_heads or lm.n_heads
     if lm.device == "cpu":
-        return max(1, min(lm.n_heads, CPU_HEAD_GROUP_TOKENS // (batch * seq_len)))
+        return max(1, min(heads, CPU_HEAD_GROUP_TOKENS // (batch * seq_len)))
     per_variant = batch * variant_bytes_per_sequence(ModelDims.of(lm), seq_len, lm.dtype_bytes)
-    return max(1, min(lm.n_heads, opts.logits_budget_mb * 2**20 // max(per_variant, 1)))
+    return max(1, min(heads, opts.logits_budget_mb * 2**20 // max(per_variant, 1)))
 
 
 class HeadsFamily(FamilyBase):
@@ -89,16 +101,18 @@ class HeadsFamily(FamilyBase):
     key_fields = ("metric", "layer", "head")
 
     def units_per_batch(self, lm: LoadedModel) -> int:
-        return lm.n_layers
+        return len(lm.attention_layers)
 
     def units_at_finish(self, lm: LoadedModel, opts: EngineOptions) -> int:
         return 1
 
     def on_batch(self, ctx: BatchContext, acc: MeanAccumulator, opts: EngineOptions) -> None:
         lm = ctx.lm
-        heads = lm.n_heads
-        chunk = head_group_size(lm, ctx.tokens.shape[0], ctx.tokens.shape[1], opts)
-        for layer in range(ctx.n_layers):
+        for layer in lm.attention_layers:  # the attention blocks only: no rows elsewhere
+            head_kind = lm.layers[layer].heads
+            assert head_kind is not None
+            heads = head_kind.n_heads
+            chunk = head_group_size(lm, ctx.tokens.shape[0], ctx.tokens.shape[1], opts, heads)
             for first in range(0, heads, chunk):
                 group = list(range(first, min(heads, first + chunk)))
                 after = _ablated_block_output(ctx, layer, group)
@@ -120,7 +134,7 @@ class HeadsFamily(FamilyBase):
     ) -> FamilyOutput:
         scores = induction_scores(lm, opts)  # batch-major over the induction sequences
         acc.start_batch(0, opts.induction_sequences)  # the unit: one induction sequence
-        for layer in range(lm.n_layers):
-            acc.add_many([("induction", layer, h) for h in range(lm.n_heads)], scores[layer])
+        for layer, per_head in scores.items():
+            acc.add_many([("induction", layer, h) for h in range(per_head.shape[0])], per_head)
         tick(1)
         return super().finish(lm, acc, opts, tick)

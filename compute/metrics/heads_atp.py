@@ -63,28 +63,36 @@ def graph_sequences(lm: LoadedModel, seq_len: int, opts: EngineOptions) -> int:
     return max(1, budget // per_sequence)
 
 
-def atp_loss_delta(ctx: BatchContext, opts: EngineOptions) -> Float[Tensor, "layer head batch"]:
-    """Per layer, head and sequence of the batch: the AtP estimate of the mean loss delta (nats)
-    when the head's z is zeroed. One forward with gradients from the cached embeddings and one
-    backward to every layer's z, `graph_sequences` sequences at a time."""
+def atp_loss_delta(ctx: BatchContext, opts: EngineOptions) -> list[Float[Tensor, "head batch"]]:
+    """Per attention block (`LoadedModel.attention_layers`), head and sequence of the batch: the
+    AtP estimate of the mean loss delta (nats) when the head's z is zeroed. One forward with
+    gradients from the cached embeddings and one backward to every attention block's z,
+    `graph_sequences` sequences at a time."""
+    if not ctx.lm.attention_layers:
+        return []  # no heads (a state-space model): nothing to screen
     part = graph_sequences(ctx.lm, ctx.tokens.shape[1], opts)
     parts = [slice(first, first + part) for first in range(0, ctx.tokens.shape[0], part)]
-    return torch.cat([_atp_part(ctx.lm, ctx.tokens[p], ctx.resid[0][p], opts) for p in parts], -1)
+    done = [_atp_part(ctx.lm, ctx.tokens[p], ctx.resid[0][p], opts) for p in parts]
+    return [torch.cat(per_layer, -1) for per_layer in zip(*done, strict=True)]
 
 
 def _atp_part(
     lm: LoadedModel, tokens: Tensor, embedded: Tensor, opts: EngineOptions
-) -> Float[Tensor, "layer head batch"]:
+) -> list[Float[Tensor, "head batch"]]:
     t = tokens.shape[1]
     rows = max(1, opts.logits_budget_mb * 2**20 // (3 * 4 * lm.d_vocab))
+    attention = set(lm.attention_layers)
     with torch.inference_mode(False), torch.enable_grad():
         resid = embedded.clone().requires_grad_()  # a normal tensor: the graph's input
         zs = []
         for layer in range(lm.n_layers):
-            run = lm.run_block(layer, resid, capture_z=True)
-            if run.z is None:
-                raise ComputeError(f"block {layer} did not return its z: no gradient to attribute")
-            zs.append(run.z)
+            run = lm.run_block(layer, resid, capture_z=layer in attention)
+            if layer in attention:
+                if run.z is None:
+                    raise ComputeError(
+                        f"block {layer} did not return its z: no gradient to attribute"
+                    )
+                zs.append(run.z)
             resid = run.resid
         final = resid[:, 1:-1].reshape(-1, lm.d_model)
         # a normal tensor: on an accelerator the batch's tokens were moved there in inference
@@ -93,10 +101,10 @@ def _atp_part(
         grad_final = loss_gradient(lm, final, targets, rows)
         grads = torch.autograd.grad(final, zs, grad_outputs=grad_final)
     # [b, pos, head, d_head] -> per sequence and head: -z . g summed over positions and d_head
-    estimate = torch.stack(
-        [-(z.detach().float() * g.float()).sum(dim=(1, 3)) for z, g in zip(zs, grads, strict=True)]
-    )  # [layer, batch, head]
-    return estimate.transpose(1, 2) / (t - 2)
+    return [
+        -(z.detach().float() * g.float()).sum(dim=(1, 3)).T / (t - 2)
+        for z, g in zip(zs, grads, strict=True)
+    ]  # per attention block: [head, batch]
 
 
 class HeadsAtpFamily(FamilyBase):
@@ -107,8 +115,7 @@ class HeadsAtpFamily(FamilyBase):
         return 1
 
     def on_batch(self, ctx: BatchContext, acc: MeanAccumulator, opts: EngineOptions) -> None:
-        estimate = atp_loss_delta(ctx, opts)  # [L, H, b]: one value per sequence
-        heads = range(ctx.lm.n_heads)
-        keys = [("loss_delta", layer, h) for layer in range(ctx.n_layers) for h in heads]
-        acc.add_many(keys, estimate.reshape(len(keys), -1))
+        estimates = atp_loss_delta(ctx, opts)  # per attention block: [H, b]
+        for layer, estimate in zip(ctx.lm.attention_layers, estimates, strict=True):
+            acc.add_many([("loss_delta", layer, h) for h in range(estimate.shape[0])], estimate)
         ctx.tick(1)

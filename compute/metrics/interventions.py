@@ -26,8 +26,21 @@ PAIRED = (("swap_minus_drop_kl", "kl"), ("swap_minus_drop_top1", "top1_agreement
 PAIRED_COMPONENT = "swap-drop"
 
 
-def _kinds(lm: LoadedModel) -> tuple[str, ...]:
-    return KINDS if lm.has_mlp else ("drop", "swap", "drop_attn")
+def _kinds(lm: LoadedModel, layer: int) -> tuple[str, ...]:
+    """The kinds measured at block `layer`: drop everywhere, swap but at the last block,
+    drop_attn where the block has a token mixer (attention or not), drop_mlp where it has an
+    MLP."""
+    kind = lm.layers[layer]
+    return tuple(
+        k
+        for k, present in (
+            ("drop", True),
+            ("swap", layer < lm.n_layers - 1),
+            ("drop_attn", kind.mixer is not None),
+            ("drop_mlp", kind.mlp is not None),
+        )
+        if present
+    )
 
 
 def metric_values(q: TokenStats, ref: Reference) -> Tensor:
@@ -57,7 +70,7 @@ class InterventionFamily(FamilyBase):
     key_fields = ("metric", "component", "layer")
 
     def units_per_batch(self, lm: LoadedModel) -> int:
-        return 1 + len(_kinds(lm)) * lm.n_layers - 1
+        return 1 + sum(len(_kinds(lm, layer)) for layer in range(lm.n_layers))
 
     def on_batch(self, ctx: BatchContext, acc: MeanAccumulator, opts: EngineOptions) -> None:
         n_layers = ctx.n_layers
@@ -95,12 +108,18 @@ def _layer_runs(ctx: BatchContext, layer: int) -> list[tuple[str, Callable[[], T
       logit-lens point L-1, shared with the lens);
     - drop_mlp: the cached residual plus the cached attention write of l (no attention rerun);
     - drop_attn: the cached residual plus the MLP of l rerun on it (parallel models: plus the
-      cached MLP write, which reads the same residual; attention-only models: same as drop);
+      cached MLP write, which reads the same residual; blocks without an MLP: same as drop);
     - swap: block l+1 then block l on the cached residual (the first half is shared with the
       similarity family).
+
+    The "attention" of drop_attn is the block's token mixer, attention or not; a block without
+    one has no drop_attn, a block without an MLP no drop_mlp (an MLP-only block's drop_mlp is
+    its drop). A block whose output is not its input plus its writes (`BlockKind.additive`:
+    a norm after the residual sum, GPT-1's) is rerun with the write zeroed instead.
     """
-    lm, n_layers = ctx.lm, ctx.n_layers
+    lm = ctx.lm
     pre = ctx.resid[layer]
+    kind = lm.layers[layer]
 
     def finish(after_block: Tensor, what: str) -> Callable[[], TokenStats]:
         return lambda: ctx.compare(ctx.run_from(layer + 1, after_block), f"{what} at {layer}")
@@ -113,20 +132,33 @@ def _layer_runs(ctx: BatchContext, layer: int) -> list[tuple[str, Callable[[], T
         return dropped[0]
 
     def drop_attn() -> TokenStats:
-        if not lm.has_mlp:
+        if kind.mlp is None:
             return drop()
+        if not kind.additive:
+            return finish(lm.run_block(layer, pre, zero_attn=True).resid, "drop_attn")()
         cached = ctx.mlp_out[layer]
         mlp = cached if lm.parallel and cached is not None else lm.run_mlp(layer, pre)
         return finish(pre + mlp, "drop_attn")()
+
+    def drop_mlp() -> TokenStats:
+        attn = ctx.attn_out[layer]
+        if attn is None:
+            return drop()
+        if not kind.additive:
+            return finish(lm.run_block(layer, pre, zero_mlp=True).resid, "drop_mlp")()
+        return finish(pre + attn, "drop_mlp")()
 
     def swap() -> TokenStats:
         first = ctx.moved(layer).resid
         both = lm.run_block(layer, first).resid
         return ctx.compare(ctx.run_from(layer + 2, both), f"swap at layer {layer}")
 
-    runs: list[tuple[str, Callable[[], TokenStats]]] = [("drop", drop), ("drop_attn", drop_attn)]
-    if lm.has_mlp:
-        runs.append(("drop_mlp", finish(pre + ctx.attn_out[layer], "drop_mlp")))
-    if layer < n_layers - 1:
-        runs.append(("swap", swap))
-    return runs
+    runs: dict[str, Callable[[], TokenStats]] = {
+        "drop": drop,
+        "drop_attn": drop_attn,
+        "drop_mlp": drop_mlp,
+        "swap": swap,
+    }
+    order = ("drop", "drop_attn", "drop_mlp", "swap")
+    present = set(_kinds(lm, layer))
+    return [(k, runs[k]) for k in order if k in present]

@@ -188,7 +188,7 @@ class NeuronsFamily(FamilyBase):
     name = "neurons"
 
     def units_at_finish(self, lm: LoadedModel, opts: EngineOptions) -> int:
-        return lm.n_layers if lm.has_mlp else 0
+        return len(lm.mlp_layers)
 
     def finish(
         self,
@@ -206,7 +206,7 @@ class NeuronsFamily(FamilyBase):
             chunks = logit_chunks(lm, opts)
             null = null_thresholds(null_moments(u, chunks=chunks))
             self._null_records(out, null)
-            for layer in range(lm.n_layers):
+            for layer in lm.mlp_layers:
                 w_out = lm.w_out(layer)
                 moments = neuron_moments(w_out, u, chunks=chunks).cpu()
                 self._layer_records(out, layer, moments, vocab, int(w_out.shape[0]), null)

@@ -22,8 +22,9 @@ class NormsFamily(FamilyBase):
 
     def on_batch(self, ctx: BatchContext, acc: MeanAccumulator, opts: EngineOptions) -> None:
         for layer in range(ctx.n_layers):
-            attn = ctx.at_eval(ctx.attn_out[layer]).float().norm(dim=-1)
-            acc.add(("attn_out", "attn", layer), attn)
+            mixer = ctx.attn_out[layer]  # the token mixer's write, attention or not
+            if mixer is not None:
+                acc.add(("attn_out", "attn", layer), ctx.at_eval(mixer).float().norm(dim=-1))
             mlp = ctx.mlp_out[layer]
             if mlp is not None:
                 acc.add(("mlp_out", "mlp", layer), ctx.at_eval(mlp).float().norm(dim=-1))
@@ -38,8 +39,8 @@ class NormsFamily(FamilyBase):
     ) -> FamilyOutput:
         out = super().finish(lm, acc, opts, tick)
         records = out.records
-        if lm.has_mlp:
-            for layer in range(lm.n_layers):
+        for layer, kind in enumerate(lm.layers):
+            if kind.mixer is not None and kind.mlp is not None:
                 attn = acc.result(("attn_out", "attn", layer))
                 mlp = acc.result(("mlp_out", "mlp", layer))
                 if mlp.value > 0:

@@ -24,15 +24,16 @@ class SimilarityFamily(FamilyBase):
     def on_batch(self, ctx: BatchContext, acc: MeanAccumulator, opts: EngineOptions) -> None:
         for layer in range(ctx.n_layers - 1):
             moved = ctx.moved(layer)  # shared with the swap intervention
-            pairs = [("attn", moved.attn_out, ctx.attn_out)]
-            if moved.mlp_out is not None:
-                pairs.append(("mlp", moved.mlp_out, ctx.mlp_out))  # type: ignore[arg-type]
+            pairs = [("attn", moved.attn_out, ctx.attn_out), ("mlp", moved.mlp_out, ctx.mlp_out)]
             for component, swapped, clean in pairs:
+                here, there = clean[layer], clean[layer + 1]
+                if swapped is None or here is None or there is None:
+                    continue  # one of the two blocks lacks the component (a hybrid's)
                 values = torch.stack(
                     [
-                        cosine_per_token(ctx.at_eval(swapped), ctx.at_eval(clean[layer + 1])),
-                        cosine_per_token(ctx.at_eval(swapped), ctx.at_eval(clean[layer])),
-                        cosine_per_token(ctx.at_eval(clean[layer]), ctx.at_eval(clean[layer + 1])),
+                        cosine_per_token(ctx.at_eval(swapped), ctx.at_eval(there)),
+                        cosine_per_token(ctx.at_eval(swapped), ctx.at_eval(here)),
+                        cosine_per_token(ctx.at_eval(here), ctx.at_eval(there)),
                     ]
                 )
                 acc.add_many([(m, component, layer) for m in ("self", "index", "adjacent")], values)

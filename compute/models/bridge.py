@@ -73,6 +73,9 @@ def boot_hf(hf_model: Any, architecture: str, name: str) -> Any:
     from transformer_lens.model_bridge.sources._bridge_builder import build_bridge_from_module
 
     hf_model.config.architectures = [architecture]
+    shim = _TRANSFORMERS_4_ATTRIBUTES.get(architecture)
+    if shim is not None:
+        shim(hf_model)
     # Eager attention everywhere: its weights are the pattern the attention families read
     # (the adapters that do not ask for it would otherwise run SDPA, which returns none).
     setter = getattr(hf_model, "set_attn_implementation", None)
@@ -83,6 +86,24 @@ def boot_hf(hf_model: Any, architecture: str, name: str) -> Any:
     return build_bridge_from_module(
         hf_model, architecture, hf_config=hf_model.config, model_name=name
     )
+
+
+def _codegen_attributes(hf_model: Any) -> None:
+    """CodeGen's attention as transformers 4 had it: `embed_positions`, the sinusoidal table
+    its rotary embedding indexes by position (transformers 5 keeps the same table on the
+    model's `rotary_emb`), and `scale_attn`, sqrt(head_dim), which the scores are divided by
+    (transformers 5 keeps its inverse as `scaling`)."""
+    table = hf_model.transformer.rotary_emb.embed_positions
+    for layer in hf_model.transformer.h:
+        attn = layer.attn
+        attn.register_buffer("embed_positions", table.detach().clone(), persistent=False)
+        attn.scale_attn = torch.tensor(float(attn.head_dim)).sqrt()
+
+
+# What TransformerLens 4.3's adapter for an architecture reads of transformers 4's modules that
+# transformers 5 dropped, restored with the same values before booting (the parity check at
+# every load holds the result to the Hugging Face forward).
+_TRANSFORMERS_4_ATTRIBUTES: dict[str, Any] = {"CodeGenForCausalLM": _codegen_attributes}
 
 
 def boot_native(fields: dict[str, Any], state: dict[str, Tensor] | None, seed: int | None) -> Any:

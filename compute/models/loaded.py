@@ -21,7 +21,7 @@ from torch import Tensor
 from compute import blocks
 from compute.errors import ModelLoadError, StrataError
 from compute.memory import ModelDims, allocator_for_loading, check_fits
-from compute.models import parity
+from compute.models import layers, parity
 from compute.models.bridge import BlockInputs
 from compute.models.parity import ParityReport
 from compute.models.processing import POST_NORM_ARCHITECTURES, AppliedProcessing
@@ -38,7 +38,8 @@ class BlockRun:
     """The result of running one block: its output residual and what it wrote."""
 
     resid: Float[Tensor, "batch pos d_model"]
-    attn_out: Float[Tensor, "batch pos d_model"]
+    # the token mixer's write (attention's, or a mixer's without heads); None: no mixer
+    attn_out: Float[Tensor, "batch pos d_model"] | None
     mlp_out: Float[Tensor, "batch pos d_model"] | None
     pattern: Float[Tensor, "batch head q k"] | None = None
     z: Float[Tensor, "batch pos head d_head"] | None = None
@@ -86,11 +87,13 @@ class LoadedModel:
 
     @property
     def d_mlp(self) -> int:
-        """MLP width (under a mixture of experts, one expert's)."""
-        if self.cfg.attn_only:
+        """MLP width (under a mixture of experts, one expert's; of the first block with an
+        MLP)."""
+        first = self._first_mlp()
+        if first is None:
             return 0
-        down = self._fused_experts(0)
-        return int(down.shape[1]) if down is not None else int(self.cfg.d_mlp)
+        down = self._fused_experts(first)
+        return int(down.shape[1]) if down is not None else int(self.cfg.d_mlp or 0)
 
     @property
     def d_vocab(self) -> int:
@@ -102,7 +105,43 @@ class LoadedModel:
 
     @property
     def has_mlp(self) -> bool:
-        return not self.cfg.attn_only
+        """Whether any block has an MLP (`layers` says which)."""
+        return self._first_mlp() is not None
+
+    @property
+    def layers(self) -> tuple[layers.BlockKind, ...]:
+        """What each block has — its token mixer (attention or not), its MLP — and where its
+        writes are read (`compute.models.layers`); built once, and on the bridge's blocks
+        probed for what the families' shortcuts assume (the first block run, at a load the
+        float32 parity forward, triggers it)."""
+        if "layers" not in self._ctx:
+            self._ctx["layers"] = layers.block_layout(self.model, self.architecture)
+            if not self.fast_path:  # the fused blocks are additive and linear by construction
+                try:
+                    self._ctx["layers"] = layers.probed(self, self._ctx["layers"])
+                except BaseException:
+                    self._ctx.pop("layers", None)
+                    raise
+        kinds: tuple[layers.BlockKind, ...] = self._ctx["layers"]
+        return kinds
+
+    @property
+    def refused_families(self) -> dict[str, str]:
+        """The metric families refused on this architecture, with the reason
+        (`compute.models.refusals.REFUSED_FAMILIES`)."""
+        from compute.models.refusals import refused_families
+
+        return refused_families(self.architecture)
+
+    @property
+    def attention_layers(self) -> tuple[int, ...]:
+        """The blocks whose attention heads Strata reads (the attention families run there)."""
+        return tuple(layers.attention_layers(self.layers))
+
+    def _first_mlp(self) -> int | None:
+        if self.cfg.attn_only:
+            return None
+        return next((i for i, k in enumerate(self.layers) if k.mlp is not None), None)
 
     @property
     def d_vocab_real(self) -> int:
@@ -151,6 +190,8 @@ class LoadedModel:
             "processing": self.applied.as_dict(),
             "n_experts": self.n_experts,
             "parity": self.parity.as_dict() if self.parity is not None else None,
+            "blocks": [kind.describe() for kind in self.layers],
+            "refused_families": self.refused_families,
         }
 
     # ---- forward pieces
@@ -188,6 +229,7 @@ class LoadedModel:
                 capture_pattern=capture_pattern,
             )
         block = self.model.blocks[layer]
+        kind = self.layers[layer]
         captured: dict[str, Tensor] = {}
 
         def attn_hook(out: Tensor, hook: Any) -> Tensor:
@@ -209,16 +251,27 @@ class LoadedModel:
             # differentiates with respect to z needs it in the graph)
             return z
 
-        hooks: list[tuple[Any, Callable[..., Any]]] = [(block.hook_attn_out, attn_hook)]
-        if self.has_mlp:
-            hooks.append((block.hook_mlp_out, mlp_hook))
-        if capture_pattern:
-            hooks.append((block.attn.hook_pattern, pattern_hook))
-        if head_mask is not None or capture_z:
-            hooks.append((block.attn.hook_z, z_hook))
-        kwargs = self._block_inputs.of(layer, resid)
+        hooks: list[tuple[Any, Callable[..., Any]]] = []
+        if kind.mixer_write is not None:
+            hooks.append((kind.mixer_write, attn_hook))
+        if kind.mlp_write is not None:
+            hooks.append((kind.mlp_write, mlp_hook))
+        capture_pattern = capture_pattern and kind.attention
+        if capture_pattern and kind.pattern is not None:
+            hooks.append((kind.pattern, pattern_hook))
         module_hooks = []
-        inner_attn = getattr(block.attn, "original_component", None)
+        if head_mask is not None or capture_z:
+            if kind.heads is None:
+                if head_mask is not None:
+                    raise ModelLoadError(
+                        f"{self.architecture}: block {layer} has no attention heads to ablate"
+                    )
+            elif kind.heads.hook_z is not None:
+                hooks.append((kind.heads.hook_z, z_hook))
+            else:
+                module_hooks.append(_o_proj_z_hook(kind.heads, z_hook))
+        kwargs = self._block_inputs.of(layer, resid)
+        inner_attn = kind.attention_module
         if capture_pattern and isinstance(inner_attn, torch.nn.Module):
             # Adapters whose attention fires no hook_pattern (GPT-J, OPT): the weights the
             # model's own eager attention returns beside its output.
@@ -242,12 +295,17 @@ class LoadedModel:
                     f"{self.architecture}: block {layer}'s attention gives no pattern to read"
                 )
             captured["pattern"] = captured["weights"]
-        if "attn" not in captured:
-            raise ModelLoadError(
-                f"{self.architecture}: block {layer}'s attention write was not seen by its hook"
-            )
+        for name, point in (("attn", kind.mixer_write), ("mlp", kind.mlp_write)):
+            if point is not None and name not in captured:
+                raise ModelLoadError(
+                    f"{self.architecture}: block {layer}'s {name} write was not seen by its hook"
+                )
         return BlockRun(
-            out, captured["attn"], captured.get("mlp"), captured.get("pattern"), captured.get("z")
+            out,
+            captured.get("attn"),
+            captured.get("mlp"),
+            captured.get("pattern"),
+            captured.get("z"),
         )
 
     @property
@@ -317,7 +375,7 @@ class LoadedModel:
         """What each of `heads` adds to the residual stream (its z through its rows of W_O).
 
         The attention write is b_O plus the sum of these over heads, so zeroing one head's z
-        changes the write by exactly minus its term (when `attn_write_is_linear_in_z`).
+        changes the write by exactly minus its term (where `head_writes_are_linear`).
         """
         # A contiguous group is a slice: indexing with a list would copy it to the device
         # and wait there.
@@ -331,13 +389,20 @@ class LoadedModel:
         if self.fast_path:
             fb = self._fast_weights(layer)
             return fb.w_o.view(fb.n_heads, fb.d_head, -1)
-        return self.model.blocks[layer].attn.W_O.detach()
+        kind = self.layers[layer]
+        if kind.heads is None:
+            raise ModelLoadError(f"{self.architecture}: block {layer} has no attention heads")
+        return kind.heads.w_o(kind.attn)
 
-    @property
-    def attn_write_is_linear_in_z(self) -> bool:
-        """True when the attention write is b_O plus the sum over heads of z_h W_O[h]: no norm
-        between the output projection and the residual stream."""
-        return self.fast_path or not (self.post_norm or blocks.has_post_sublayer_norms(self.model))
+    def head_writes_are_linear(self, layer: int) -> bool:
+        """True when block `layer`'s attention write is b_O plus the sum over heads of
+        z_h W_O[h] and its output is its input plus its writes: no norm between the output
+        projection and the residual stream, as the probe of `layers` measured it too."""
+        if self.fast_path:
+            return True
+        kind = self.layers[layer]
+        structural = not (self.post_norm or blocks.has_post_sublayer_norms(self.model))
+        return structural and kind.additive and kind.heads_linear
 
     @property
     def post_norm(self) -> bool:
@@ -388,7 +453,11 @@ class LoadedModel:
                     self._ctx["final_norm"] = blocks.final_norm(self.model)
             return self._ctx["final_norm"](resid)
         final = self.model._modules.get("ln_final")
-        return resid if final is None else final(resid)
+        x = resid if final is None else final(resid)
+        # a prediction head the adapter maps between the final norm and the unembedding
+        # (ModernBERT's decoder: dense, activation, LayerNorm) is part of reading a residual
+        head = self.model._modules.get("prediction_head")
+        return x if head is None else head(x)
 
     def _unembed(self) -> tuple[Tensor, Tensor]:
         """W_U [d_model, d_vocab] as stored (a view, no copy) and b_U (zeros where none)."""
@@ -448,27 +517,18 @@ class LoadedModel:
 
     # ---- processed weights
     def _fused_experts(self, layer: int) -> Tensor | None:
-        """A mixture of experts' output rows, [n_experts, d_expert, d_model], from the one
-        stacked `down_proj` parameter transformers 5 keeps ([n_experts, d_model, d_expert],
-        or [n_experts, d_expert, d_model] where the experts are `is_transposed`, as GPT-OSS's);
-        None for a dense MLP."""
-        mlp = self.model.blocks[layer]._modules.get("mlp")
-        experts = mlp._modules.get("experts") if mlp is not None else None
-        if experts is None and mlp is not None:
-            inner = getattr(mlp, "original_component", None)
-            experts = inner._modules.get("experts") if inner is not None else None
-        down = getattr(experts, "down_proj", None) if experts is not None else None
-        if not isinstance(down, Tensor) or down.dim() != 3:
-            return None
-        down = down.detach()
-        return down if getattr(experts, "is_transposed", False) else down.transpose(1, 2)
+        """Block `layer`'s experts' output rows, [n_experts, d_expert, d_model] (transformers
+        5's stacked `down_proj`, `compute.models.layers`); None for a dense MLP or none."""
+        mlp = self.layers[layer].mlp_module
+        return layers.fused_experts(mlp) if mlp is not None else None
 
     @property
     def n_experts(self) -> int:
         """Experts per MLP layer (1 for a dense MLP)."""
-        down = self._fused_experts(0) if self.has_mlp else None
-        if down is not None:
-            return int(down.shape[0])
+        for layer, kind in enumerate(self.layers):
+            down = self._fused_experts(layer) if kind.mlp == "experts" else None
+            if down is not None:
+                return int(down.shape[0])
         return int(getattr(self.cfg, "num_experts", None) or 1)
 
     @property
@@ -480,18 +540,20 @@ class LoadedModel:
             return 0
         if "n_neurons" not in self._ctx:
             self._ctx["n_neurons"] = max(
-                int(self.w_out(layer).shape[0]) for layer in range(self.n_layers)
+                int(self.w_out(layer).shape[0]) for layer in self.mlp_layers
             )
         return int(self._ctx["n_neurons"])
 
+    @property
+    def mlp_layers(self) -> tuple[int, ...]:
+        """The blocks with an MLP (dense or experts)."""
+        return tuple(i for i, kind in enumerate(self.layers) if kind.mlp is not None)
+
     def w_out(self, layer: int) -> Float[Tensor, "n_neurons d_model"]:
-        """Each neuron's output row. Under a mixture of experts the experts' rows are stacked
-        in expert order (TransformerLens keeps an expert's W_out as a Linear's [d_model,
-        d_mlp] weight)."""
-        down = self._fused_experts(layer)
-        if down is not None:
-            return down.reshape(-1, self.d_model)
-        return self.model.blocks[layer].mlp.W_out.detach()
+        """Each neuron's output row of block `layer`'s MLP. Under a mixture of experts the
+        experts' rows are stacked in expert order (TransformerLens keeps an expert's W_out as
+        a Linear's [d_model, d_mlp] weight)."""
+        return layers.w_out(self.layers[layer])
 
     def w_u(self) -> Float[Tensor, "d_model d_vocab"]:
         return self.model.unembed.W_U.detach()
@@ -507,7 +569,16 @@ def _lens_hooks(hooks: list[tuple[Any, Callable[..., Any]]]) -> Iterator[None]:
     """TransformerLens hooks (`fn(activation, hook)`, returning a replacement or None) on hook
     points for the duration: through the hook point's own `add_hook`, which hands the function
     the activation in TransformerLens's layout (z as [batch, pos, head, d_head])."""
-    added = [(point, point.add_hook(fn)) for point, fn in hooks]
+    from transformer_lens.hook_points import HookPoint
+
+    added = [(point, point.add_hook(fn)) for point, fn in hooks if isinstance(point, HookPoint)]
+    # a Hugging Face module of a block the bridge runs whole (`layers.OPAQUE_BLOCKS`): the
+    # same function on its output, or on the first element of a tuple output
+    modules = [
+        point.register_forward_hook(_on_output(fn))
+        for point, fn in hooks
+        if not isinstance(point, HookPoint)
+    ]
     try:
         yield
     finally:
@@ -515,6 +586,32 @@ def _lens_hooks(hooks: list[tuple[Any, Callable[..., Any]]]) -> Iterator[None]:
             handle.hook.remove()
             if handle in point.fwd_hooks:
                 point.fwd_hooks.remove(handle)
+        for module_handle in modules:
+            module_handle.remove()
+
+
+def _on_output(fn: Callable[..., Any]) -> Callable[..., Any]:
+    def hook(_module: Any, _inputs: Any, output: Any) -> Any:
+        first = output[0] if isinstance(output, tuple) else output
+        new = fn(first, None)
+        if new is None:
+            return None
+        return (new, *output[1:]) if isinstance(output, tuple) else new
+
+    return hook
+
+
+def _o_proj_z_hook(heads: layers.Heads, fn: Callable[..., Tensor]) -> Any:
+    """`fn(z, hook)` on the input of an attention's own output projection, split into its
+    heads ([batch, pos, n_heads * d_head] as [batch, pos, n_heads, d_head]); what it returns
+    goes on into the projection. The hook's handle."""
+
+    def pre(_module: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        flat = args[0]
+        z = fn(flat.unflatten(-1, (heads.n_heads, heads.d_head)), None)
+        return (z.flatten(-2), *args[1:])
+
+    return heads.o_proj.register_forward_pre_hook(pre)
 
 
 def load_model(spec: ModelSpec, device: str = "cpu") -> LoadedModel:

@@ -54,6 +54,8 @@ UNPROCESSABLE: dict[str, str] = {
     "(2.8 nats on the architecture matrix): its weights are used as stored",
     "VaultGemmaForCausalLM": "TransformerLens 4.3 refuses to process VaultGemma's weights: "
     "they are used as stored",
+    "Gemma4ForCausalLM": "TransformerLens 4.3's weight processing changes Gemma 4's function "
+    "(2.0 nats on the architecture matrix): its weights are used as stored",
 }
 
 
@@ -71,7 +73,10 @@ def effective_processing(requested: Processing, cfg: Mapping[str, Any] | None) -
       softmax ignores but a logit soft-cap (Gemma 2) does not;
     - folding value biases into b_O needs each attention row to sum to one: not with attention
       sinks (GPT-OSS), whose rows give part of their weight to the sink;
-    - and none at all for the architectures of `UNPROCESSABLE`.
+    - and none at all for the architectures of `UNPROCESSABLE`;
+    - nor a step the architecture's TransformerLens adapter declares it does not take
+      (`supports_fold_ln`, `supports_center_writing_weights`: TransformerLens skips it, so the
+      stored record says it was not applied).
     """
     cfg = cfg or {}
     notes: list[str] = []
@@ -104,6 +109,13 @@ def effective_processing(requested: Processing, cfg: Mapping[str, Any] | None) -
     if (post_norm or cfg.get("use_normalization_before_and_after")) and center:
         center = False
         notes.append("writes pass through a norm of their own: writing weights were not centered")
+    adapter = str(architecture or "this architecture")
+    if fold and not cfg.get("adapter_folds_ln", True):
+        fold = False
+        notes.append(f"TransformerLens 4.3's adapter for {adapter} does not fold its norms")
+    if center and not cfg.get("adapter_centers_writes", True):
+        center = False
+        notes.append(f"TransformerLens 4.3's adapter for {adapter} does not center writing weights")
     soft_cap = cfg.get("output_logits_soft_cap")
     if unembed and soft_cap is not None and soft_cap > 0:
         unembed = False

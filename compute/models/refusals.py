@@ -9,6 +9,9 @@ A checkpoint is loaded only if
 3. no entry of `REFUSED` matches it. Each entry names a mechanism that the bridge's hook points
    cannot take apart the way Strata's families need, found by the architecture matrix
    (`compute/zoo/architectures.py`), which holds everything else to the Hugging Face forward.
+
+`REFUSED_FAMILIES` names, per architecture Strata runs, the metric families it does not run
+there and why (a mechanism that leaves a family nothing to measure as defined).
 """
 
 from __future__ import annotations
@@ -32,24 +35,6 @@ class Refusal:
     applies: Callable[[Mapping[str, Any]], bool] | None = None
 
 
-def _no_attention(layers: str, block: str) -> str:
-    return (
-        f"{layers} have no attention: Strata runs every block as attention then MLP and reads "
-        f"its attention write (hook_attn_out), which TransformerLens 4.3's {block} blocks do "
-        "not have, so the clean forward itself cannot run (families that would run per block "
-        "on these layers, and attention families on the attention layers only, are not "
-        "implemented)"
-    )
-
-
-_MLA = (
-    "multi-head latent attention: each head's value is v_head_dim wide, not TransformerLens "
-    "4.3's d_head (the rotary query/key width), so its hook_z split and its W_O split disagree "
-    "(W_O raises PerLayerGeometryError) and the head-ablation families cannot compute one "
-    "head's write; the clean forward matches Hugging Face"
-)
-
-
 REFUSED: tuple[Refusal, ...] = (
     Refusal(
         "PhiForCausalLM",
@@ -59,9 +44,12 @@ REFUSED: tuple[Refusal, ...] = (
     ),
     Refusal(
         "GraniteMoeHybridForCausalLM",
-        "Mamba-2 layers: TransformerLens 4.3 cannot boot a Granite hybrid without a rotary "
-        "embedding (its adapter binds model.rotary_emb; Granite 4.0's hybrids have "
-        "position_embedding_type 'nope'); " + _no_attention("its Mamba-2 layers", "Granite hybrid"),
+        "scaled sublayer writes: TransformerLens 4.3 cannot boot a Granite hybrid without a "
+        "rotary embedding (its adapter binds model.rotary_emb; Granite 4.0's hybrids have "
+        "position_embedding_type 'nope'), and where it boots, each block adds its sublayers' "
+        "outputs times residual_multiplier inline while the bridge hooks the Mamba-2 mixer's "
+        "output before that scale and the MLP's write (experts plus a shared MLP) as no single "
+        "tensor, so no write can be read or zeroed as the block adds it",
     ),
     Refusal(
         "FalconForCausalLM",
@@ -71,16 +59,20 @@ REFUSED: tuple[Refusal, ...] = (
         lambda c: bool(c.get("new_decoder_architecture")) and int(c.get("num_kv_heads") or 1) > 1,
     ),
     Refusal(
-        "CodeGenForCausalLM",
-        "TransformerLens 4.3's CodeGen attention reads attention.embed_positions, which "
-        "transformers 5's CodeGenAttention no longer has: the bridge cannot run a forward",
+        "Gemma4ForCausalLM",
+        "per-layer token inputs: a Gemma 4 with hidden_size_per_layer_input > 0 (the default) "
+        "hands every layer its own embedding of the tokens besides the residual stream, an "
+        "input the model's forward computes from the token ids, while Strata runs each block "
+        "from its residual stream alone",
+        lambda c: int(c.get("hidden_size_per_layer_input", 256) or 0) > 0,
     ),
     Refusal(
         "Gemma4ForCausalLM",
-        "cross-layer key/value state: Gemma 4's attention stores its keys and values in a "
-        "shared_kv_states dict that the model's forward hands every layer (and the per-layer-"
-        "input variants also read a per-layer embedding of the tokens), while Strata runs each "
-        "block from its residual stream alone, so its blocks fail",
+        "cross-layer key/value state: with num_kv_shared_layers > 0 Gemma 4's last layers "
+        "reuse the keys and values an earlier layer stored in a shared_kv_states dict during "
+        "the same forward, so a block's output depends on another block's run, not on its "
+        "residual stream alone (a dropped, swapped or head-ablated block would read stale keys)",
+        lambda c: int(c.get("num_kv_shared_layers") or 0) > 0,
     ),
     Refusal(
         "HrmTextForCausalLM",
@@ -94,61 +86,75 @@ REFUSED: tuple[Refusal, ...] = (
         "(hook_attn_out) for Strata to read",
     ),
     Refusal(
-        "JetMoeForCausalLM",
-        "mixture of attention heads: heads are routed experts, and TransformerLens 4.3's JetMoE "
-        "attention has no hook_z, so the head-ablation families have no per-head output to "
-        "zero; the clean forward matches Hugging Face",
-    ),
-    Refusal(
-        "ModernBertDecoderForCausalLM",
-        "prediction head: a dense layer, GELU and LayerNorm sit between the final norm and the "
-        "unembedding, and Strata's logits are the final norm and W_U only (10 nats of "
-        "log-probability on the architecture matrix)",
-    ),
-    Refusal("DeepseekV2ForCausalLM", _MLA),
-    Refusal("DeepseekV3ForCausalLM", _MLA),
-    Refusal("Glm4MoeLiteForCausalLM", _MLA),
-    Refusal("GlmMoeDsaForCausalLM", _MLA + " (and a learned indexer picks which keys it reads)"),
-    Refusal("YoutuForCausalLM", _MLA),
-    Refusal(
         "FalconH1ForCausalLM",
-        "parallel Mamba-2 branch: TransformerLens 4.3's LayerNorm folding fails on Falcon-H1 "
-        "(a shape mismatch in fold_layer_norm_weight_single) and Strata processes weights by "
-        "default; and each block's Mamba-2 write joins the residual stream beside attention's, "
-        "outside Strata's attention/MLP decomposition of a block (unprocessed, the clean forward "
-        "matches Hugging Face)",
+        "parallel Mamba-2 branch: each block's attention and Mamba-2 mixer read the same input "
+        "and both write to the residual stream (each times its own multiplier), two token "
+        "mixers side by side where Strata's block kinds have one; and TransformerLens 4.3's "
+        "LayerNorm folding fails on Falcon-H1 (a shape mismatch in "
+        "fold_layer_norm_weight_single) while Strata processes weights by default "
+        "(unprocessed, the clean forward matches Hugging Face)",
     ),
     Refusal(
-        "Qwen3NextForCausalLM",
-        _no_attention("its gated delta-net (linear attention) layers", "Qwen3-Next"),
+        "Zamba2ForCausalLM",
+        "shared attention block on a second input: Zamba 2's hybrid layers run one shared "
+        "transformer block on the residual stream concatenated with the token embeddings (an "
+        "input the model's forward hands those layers besides the residual stream), and "
+        "TransformerLens 4.3 bridges a hybrid layer as one opaque module, so Strata can neither "
+        "run the block from its residual stream alone nor read its sublayers' writes",
     ),
     Refusal(
-        "Qwen3_5ForCausalLM",
-        _no_attention("its gated delta-net (linear attention) layers", "Qwen 3.5"),
-    ),
-    Refusal(
-        "Qwen3_5MoeForCausalLM",
-        _no_attention("its gated delta-net (linear attention) layers", "Qwen 3.5 MoE"),
-    ),
-    Refusal(
-        "OlmoHybridForCausalLM",
-        _no_attention("its gated delta-net (linear attention) layers", "OLMo hybrid"),
-    ),
-    Refusal("JambaForCausalLM", _no_attention("its Mamba layers", "Jamba")),
-    Refusal("BambaForCausalLM", _no_attention("its Mamba-2 layers", "Bamba")),
-    Refusal("Zamba2ForCausalLM", _no_attention("its Mamba-2 layers", "Zamba 2")),
-    Refusal("NemotronHForCausalLM", _no_attention("its Mamba-2 and MLP-only layers", "Nemotron-H")),
-    Refusal("Lfm2ForCausalLM", _no_attention("its short-convolution layers", "LFM2")),
-    Refusal("Lfm2MoeForCausalLM", _no_attention("its short-convolution layers", "LFM2 MoE")),
-    Refusal("MambaForCausalLM", _no_attention("state-space (Mamba) layers", "Mamba")),
-    Refusal("Mamba2ForCausalLM", _no_attention("state-space (Mamba-2) layers", "Mamba-2")),
-    Refusal("FalconMambaForCausalLM", _no_attention("state-space (Mamba) layers", "Falcon Mamba")),
-    Refusal("RwkvForCausalLM", _no_attention("RWKV's time-mixing layers", "RWKV")),
-    Refusal(
-        "RecurrentGemmaForCausalLM",
-        _no_attention("its linear-recurrence (RG-LRU) layers", "RecurrentGemma"),
+        "RwkvForCausalLM",
+        "rescaled residual stream: at inference RWKV divides its output projections by "
+        "2^(layer // rescale_every) and halves the residual stream after every rescale_every-th "
+        "block in the model's own loop, between blocks, which Strata's runs of one block at a "
+        "time do not reproduce (the matrix's 3-layer model never reaches a halving; a 4-layer "
+        "one rescaled every 2 blocks differs from Hugging Face by 0.52 nats)",
     ),
 )
+
+
+@dataclass(frozen=True)
+class FamilyRefusal:
+    """Metric families Strata will not run on an architecture it otherwise runs exactly, and
+    why: the mechanism leaves the family nothing it could measure as docs/metrics.md defines
+    it. A run asking for them records the refusal (the model's `refused_families`) and
+    computes the rest; one asking for nothing else is refused."""
+
+    architecture: str
+    families: tuple[str, ...]
+    reason: str
+
+
+REFUSED_FAMILIES: tuple[FamilyRefusal, ...] = (
+    FamilyRefusal(
+        "JetMoeForCausalLM",
+        ("attention", "heads", "heads_atp"),
+        "mixture of attention heads: each token's query heads come from the attention experts "
+        "its router picks (each expert with its own query and output projections over shared "
+        "keys and values), so one head slot of the pattern and of z holds a different expert "
+        "from token to token: there is no fixed head whose pattern to read, whose z to "
+        "ablate or to screen",
+    ),
+    FamilyRefusal(
+        "ModernBertDecoderForCausalLM",
+        ("neurons",),
+        "prediction head: a dense layer, GELU and LayerNorm sit between the final norm and the "
+        "unembedding (Strata's logits read a residual through all three), so W_U's columns "
+        "live in the head's output space, not the residual stream's, and a neuron's output "
+        "row has no cosine with them to classify",
+    ),
+)
+
+
+def refused_families(architecture: str) -> dict[str, str]:
+    """The metric families Strata refuses on `architecture` (its name alone: known from
+    config.json before any weight is read), each with the reason."""
+    return {
+        family: entry.reason
+        for entry in REFUSED_FAMILIES
+        if entry.architecture == architecture
+        for family in entry.families
+    }
 
 
 def refusal_of(architecture: str, config: Mapping[str, Any]) -> str | None:

@@ -133,6 +133,11 @@ def processing_fields(bridge: Any, architecture: str) -> dict[str, Any]:
         "use_normalization_before_and_after": post_norms
         or bool(getattr(cfg, "use_normalization_before_and_after", False)),
         "use_attention_sinks": bool(getattr(cfg, "use_attention_sinks", False)),
+        # steps the adapter declares it cannot take (TransformerLens skips them, with a warning)
+        "adapter_folds_ln": bool(getattr(bridge.adapter, "supports_fold_ln", True)),
+        "adapter_centers_writes": bool(
+            getattr(bridge.adapter, "supports_center_writing_weights", True)
+        ),
     }
 
 

@@ -60,6 +60,9 @@ class ArchitectureCase:
     tolerance: float = 1e-4
     caveat: str = ""
     n_layers: int = 3
+    # what each block has (`compute.models.layers.BlockKind.label`); None: attention with
+    # heads and an MLP (or experts) in every block
+    blocks: tuple[str, ...] | None = None
     model_class: str = "AutoModelForCausalLM"
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -700,7 +703,7 @@ CASES: tuple[ArchitectureCase, ...] = (
         ),
         ("parallel attention + MLP", "interleaved partial rotary", "fused QKV (mp_num groups)"),
         extra={"layers_key": "n_layer"},
-        expect="refused",
+        expect="exact",
     ),
     ArchitectureCase(
         "mpt",
@@ -742,7 +745,7 @@ CASES: tuple[ArchitectureCase, ...] = (
             "sliding window (16)",
             "logit soft-cap",
         ),
-        expect="refused",
+        expect="exact",
     ),
     ArchitectureCase(
         "gemma-4-text-ple",
@@ -803,7 +806,7 @@ CASES: tuple[ArchitectureCase, ...] = (
             "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
         },
         ("LayerNorm without bias", "sliding window (16)", "GELU-gated MLP", "prediction head"),
-        expect="refused",
+        expect="exact",
     ),
     ArchitectureCase(
         "hrm-text",
@@ -862,7 +865,7 @@ CASES: tuple[ArchitectureCase, ...] = (
             "mixture of experts (4, top 2) + shared expert",
             "first layer dense",
         ),
-        expect="refused",
+        expect="exact",
     ),
     ArchitectureCase(
         "deepseek-v3",
@@ -888,7 +891,7 @@ CASES: tuple[ArchitectureCase, ...] = (
             "mixture of experts (4, top 2, grouped, sigmoid router) + shared expert",
             "first layer dense",
         ),
-        expect="refused",
+        expect="exact",
     ),
     ArchitectureCase(
         "deepseek-v4",
@@ -958,7 +961,7 @@ CASES: tuple[ArchitectureCase, ...] = (
             num_experts_per_tok=2,
         ),
         ("mixture of attention heads (experts)", "mixture of MLP experts (4, top 2)"),
-        expect="refused",
+        expect="exact",
     ),
     ArchitectureCase(
         "glm-4-moe",
@@ -1003,7 +1006,7 @@ CASES: tuple[ArchitectureCase, ...] = (
             topk_group=1,
         ),
         ("multi-head latent attention", "mixture of experts (4, top 2) + shared expert"),
-        expect="refused",
+        expect="exact",
     ),
     ArchitectureCase(
         "glm-moe-dsa",
@@ -1032,7 +1035,7 @@ CASES: tuple[ArchitectureCase, ...] = (
             "sparse attention by a learned indexer (top 16)",
             "mixture of experts",
         ),
-        expect="refused",
+        expect="exact",
     ),
     ArchitectureCase(
         "afmoe",
@@ -1111,7 +1114,7 @@ CASES: tuple[ArchitectureCase, ...] = (
             v_head_dim=16,
         ),
         ("multi-head latent attention", "dense SiLU-gated MLP"),
-        expect="refused",
+        expect="exact",
     ),
     ArchitectureCase(
         "phimoe",
@@ -1141,7 +1144,8 @@ CASES: tuple[ArchitectureCase, ...] = (
             layer_types=["linear_attention", "linear_attention", "full_attention"],
         ),
         ("gated delta-net linear attention", "gated attention", "mixture of experts"),
-        expect="refused",
+        expect="exact",
+        blocks=("gated delta-net + experts", "gated delta-net + experts", "attention + experts"),
     ),
     ArchitectureCase(
         "qwen3.5",
@@ -1156,7 +1160,8 @@ CASES: tuple[ArchitectureCase, ...] = (
             layer_types=["linear_attention", "linear_attention", "full_attention"],
         ),
         ("gated delta-net linear attention", "gated attention", "dense MLP"),
-        expect="refused",
+        expect="exact",
+        blocks=("gated delta-net + MLP", "gated delta-net + MLP", "attention + MLP"),
     ),
     ArchitectureCase(
         "qwen3.5-moe",
@@ -1175,7 +1180,8 @@ CASES: tuple[ArchitectureCase, ...] = (
             layer_types=["linear_attention", "linear_attention", "full_attention"],
         ),
         ("gated delta-net linear attention", "gated attention", "mixture of experts"),
-        expect="refused",
+        expect="exact",
+        blocks=("gated delta-net + experts", "gated delta-net + experts", "attention + experts"),
     ),
     ArchitectureCase(
         "granite-hybrid",
@@ -1216,7 +1222,8 @@ CASES: tuple[ArchitectureCase, ...] = (
             use_mamba_kernels=False,
         ),
         ("Mamba layers", "attention layer", "mixture of experts every other layer"),
-        expect="refused",
+        expect="exact",
+        blocks=("Mamba + MLP", "Mamba + experts", "attention + MLP"),
     ),
     ArchitectureCase(
         "bamba",
@@ -1231,7 +1238,8 @@ CASES: tuple[ArchitectureCase, ...] = (
             mamba_chunk_size=16,
         ),
         ("Mamba-2 layers", "attention layer", "SiLU-gated MLP"),
-        expect="refused",
+        expect="exact",
+        blocks=("Mamba-2 + MLP", "Mamba-2 + MLP", "attention + MLP"),
     ),
     ArchitectureCase(
         "falcon-h1",
@@ -1282,7 +1290,8 @@ CASES: tuple[ArchitectureCase, ...] = (
             "tie_word_embeddings": False,
         },
         ("Mamba-2 layers", "attention-only and MLP-only layers"),
-        expect="refused",
+        expect="exact",
+        blocks=("Mamba-2", "attention", "MLP"),
     ),
     ArchitectureCase(
         "lfm2",
@@ -1295,7 +1304,8 @@ CASES: tuple[ArchitectureCase, ...] = (
             "tie_word_embeddings": True,
         },
         ("short gated convolutions", "attention layer", "qk-norm"),
-        expect="refused",
+        expect="exact",
+        blocks=("short convolution + MLP", "short convolution + MLP", "attention + MLP"),
     ),
     ArchitectureCase(
         "lfm2-moe",
@@ -1312,7 +1322,8 @@ CASES: tuple[ArchitectureCase, ...] = (
             "tie_word_embeddings": True,
         },
         ("short gated convolutions", "attention layer", "mixture of experts"),
-        expect="refused",
+        expect="exact",
+        blocks=("short convolution + MLP", "short convolution + experts", "attention + experts"),
     ),
     ArchitectureCase(
         "olmo-hybrid",
@@ -1330,7 +1341,8 @@ CASES: tuple[ArchitectureCase, ...] = (
             "layer_types": ["linear_attention", "linear_attention", "full_attention"],
         },
         ("gated delta-net linear attention", "attention layer", "post-norm"),
-        expect="refused",
+        expect="exact",
+        blocks=("gated delta-net + MLP", "gated delta-net + MLP", "attention + MLP"),
     ),
     ArchitectureCase(
         "mamba",
@@ -1347,7 +1359,8 @@ CASES: tuple[ArchitectureCase, ...] = (
             use_mambapy=True,
         ),
         ("selective state space (Mamba)", "no attention"),
-        expect="refused",
+        expect="exact",
+        blocks=("Mamba", "Mamba", "Mamba"),
     ),
     ArchitectureCase(
         "mamba-2",
@@ -1367,7 +1380,8 @@ CASES: tuple[ArchitectureCase, ...] = (
             initializer_range=0.2,
         ),
         ("state space duality (Mamba-2)", "no attention"),
-        expect="refused",
+        expect="exact",
+        blocks=("Mamba-2", "Mamba-2", "Mamba-2"),
     ),
     ArchitectureCase(
         "falcon-mamba",
@@ -1384,7 +1398,8 @@ CASES: tuple[ArchitectureCase, ...] = (
             use_mambapy=True,
         ),
         ("selective state space with RMS-normed B, C, dt", "no attention"),
-        expect="refused",
+        expect="exact",
+        blocks=("Mamba", "Mamba", "Mamba"),
     ),
     ArchitectureCase(
         "rwkv",
@@ -1415,7 +1430,8 @@ CASES: tuple[ArchitectureCase, ...] = (
             hidden_activation="gelu_pytorch_tanh",
         ),
         ("real-gated linear recurrence (Griffin)", "local attention (16)", "logit soft-cap"),
-        expect="refused",
+        expect="exact",
+        blocks=("RG-LRU + MLP", "RG-LRU + MLP", "attention + MLP"),
     ),
 )
 
@@ -1507,7 +1523,7 @@ BRIDGE_BLOCKS: dict[str, str] = {
     "mamba-2": "state-space layers",
     "falcon-mamba": "state-space layers",
     "rwkv": "linear recurrence",
-    "recurrent-gemma": "linear recurrence",
+    "recurrent-gemma": "linear recurrence, blocks bridged whole",
 }
 CASES = tuple(replace(c, path="bridge") if c.name in BRIDGE_BLOCKS else c for c in CASES)
 CASES_BY_NAME: dict[str, ArchitectureCase] = {c.name: c for c in CASES}
@@ -1647,6 +1663,30 @@ def refused_reasons() -> list[str]:
     return lines
 
 
+def refused_family_reasons() -> list[str]:
+    """One line per exact case with families refused: which, and the reason."""
+    from compute.models.refusals import refused_families
+
+    lines = []
+    for c in CASES:
+        refused = refused_families(c.architecture) if c.expect == "exact" else {}
+        for reason in dict.fromkeys(refused.values()):
+            names = ", ".join(f"`{f}`" for f, r in refused.items() if r == reason)
+            lines.append(f"- {c.name} (`{c.architecture}`): {names}: {reason}.")
+    return lines
+
+
+def _runs(blocks: tuple[str, ...]) -> list[str]:
+    """Block kinds as runs: "Mamba + MLP (0-1)", "attention + MLP (2)"."""
+    runs: list[list[Any]] = []
+    for i, label in enumerate(blocks):
+        if runs and runs[-1][0] == label:
+            runs[-1][2] = i
+        else:
+            runs.append([label, i, i])
+    return [f"{label} ({a})" if a == b else f"{label} ({a}–{b})" for label, a, b in runs]
+
+
 def markdown_table() -> str:
     """`docs/architectures.md`: the supported-architectures table, from the matrix."""
     lines = [
@@ -1658,24 +1698,31 @@ def markdown_table() -> str:
         "random-weight checkpoint built from transformers' own config class, loaded as a user's",
         "checkpoint folder is. *Exact* means: Strata's clean forward matches the Hugging Face",
         "model's float32 forward within the tolerance (max |Δ log-probability| over every",
-        f"position and token of 2 × {SEQ_LEN}-token sequences) and every metric family runs",
-        "without a NaN. *Refused* means registration and `strata compute` refuse the model",
-        "with the reason below (HTTP 422, CLI exit 3, nothing stored).",
+        f"position and token of 2 × {SEQ_LEN}-token sequences), and every metric family runs",
+        'without a NaN on the blocks it applies to (docs/metrics.md, "Block kinds") or is',
+        "refused on the architecture by name (below). *Refused* means registration and",
+        "`strata compute` refuse the model with the reason below (HTTP 422, CLI exit 3, nothing",
+        "stored).",
+        "",
+        "*Blocks*: what each block has where that is not attention with heads and an MLP in",
+        "every block — its token mixer (attention, or a state-space, gated delta-net or",
+        "short-convolution mixer without heads) and its MLP (dense, or a mixture of experts).",
         "",
         "*Path*: the blocks a run takes — Strata's fused blocks (`compute/blocks.py`) or the",
         "bridge's: the model's own modules, run through TransformerLens 4's hook points, for a",
         "mechanism the fused blocks do not have. Both are held to Hugging Face where both apply.",
         "",
-        "| case | Hugging Face class | mechanisms | Strata | path | tolerance | caveat |",
-        "|---|---|---|---|---|---|---|",
+        "| case | Hugging Face class | mechanisms | blocks | Strata | path | tolerance | caveat |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for c in CASES:
         status = "exact" if c.expect == "exact" else "**refused**"
         tol = f"{c.tolerance:.0e}" if c.expect == "exact" else "—"
         path = f"bridge ({BRIDGE_BLOCKS[c.name]})" if c.path == "bridge" else "fused"
+        kinds = "; ".join(_runs(c.blocks)) if c.blocks else ""
         lines.append(
-            f"| {c.name} | `{c.architecture}` | {', '.join(c.mechanisms)} | {status} | {path} "
-            f"| {tol} | {c.caveat} |"
+            f"| {c.name} | `{c.architecture}` | {', '.join(c.mechanisms)} | {kinds} | {status} "
+            f"| {path} | {tol} | {c.caveat} |"
         )
     lines += [
         "",
@@ -1697,6 +1744,12 @@ def markdown_table() -> str:
         "(`compute/models/refusals.py`):",
         "",
         *refused_reasons(),
+        "",
+        "Metric families refused on an architecture Strata otherwise runs exactly: a run",
+        "asking for them computes the rest and records the refusal with the model",
+        "(`refused_families`); one asking for nothing else is refused.",
+        "",
+        *refused_family_reasons(),
         "",
         *REAL_WEIGHTS,
     ]

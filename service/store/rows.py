@@ -63,6 +63,11 @@ class ModelInfo(BaseModel):
     n_experts: int = Field(default=1, ge=1)
     # The parity report measured at load (compute.models.parity); None where not measured.
     parity: dict[str, Any] | None = None
+    # Each block's token mixer ("attention", "Mamba", ...; None: none) and MLP ("dense",
+    # "experts"; None: none), and the families refused on the architecture with the reason
+    # (`LoadedModel.describe`); absent from models described before they were reported.
+    blocks: list[dict[str, str | None]] | None = None
+    refused_families: dict[str, str] = {}
 
     @property
     def n_neurons(self) -> int:

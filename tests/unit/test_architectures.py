@@ -77,23 +77,65 @@ def test_clean_forward_matches_hugging_face(matrix_dir: Path, name: str) -> None
     assert lm.parity.block_paths == (lm.block_path,) * 3
 
 
+ATTENTION_FAMILIES = {"attention", "heads", "heads_atp"}
+
+
 @pytest.mark.parametrize("name", EXACT)
 def test_every_family_runs_without_nan(matrix_dir: Path, name: str) -> None:
+    """Every family runs on the blocks it applies to (docs/metrics.md, "Block kinds") or is
+    refused on the architecture by name: the whole-block families on every block, drop_attn
+    where a block has a token mixer, drop_mlp and neurons where it has an MLP, the attention
+    families on the attention blocks only; and each block is what the matrix says it is."""
     from compute.engine import sweep
     from compute.metrics.base import EngineOptions
 
+    case = CASES_BY_NAME[name]
     lm = load_model(resolve_model_spec(str(checkpoint(matrix_dir, name))))
+    kinds = lm.layers
+    refused = set(lm.refused_families)
+    if case.blocks is not None:
+        assert tuple(k.label for k in kinds) == case.blocks
+    else:  # attention in every block, its heads read unless the head families are refused
+        assert all(k.attention and k.mlp is not None for k in kinds), name
+        assert lm.attention_layers == (() if "heads" in refused else tuple(range(lm.n_layers)))
+    assert lm.describe()["blocks"] == [k.describe() for k in kinds]
     opts = EngineOptions(induction_n=8, induction_sequences=2, top_neurons=2, top_tokens=2)
     # The default run's families, the head screen, which differentiates through every block
     # (autograd must get through each architecture's forward), and the pruning families.
     names = [*DEFAULT_FAMILIES, "heads_atp", "pruning", "pruning_drops"]
     result = sweep(lm, tokens()[:, :24], names, opts)
     families = {r.metric.split(".")[0] for r in result.records}
-    assert families == set(names)
+    expected = set(names) - refused
+    if not lm.attention_layers:
+        expected -= ATTENTION_FAMILIES  # recorded as such: no rows, and the model says why
+    if not lm.mlp_layers:
+        expected -= {"neurons"}
+    assert families == expected
     bad = [r for r in result.records if not math.isfinite(r.value)]
     assert not bad, f"{name}: {len(bad)} non-finite values, e.g. {bad[:3]}"
-    neurons = {r.neuron for r in result.records if r.metric == "neurons.vocab_kurt"}
-    assert len(neurons) == lm.n_neurons  # every expert's units under a mixture of experts
+
+    def layers_of(family: str, component: str | None = None) -> set[int | None]:
+        return {
+            r.layer
+            for r in result.records
+            if r.metric.split(".")[0] == family
+            and r.layer is not None
+            and (component is None or r.component == component)
+        }
+
+    mixers = {i for i, k in enumerate(kinds) if k.mixer is not None}
+    mlps = set(lm.mlp_layers)
+    assert layers_of("intervention", "drop") == set(range(lm.n_layers))
+    assert layers_of("intervention", "drop_attn") == mixers
+    assert layers_of("intervention", "drop_mlp") == mlps
+    assert layers_of("norms", "attn") == mixers
+    assert layers_of("norms", "mlp") == mlps
+    for family in ATTENTION_FAMILIES & families:
+        assert layers_of(family) == set(lm.attention_layers), family
+    if "neurons" in families:
+        assert layers_of("neurons") == mlps
+        neurons = {r.neuron for r in result.records if r.metric == "neurons.vocab_kurt"}
+        assert len(neurons) == lm.n_neurons  # every expert's units under a mixture of experts
 
 
 PROCESSING_RULES: dict[str, dict[str, bool]] = {
@@ -108,6 +150,9 @@ PROCESSING_RULES: dict[str, dict[str, bool]] = {
                     fold_value_biases=False),
     "gpt2": dict(fold_ln=True, center_writing_weights=True, center_unembed=True,
                  fold_value_biases=True),
+    # steps the TransformerLens adapter declares it does not take are recorded as not taken
+    "modernbert-decoder": dict(fold_ln=False, center_writing_weights=False),
+    "deepseek-v2": dict(fold_ln=False),
 }
 
 
@@ -300,3 +345,218 @@ def test_interventions_and_lens_do_not_depend_on_the_processing_applied(
     worse = {k: (a[k], b[k]) for k in a if abs(a[k] - b[k]) > 1e-4 * max(1.0, abs(b[k]))}
     assert not worse, f"{name}: {len(worse)} numbers moved with the processing, e.g. " + str(
         list(worse.items())[:4])
+
+
+# Blocks whose output is not their input plus the writes Strata reads: GPT-1's post-LN blocks
+# normalise the sum (x + attn, then + mlp). Their sublayer ablations rerun the block instead.
+NOT_ADDITIVE = {"openai-gpt"}
+
+
+@pytest.mark.parametrize("name", EXACT)
+def test_each_block_adds_the_writes_it_reports(matrix_dir: Path, name: str) -> None:
+    """The shortcuts of drop_attn, drop_mlp and the head ablations assume a block's output is
+    its input plus the writes Strata reads: held here on the matrix's own tokens for every
+    block the load's probe called additive, by running the block clean and with each write
+    zeroed; and the probe calls exactly GPT-1's post-LN blocks otherwise."""
+    lm = load_model(resolve_model_spec(str(checkpoint(matrix_dir, name))))
+    assert [k.additive for k in lm.layers] == [name not in NOT_ADDITIVE] * lm.n_layers
+    with torch.inference_mode():
+        resid = lm.embed(tokens()[:, :24])
+        for layer, kind in enumerate(lm.layers):
+            clean = lm.run_block(layer, resid)
+            if kind.additive:
+                scale = float(clean.resid.abs().max())
+                a = clean.attn_out if clean.attn_out is not None else 0.0
+                m = clean.mlp_out if clean.mlp_out is not None else 0.0
+                alone = lm.run_block(layer, resid, zero_attn=True)
+                m0 = alone.mlp_out if alone.mlp_out is not None else 0.0
+                for got, want in (
+                    (clean.resid, resid + a + m),
+                    (lm.run_block(layer, resid, zero_mlp=True).resid, resid + a),
+                    (alone.resid, resid + m0),
+                ):
+                    assert float((got - want).abs().max()) <= 1e-5 * max(scale, 1.0), layer
+            resid = clean.resid
+
+
+@pytest.mark.parametrize("name", EXACT)
+def test_head_ablation_is_the_block_rerun_with_the_head_zeroed(
+    matrix_dir: Path, name: str
+) -> None:
+    """`heads`' ablation (the cached write minus the head's z through its rows of W_O, where
+    the load's probe found that exact) against the slow reference: the block rerun with the
+    head's z zeroed by its hook, head by head, on every attention block."""
+    from compute.engine import clean_pass
+    from compute.metrics.base import EngineOptions, logit_chunks
+    from compute.metrics.heads import _ablated_block_output
+
+    lm = load_model(resolve_model_spec(str(checkpoint(matrix_dir, name))))
+    if not lm.attention_layers:
+        pytest.skip(f"{name}: no attention heads")
+    ids = tokens()[:, :24]
+    with torch.inference_mode():
+        ctx = clean_pass(lm, ids, False, logit_chunks(lm, EngineOptions()), lambda _: None,
+                         capture_z=True)
+        for layer in lm.attention_layers:
+            heads = lm.layers[layer].heads
+            assert heads is not None
+            group = list(range(heads.n_heads))
+            fast = _ablated_block_output(ctx, layer, group).unflatten(0, (len(group), -1))
+            scale = max(float(ctx.resid[layer + 1].abs().max()), 1.0)
+            for h in group:
+                mask = torch.ones(ids.shape[0], heads.n_heads)
+                mask[:, h] = 0.0
+                slow = lm.run_block(layer, ctx.resid[layer], head_mask=mask).resid
+                assert float((fast[h] - slow).abs().max()) <= 1e-5 * scale, (layer, h)
+
+
+@pytest.mark.parametrize("name", ["granite", "granite-moe", "afmoe"])
+def test_the_probe_finds_head_writes_the_structure_misses(matrix_dir: Path, name: str) -> None:
+    """Granite's residual multiplier and AFMoE's norm after attention sit between the output
+    projection and the residual stream, where no post-norm list names them: subtracting a
+    head's z W_O from the cached write would be wrong there (by more than rounding), so the
+    load's probe sends their head ablations to the rerun."""
+    from compute.engine import clean_pass
+    from compute.metrics.base import EngineOptions, logit_chunks
+
+    lm = load_model(resolve_model_spec(str(checkpoint(matrix_dir, name))))
+    assert not any(lm.head_writes_are_linear(layer) for layer in lm.attention_layers)
+    ids = tokens()[:, :24]
+    with torch.inference_mode():
+        ctx = clean_pass(lm, ids, False, logit_chunks(lm, EngineOptions()), lambda _: None,
+                         capture_z=True)
+        assert ctx.z is not None
+        z, attn = ctx.z[0], ctx.attn_out[0]
+        assert z is not None
+        assert attn is not None
+        naive = attn - lm.head_writes(0, z, [0])[0]
+        mask = torch.ones(ids.shape[0], lm.n_heads)
+        mask[:, 0] = 0.0
+        rerun = lm.run_block(0, ctx.resid[0], head_mask=mask).attn_out
+        assert rerun is not None
+        assert float((naive - rerun).abs().max()) > 1e-3 * float(attn.abs().max())
+
+
+@pytest.mark.parametrize("name", ["deepseek-v2", "deepseek-v3", "glm-4-moe-lite", "youtu"])
+def test_a_latent_attention_head_ablation_zeroes_that_heads_values(
+    matrix_dir: Path, name: str
+) -> None:
+    """Multi-head latent attention: a head's z is its v_head_dim slice of the output
+    projection's input (TransformerLens's hook_z splits by the query/key width instead). The
+    reference, by hand: the head's value rows of kv_b_proj zeroed in the weights, so the
+    attention computes a zero value for that head alone; the block's output must be what
+    `run_block` gives with the head's z zeroed, and what the `heads` family computes."""
+    from compute.engine import clean_pass
+    from compute.metrics.base import EngineOptions, logit_chunks
+    from compute.metrics.heads import _ablated_block_output
+
+    lm = load_model(resolve_model_spec(str(checkpoint(matrix_dir, name))))
+    attn = lm.model.blocks[1].attn.original_component
+    heads = lm.layers[1].heads
+    assert heads is not None
+    nope, v = int(attn.qk_nope_head_dim), int(attn.v_head_dim)
+    assert (heads.n_heads, heads.d_head) == (int(attn.num_heads), v)
+    assert v != int(lm.cfg.d_head)  # the width TransformerLens would split z by
+    ids = tokens()[:, :24]
+    with torch.inference_mode():
+        ctx = clean_pass(lm, ids, False, logit_chunks(lm, EngineOptions()), lambda _: None,
+                         capture_z=True)
+        family = _ablated_block_output(ctx, 1, list(range(heads.n_heads)))
+        family = family.unflatten(0, (heads.n_heads, -1))
+        weight = getattr(attn.kv_b_proj, "original_component", attn.kv_b_proj).weight
+        kept = weight.detach().clone()
+        for h in range(heads.n_heads):
+            mask = torch.ones(ids.shape[0], heads.n_heads)
+            mask[:, h] = 0.0
+            hooked = lm.run_block(1, ctx.resid[1], head_mask=mask).resid
+            rows = slice(h * (nope + v) + nope, (h + 1) * (nope + v))
+            with torch.no_grad():
+                weight[rows] = 0.0
+            try:
+                by_hand = lm.run_block(1, ctx.resid[1]).resid
+            finally:
+                with torch.no_grad():
+                    weight.copy_(kept)
+            scale = max(float(by_hand.abs().max()), 1.0)
+            assert float((hooked - by_hand).abs().max()) <= 1e-5 * scale, h
+            assert float((family[h] - by_hand).abs().max()) <= 1e-5 * scale, h
+            # and it is one head: the clean block differs
+            assert float((ctx.resid[2] - by_hand).abs().max()) > 1e-4
+
+
+def test_per_layer_head_widths_are_read_at_the_output_projection(matrix_dir: Path) -> None:
+    """Gemma 4's global layers have heads of global_head_dim, not the config's head_dim, where
+    TransformerLens's W_O and hook_z cannot split: there a head is its slice of o_proj's input,
+    and zeroing it equals zeroing that slice's columns of o_proj by hand."""
+    lm = load_model(resolve_model_spec(str(checkpoint(matrix_dir, "gemma-4-text"))))
+    layer = 2  # the global layer
+    heads = lm.layers[layer].heads
+    assert heads is not None
+    assert heads.o_proj is not None
+    assert heads.d_head != int(lm.cfg.d_head)
+    weight = getattr(heads.o_proj, "original_component", heads.o_proj).weight
+    kept = weight.detach().clone()
+    with torch.inference_mode():
+        resid = lm.embed(tokens()[:, :24])
+        for block in range(layer):
+            resid = lm.run_block(block, resid).resid
+    for h in (0, heads.n_heads - 1):
+        mask = torch.ones(resid.shape[0], heads.n_heads)
+        mask[:, h] = 0.0
+        with torch.inference_mode():
+            hooked = lm.run_block(layer, resid, head_mask=mask).resid
+        with torch.no_grad():
+            weight[:, h * heads.d_head : (h + 1) * heads.d_head] = 0.0
+        try:
+            with torch.inference_mode():
+                by_hand = lm.run_block(layer, resid).resid
+        finally:
+            with torch.no_grad():
+                weight.copy_(kept)
+        assert float((hooked - by_hand).abs().max()) <= 1e-5 * float(by_hand.abs().max())
+
+
+def test_refused_families_are_recorded_and_not_run(matrix_dir: Path) -> None:
+    """JetMoE's heads are routed experts: the attention families are refused on it by name,
+    recorded with the model, and a run of them alone is refused; the rest run."""
+    from compute.engine import sweep
+    from compute.metrics.base import EngineOptions
+
+    lm = load_model(resolve_model_spec(str(checkpoint(matrix_dir, "jetmoe"))))
+    refused = lm.describe()["refused_families"]
+    assert set(refused) == ATTENTION_FAMILIES
+    assert "mixture of attention heads" in refused["heads"]
+    opts = EngineOptions(induction_n=8, induction_sequences=2)
+    result = sweep(lm, tokens()[:, :12], ["heads", "norms"], opts)
+    assert {r.metric.split(".")[0] for r in result.records} == {"norms"}
+    with pytest.raises(UnsupportedArchitectureError, match="mixture of attention heads"):
+        sweep(lm, tokens()[:, :12], ["heads", "attention"], opts)
+
+
+def test_every_refused_case_is_refused_from_its_config_alone() -> None:
+    """The matrix's refused cases are refused by `refusal_of` (config.json alone, no weight
+    read), and so are Gemma 4's per-layer-input and shared key/value variants, while the
+    matrix's Gemma 4 (neither) is not."""
+    from compute.models.refusals import refusal_of
+
+    for case in CASES:
+        reason = refusal_of(case.architecture, case.settings)
+        assert (reason is not None) == (case.expect == "refused"), case.name
+    gemma = CASES_BY_NAME["gemma-4-text"].settings
+    assert refusal_of("Gemma4ForCausalLM", {**gemma, "num_kv_shared_layers": 1}) is not None
+    unset = {k: v for k, v in gemma.items() if k != "hidden_size_per_layer_input"}
+    assert "per-layer token inputs" in (refusal_of("Gemma4ForCausalLM", unset) or "")
+
+
+def test_a_sublayer_strata_does_not_know_is_refused_by_name(
+    matrix_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A token mixer the block-kind tables do not name is refused at load, by name, never
+    guessed at (here Mamba's, with its entry taken out)."""
+    from compute.errors import ModelLoadError
+    from compute.models import layers
+
+    mixers = {k: v for k, v in layers.TOKEN_MIXERS.items() if k != "MambaMixer"}
+    monkeypatch.setattr(layers, "TOKEN_MIXERS", mixers)
+    with pytest.raises(ModelLoadError, match=r"'mixer' \(MambaMixer\) Strata does not know"):
+        load_model(resolve_model_spec(str(checkpoint(matrix_dir, "mamba"))))

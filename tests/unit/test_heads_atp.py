@@ -57,13 +57,13 @@ def test_estimate_is_the_derivative_of_the_exact_ablation(
     with torch.inference_mode():
         ctx = clean_pass(lm, tokens, False, logit_chunks(lm, opts), lambda _: None,
                          capture_z=True)
-        estimate = atp_loss_delta(ctx, opts)  # [L, H, b]
+        estimate = atp_loss_delta(ctx, opts)  # per attention block: [H, b]
         for layer in range(lm.n_layers):
             for head in range(lm.n_heads):
                 # d/d(scale) at scale 1, times (0 - 1): the first-order change of zeroing it
                 slope = (mean_loss(lm, tokens, layer, head, 1 + eps)
                          - mean_loss(lm, tokens, layer, head, 1 - eps)) / (2 * eps)
-                assert estimate[layer, head].double() == pytest.approx(
+                assert estimate[layer][head].double() == pytest.approx(
                     -slope, rel=2e-3, abs=2e-5), (layer, head)
 
 
