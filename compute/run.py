@@ -187,6 +187,8 @@ def compute_run(
     Validation happens before any output exists: on error nothing is returned at all.
     """
     families_named(list(config.families))  # fail on unknown families before loading anything
+    if lm is None:
+        _refuse_families_before_loading(config)
     start = time.perf_counter()
     lm = lm or load_model(config.model, device)
     token_spec = resolve_token_spec(config.tokens)
@@ -240,6 +242,33 @@ def compute_run(
             **result.family_s,
         },
     )
+
+
+def _refuse_families_before_loading(config: RunConfig) -> None:
+    """A run whose families are all refused on its checkpoint's architecture
+    (`compute.models.refusals.REFUSED_FAMILIES`) is refused from config.json alone, before
+    any weight is read (the sweep refuses it too, for sources read only by loading)."""
+    from pathlib import Path
+
+    from compute.errors import UnsupportedArchitectureError
+    from compute.models.refusals import refused_families
+    from compute.models.sources import checkpoint_architecture
+    from compute.zoo.paths import zoo_path
+
+    spec = config.model
+    if spec.source not in ("hf_dir", "zoo"):
+        return
+    path = zoo_path(spec.name) if spec.source == "zoo" else Path(spec.name)
+    if not (path / "config.json").is_file():
+        return  # a planted zoo model: no checkpoint
+    architecture = checkpoint_architecture(path)
+    refused = refused_families(architecture)
+    asked = list(dict.fromkeys(config.families))
+    if asked and all(family in refused for family in asked):
+        raise UnsupportedArchitectureError(
+            f"{architecture}: {', '.join(asked)} refused on this architecture: "
+            + "; ".join(dict.fromkeys(refused[f] for f in asked))
+        )
 
 
 def result_metadata(result: RunResult) -> dict[str, Any]:

@@ -560,3 +560,35 @@ def test_a_sublayer_strata_does_not_know_is_refused_by_name(
     monkeypatch.setattr(layers, "TOKEN_MIXERS", mixers)
     with pytest.raises(ModelLoadError, match=r"'mixer' \(MambaMixer\) Strata does not know"):
         load_model(resolve_model_spec(str(checkpoint(matrix_dir, "mamba"))))
+
+
+def test_a_run_of_refused_families_only_is_refused_before_loading(
+    matrix_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From config.json alone: no weight is read for a run whose families are all refused."""
+    from compute import run
+    from compute.tokens import TokenSpec
+
+    def no_loading(*_: Any, **__: Any) -> Any:
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(run, "load_model", no_loading)
+    spec = resolve_model_spec(str(checkpoint(matrix_dir, "jetmoe")))
+    tokens = TokenSpec(source="builtin", n_sequences=2, seq_len=16)
+    config = run.RunConfig(model=spec, tokens=tokens, families=("heads", "heads_atp"))
+    with pytest.raises(UnsupportedArchitectureError, match="mixture of attention heads"):
+        run.compute_run(config)
+
+
+def test_each_block_gets_the_inputs_of_its_own_kind(matrix_dir: Path) -> None:
+    """Block inputs are captured per layer from the model's own forward: Jamba's Mamba layers
+    get what its forward hands them (no mask: no padding), its attention layer the causal
+    mask, each for its own layer."""
+    lm = load_model(resolve_model_spec(str(checkpoint(matrix_dir, "jamba"))))
+    resid = torch.zeros(1, 8, lm.d_model)
+    masks = [lm._block_inputs.of(i, resid).get("attention_mask") for i in range(lm.n_layers)]
+    assert [k.mixer for k in lm.layers] == ["Mamba", "Mamba", "attention"]
+    assert masks[0] is None
+    assert masks[1] is None
+    assert masks[2] is not None
+    assert tuple(masks[2].shape) == (1, 1, 8, 8)
