@@ -312,8 +312,10 @@ def attention(
     *,
     head_mask: Float[Tensor, "batch head"] | None,
     capture_pattern: bool,
+    z_hook: Callable[[Tensor], Tensor] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
-    """Attention write, z ([batch, pos, head, d_head]) and, if asked, the pattern."""
+    """Attention write, z ([batch, pos, head, d_head]) and, if asked, the pattern. `z_hook`
+    replaces z (after the head mask) with what it returns, which the write is made from."""
     b, t, d = x.shape
     h, kv, dh = fb.n_heads, fb.n_kv_heads, fb.d_head
     qkv = torch.addmm(fb.b_qkv, x.reshape(-1, d), fb.w_qkv).view(b, t, h + 2 * kv, dh)
@@ -339,5 +341,7 @@ def attention(
     z = z.transpose(1, 2)  # [b, t, h, dh]
     if head_mask is not None:
         z = z * head_mask[:, None, :, None].to(z.dtype)
+    if z_hook is not None:
+        z = z_hook(z)
     out = torch.addmm(fb.b_o, z.reshape(b * t, h * dh), fb.w_o).view(b, t, d)
     return out, z, pattern

@@ -11,8 +11,10 @@ config.json or a loaded model). From them:
   attention and MLP writes, z and patterns when a family needs them, the reference
   distribution) plus the working set of one intervention.
 
-`check_fits` compares these with what the device has and raises `ModelTooLargeError` with the
-figures, instead of letting a load die halfway through.
+`check_fits` compares these with what the devices have and raises `ModelTooLargeError` with the
+figures, instead of letting a load die halfway through; where one device does not hold a model
+but the worker's devices together do, it returns the plan that splits it over them
+(`compute.placement`, from `placement_needs`).
 
 How the process holds memory it has freed is tuned here too: glibc's allocator hands large frees
 back to the system while a model loads (`allocator_for_loading`), keeps few-MB temporaries for
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +34,13 @@ from typing import Any
 import torch
 
 from compute.errors import ModelTooLargeError
+from compute.placement import (
+    DeviceMemory,
+    Placement,
+    PlacementNeeds,
+    one_device,
+    plan_placement,
+)
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 GIB = 2**30
@@ -223,42 +233,94 @@ def device_free_bytes(device: str) -> int:
     return host_available_bytes()
 
 
-def check_fits(dims: ModelDims, dtype: str, device: str, *, name: str, seq_len: int = 128) -> None:
-    """Refuse, before loading, a model whose weights (plus one sequence of the sweep) will not
-    fit the device, or whose loading will not fit the host."""
-    weights = dims.weight_bytes(dtype) + dims.fast_path_extra_bytes(dtype)
-    one_sequence = sweep_bytes_per_sequence(
-        dims, seq_len, DTYPE_BYTES[dtype], patterns=False, z=False
+def placement_needs(dims: ModelDims, dtype: str, seq_len: int = 128) -> PlacementNeeds:
+    """What the placement plan (`compute.placement`) weighs, from the model's dimensions: the
+    weights of the home device's pieces and of one block (the fast path's fused copies
+    included, as in `check_fits`), one sequence of the sweep on the home device, and on a
+    device of blocks one block's working set with the residuals moved in and out."""
+    bytes_ = DTYPE_BYTES[dtype]
+    total = dims.weight_bytes(dtype) + dims.fast_path_extra_bytes(dtype)
+    d, v = dims.d_model, dims.d_vocab
+    home = (2 * v * d + v + (dims.n_ctx * d if dims.learned_positions else 0) + 2 * d) * bytes_
+    block = (total - home) // dims.n_layers
+    moved = 4 * seq_len * d * bytes_  # the residual in; residual, attention and MLP writes out
+    return PlacementNeeds(
+        n_layers=dims.n_layers,
+        home_weights=total - block * dims.n_layers,
+        block_weights=block,
+        home_per_sequence=sweep_bytes_per_sequence(dims, seq_len, bytes_, patterns=False, z=False),
+        block_per_sequence=variant_bytes_per_sequence(dims, seq_len, bytes_) + moved,
     )
-    need_device = weights + one_sequence
-    host_need = load_peak_bytes(dims, dtype, device)
-    host_have = host_available_bytes()
+
+
+def visible_devices(device: str) -> list[DeviceMemory]:
+    """The devices a run on `device` may use, with their free bytes: for `cuda` (no index)
+    every CUDA device this process sees, the current one first (a worker started with several
+    GPUs visible splits a model that one does not hold over them); an indexed device alone (a
+    worker per GPU sees one); the host for the CPU."""
+    if device == "cuda" and torch.cuda.is_available():
+        first = torch.cuda.current_device()
+        order = [first, *(i for i in range(torch.cuda.device_count()) if i != first)]
+        return [DeviceMemory(f"cuda:{i}", device_free_bytes(f"cuda:{i}")) for i in order]
+    return [DeviceMemory(device, device_free_bytes(device))]
+
+
+def plan_devices(
+    dims: ModelDims,
+    dtype: str,
+    device: str,
+    *,
+    name: str,
+    seq_len: int = 128,
+    devices: Sequence[DeviceMemory] | None = None,
+) -> Placement:
+    """Where the model goes (`compute.placement.plan_placement`): all on `device` where that
+    holds its weights and one sequence of the sweep (on a CPU: always, the host being checked
+    by `check_fits`), else split over the devices `visible_devices(device)` gives, or over
+    `devices` where given (a test places a model over several CPU "devices" so); refused
+    (`ModelTooLargeError`) where even all of them together do not hold it."""
+    needs = placement_needs(dims, dtype, seq_len)
     figures = (
         f"{name}: {dims.n_params / 1e9:.2f}B parameters, {dims.n_layers} layers, "
         f"d_model {dims.d_model}, vocabulary {dims.d_vocab}"
     )
-    if str(device).startswith("cuda"):
-        have = device_free_bytes(device)
-        if need_device > have:
-            n_gpus = torch.cuda.device_count()
-            raise ModelTooLargeError(
-                f"{figures} needs about {need_device / GIB:.1f} GiB on {device} in {dtype} "
-                f"(weights {weights / GIB:.1f} GiB + one sequence's activations), but "
-                f"{have / GIB:.1f} GiB is free there ({n_gpus} CUDA device(s) visible). Use "
-                "bfloat16, a device with more memory, or free the device."
-            )
-    elif host_need > host_have:
-        raise ModelTooLargeError(
-            f"{figures} needs about {host_need / GIB:.1f} GiB of host memory to load in {dtype} "
-            f"(checkpoint and processed weights in float32, then the model), but "
-            f"{host_have / GIB:.1f} GiB is available."
+    if devices is not None:
+        return plan_placement(needs, devices, what=figures, dtype=dtype)
+    if not str(device).startswith("cuda"):
+        return one_device(device, needs, host_available_bytes())
+    found = visible_devices(device)
+    placement = plan_placement(needs, found, what=figures, dtype=dtype)
+    # on one device: the device as the run names it (`cuda`, not `cuda:0`)
+    return placement if placement.split else one_device(device, needs, found[0].free_bytes)
+
+
+def check_fits(
+    dims: ModelDims,
+    dtype: str,
+    device: str,
+    *,
+    name: str,
+    seq_len: int = 128,
+    devices: Sequence[DeviceMemory] | None = None,
+) -> Placement:
+    """Refuse, before loading, a model whose loading will not fit the host, or whose weights
+    (plus one sequence of the sweep) even all of its devices together will not hold; else
+    where it goes (`plan_devices`)."""
+    placement = plan_devices(dims, dtype, device, name=name, seq_len=seq_len, devices=devices)
+    host_need = load_peak_bytes(dims, dtype, device)
+    host_have = host_available_bytes()
+    if host_need > host_have:
+        what = (
+            f"to process its weights in float32 before moving them to {device}"
+            if str(device).startswith("cuda")
+            else f"to load in {dtype} (checkpoint and processed weights in float32, then the model)"
         )
-    if str(device).startswith("cuda") and host_need > host_have:
         raise ModelTooLargeError(
-            f"{figures} needs about {host_need / GIB:.1f} GiB of host memory to process its "
-            f"weights in float32 before moving them to {device}, but {host_have / GIB:.1f} GiB "
-            "is available."
+            f"{name}: {dims.n_params / 1e9:.2f}B parameters, {dims.n_layers} layers, d_model "
+            f"{dims.d_model}, vocabulary {dims.d_vocab} needs about {host_need / GIB:.1f} GiB "
+            f"of host memory {what}, but {host_have / GIB:.1f} GiB is available."
         )
+    return placement
 
 
 # glibc malloc options (mallopt parameters).

@@ -170,6 +170,10 @@ class BlockInputs:
     and the device, never on the tokens: Strata's batches have no padding)."""
 
     bridge: Any
+    # A model split over devices (`compute.placement`): its home device, where the forward
+    # that captures the inputs runs, and each block's, where that block's inputs are kept
+    # (`resid` is then on the block's device). None: the model is on one device.
+    split: tuple[torch.device, tuple[torch.device, ...]] | None = None
     # per (length, device): batch 1's inputs, captured; per (batch, length, device): those
     # made for the batch (made once, not on every block run)
     _by_length: dict[tuple[int, str], list[dict[str, Any]]] = field(default_factory=dict)
@@ -178,11 +182,12 @@ class BlockInputs:
     def of(self, layer: int, resid: Tensor) -> dict[str, Any]:
         """The inputs of block `layer` for a residual of `resid`'s batch, length and device."""
         batch, length = int(resid.shape[0]), int(resid.shape[1])
-        key = (batch, length, str(resid.device))
+        device = resid.device if self.split is None else self.split[0]
+        key = (batch, length, str(device))
         if key not in self._by_batch:
-            base = (length, str(resid.device))
+            base = (length, str(device))
             if base not in self._by_length:
-                self._by_length[base] = self._capture(length, resid.device)
+                self._by_length[base] = self._capture(length, device)
             self._by_batch[key] = [_for_batch(i, batch) for i in self._by_length[base]]
         return self._by_batch[key][layer]
 
@@ -205,6 +210,8 @@ class BlockInputs:
             block.original_component.register_forward_pre_hook(keep(i), with_kwargs=True)
             for i, block in enumerate(self.bridge.blocks)
         ]
+        if self.split is not None:  # each block's inputs moved to it, its output home
+            handles += _routed(self.bridge, *self.split)
         try:
             # Normal tensors, not inference tensors, whatever mode the first caller runs in: a
             # family that differentiates through the blocks (heads_atp) uses them in autograd.
@@ -214,6 +221,42 @@ class BlockInputs:
             for handle in handles:
                 handle.remove()
         return captured
+
+
+def _routed(bridge: Any, home: torch.device, devices: tuple[torch.device, ...]) -> list[Any]:
+    """Hooks through which a forward of the whole model runs over a split one: every block's
+    inputs moved to the block's device, its output back home (the handles)."""
+
+    def to(device: torch.device) -> Any:
+        def pre(
+            _m: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+        ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+            return to_device(args, device), to_device(kwargs, device)
+
+        return pre
+
+    def back(_m: Any, _args: Any, output: Any) -> Any:
+        return to_device(output, home)
+
+    handles = []
+    for block, device in zip(bridge.blocks, devices, strict=True):
+        handles.append(block.register_forward_pre_hook(to(device), with_kwargs=True))
+        handles.append(block.register_forward_hook(back))
+    return handles
+
+
+def to_device(value: Any, device: torch.device) -> Any:
+    """`value` with every tensor in it (inside tuples, lists and dicts too) on `device`."""
+    if isinstance(value, Tensor):
+        return value.to(device)
+    if isinstance(value, tuple):
+        moved = [to_device(v, device) for v in value]
+        return type(value)(*moved) if hasattr(value, "_fields") else tuple(moved)
+    if isinstance(value, list):
+        return [to_device(v, device) for v in value]
+    if isinstance(value, dict):
+        return {k: to_device(v, device) for k, v in value.items()}
+    return value
 
 
 def _for_batch(inputs: dict[str, Any], batch: int) -> dict[str, Any]:

@@ -9,8 +9,8 @@ attention pattern), unembed through the final norm, and the processed weights.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,14 +19,22 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from compute import blocks
-from compute.errors import ModelLoadError, StrataError
-from compute.memory import ModelDims, allocator_for_loading, check_fits
+from compute.errors import ComputeError, ModelLoadError, StrataError
+from compute.memory import (
+    ModelDims,
+    allocator_for_loading,
+    check_fits,
+    placement_needs,
+    plan_devices,
+)
 from compute.models import layers, parity
-from compute.models.bridge import BlockInputs
+from compute.models.bridge import BlockInputs, to_device
 from compute.models.parity import ParityReport
 from compute.models.processing import POST_NORM_ARCHITECTURES, AppliedProcessing
 from compute.models.sources import SOURCES, SourceLoad
 from compute.models.spec import TORCH_DTYPES, ModelSpec
+from compute.models.split import module_names, place
+from compute.placement import DeviceMemory, Placement, planned_bytes
 from compute.zoo.paths import zoo_path
 
 if TYPE_CHECKING:
@@ -333,6 +341,7 @@ class LoadedModel:
         zero_mlp: bool,
         head_mask: Tensor | None,
         capture_pattern: bool,
+        z_hook: Callable[[Tensor], Tensor] | None = None,
     ) -> BlockRun:
         fb = self._fast_weights(layer)
         attn_out, z, pattern = blocks.attention(
@@ -341,6 +350,7 @@ class LoadedModel:
             self._rope(layer, resid),
             head_mask=head_mask,
             capture_pattern=capture_pattern,
+            z_hook=z_hook,
         )
         if zero_attn:
             attn_out = torch.zeros_like(attn_out)
@@ -564,6 +574,111 @@ class LoadedModel:
         return [self.tokenizer.decode([i]) for i in ids]
 
 
+@dataclass
+class SplitModel(LoadedModel):
+    """A model split over devices (`compute.placement`). `device` is the home device: the
+    embedding, the final norm and the unembedding are there, and so is everything the engine
+    keeps. Each block runs on the device that holds its weights, its input moved there and what
+    it returns moved back to where its input was; its MLP, its heads' rows of W_O and its
+    neurons' output rows likewise. A model on one device is a plain `LoadedModel`, which moves
+    nothing."""
+
+    placement: Placement = field(kw_only=True)
+
+    def block_device(self, layer: int) -> torch.device:
+        if "block_devices" not in self._ctx:
+            self._ctx["block_devices"] = tuple(torch.device(d) for d in self.placement.blocks)
+        return self._ctx["block_devices"][layer]
+
+    def run_block(
+        self,
+        layer: int,
+        resid: Float[Tensor, "batch pos d_model"],
+        *,
+        zero_attn: bool = False,
+        zero_mlp: bool = False,
+        head_mask: Float[Tensor, "batch head"] | None = None,
+        capture_pattern: bool = False,
+        capture_z: bool = False,
+    ) -> BlockRun:
+        """`LoadedModel.run_block` on the block's device, its results on `resid`'s. Under
+        autograd a captured z is moved back inside the block, and the block goes on from the
+        moved copy (copied to its device again): a gradient with respect to the z returned is
+        then the block's own (the head screen takes one)."""
+        device, back = self.block_device(layer), resid.device
+        x = resid.to(device)
+        mask = head_mask.to(device) if head_mask is not None else None
+        home_z: list[Tensor] = []
+        if capture_z and torch.is_grad_enabled():
+
+            def rehome(z: Tensor, hook: Any = None) -> Tensor:
+                if mask is not None:
+                    z = z * mask[:, None, :, None].to(z.dtype)
+                home_z.append(z.to(back))
+                return home_z[-1].to(device)
+
+            if self.fast_path:
+                run = self._run_fast_block(
+                    layer,
+                    x,
+                    zero_attn=zero_attn,
+                    zero_mlp=zero_mlp,
+                    head_mask=None,
+                    capture_pattern=capture_pattern,
+                    z_hook=rehome,
+                )
+            else:
+                hook_z = getattr(getattr(self.model.blocks[layer], "attn", None), "hook_z", None)
+                if hook_z is None:
+                    raise ComputeError(
+                        f"{self.architecture}: block {layer} has no hook_z, so a gradient "
+                        "with respect to its z cannot cross the devices the model is split over"
+                    )
+                with _lens_hooks([(hook_z, rehome)]):
+                    run = super().run_block(
+                        layer,
+                        x,
+                        zero_attn=zero_attn,
+                        zero_mlp=zero_mlp,
+                        capture_pattern=capture_pattern,
+                        capture_z=True,
+                    )
+        else:
+            run = super().run_block(
+                layer,
+                x,
+                zero_attn=zero_attn,
+                zero_mlp=zero_mlp,
+                head_mask=mask,
+                capture_pattern=capture_pattern,
+                capture_z=capture_z,
+            )
+        z = home_z[-1] if home_z else run.z
+        moved = (run.resid, run.attn_out, run.mlp_out, run.pattern, z)
+        return BlockRun(*(to_device(t, back) for t in moved))
+
+    def run_mlp(
+        self, layer: int, resid: Float[Tensor, "batch pos d_model"]
+    ) -> Float[Tensor, "batch pos d_model"]:
+        if not self.fast_path:  # through `run_block`, which moves
+            return super().run_mlp(layer, resid)
+        return super().run_mlp(layer, resid.to(self.block_device(layer))).to(resid.device)
+
+    def _w_o(self, layer: int) -> Tensor:
+        return super()._w_o(layer).to(self.device)
+
+    def w_out(self, layer: int) -> Float[Tensor, "n_neurons d_model"]:
+        return super().w_out(layer).to(self.device)
+
+    @property
+    def _block_inputs(self) -> BlockInputs:
+        if "block_inputs" not in self._ctx:
+            devices = tuple(self.block_device(i) for i in range(self.n_layers))
+            split = (torch.device(self.device), devices)
+            self._ctx["block_inputs"] = BlockInputs(self.model, split=split)
+        return self._ctx["block_inputs"]
+
+
 @contextlib.contextmanager
 def _lens_hooks(hooks: list[tuple[Any, Callable[..., Any]]]) -> Iterator[None]:
     """TransformerLens hooks (`fn(activation, hook)`, returning a replacement or None) on hook
@@ -614,31 +729,48 @@ def _o_proj_z_hook(heads: layers.Heads, fn: Callable[..., Tensor]) -> Any:
     return heads.o_proj.register_forward_pre_hook(pre)
 
 
-def load_model(spec: ModelSpec, device: str = "cpu") -> LoadedModel:
-    """Load and process the weights a spec names. The one entry point to TransformerLens."""
+def load_model(
+    spec: ModelSpec, device: str = "cpu", *, devices: Sequence[DeviceMemory] | None = None
+) -> LoadedModel:
+    """Load and process the weights a spec names. The one entry point to TransformerLens.
+
+    A model that `device` does not hold but the devices a run on it may use do together
+    (`compute.memory.plan_devices`: for `cuda`, every GPU the process sees) is split over
+    them: a `SplitModel`, its placement in its parity report. `devices` places the model over
+    those instead (with their free bytes): the tests split models over CPU "devices" so."""
     allocator_for_loading()
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ModelLoadError(f"device {device!r} requested but CUDA is not available here")
     dims = _dims_before_loading(spec)
+    placement = None
     if dims is not None:  # refuse what will not fit before loading anything
-        check_fits(dims, spec.dtype, device, name=spec.name)
+        placement = check_fits(dims, spec.dtype, device, name=spec.name, devices=devices)
+    split = placement is not None and placement.split
     source = SOURCES[spec.source]
     try:
-        loaded = source.load(spec, device)
+        # a model to split is built on the host: no one device holds it
+        loaded = source.load(spec, "cpu" if split else device)
     except StrataError:
         raise
     except Exception as exc:  # a loader's own error (corrupt weights, ...): one type for callers
         raise ModelLoadError(
             f"{spec.name} could not be loaded: {type(exc).__name__}: {exc}"
         ) from exc
-    lm = _measured(spec, loaded, device)
+    lm = _measured(spec, loaded, device, placement, devices)
     parity.check(lm.parity or parity.no_reference(lm, ""), spec.name, lm.architecture)
     return lm
 
 
-def _measured(spec: ModelSpec, loaded: SourceLoad, device: str) -> LoadedModel:
-    """The loaded model on its device and dtype, with its parity report: measured in float32
-    against the Hugging Face reference, then (at another dtype) the noise floor."""
+def _measured(
+    spec: ModelSpec,
+    loaded: SourceLoad,
+    device: str,
+    placement: Placement | None = None,
+    devices: Sequence[DeviceMemory] | None = None,
+) -> LoadedModel:
+    """The loaded model on its device (or split over its devices: `placement`) and dtype,
+    with its parity report: measured in float32 against the Hugging Face reference, then (at
+    another dtype) the noise floor."""
     model = loaded.model
     model.eval()
     for p in model.parameters():
@@ -649,6 +781,11 @@ def _measured(spec: ModelSpec, loaded: SourceLoad, device: str) -> LoadedModel:
     reference = loaded.reference
     if reference is None:
         lm.parity = parity.no_reference(lm, loaded.no_reference)
+        if placement is not None and placement.split:  # built on the host, at the run's dtype
+            tokens = parity.parity_tokens(lm.d_vocab_real, lm.bos_token_id, lm.n_ctx)
+            host = parity.strata_log_probs(lm, tokens)
+            lm = _split(lm, placement)
+            _record_split(lm, host, parity.strata_log_probs(lm, tokens))
         return lm
     if not bool(torch.isfinite(reference.log_probs).all()):
         # The weights themselves are broken (the original model's own forward is NaN or
@@ -661,10 +798,19 @@ def _measured(spec: ModelSpec, loaded: SourceLoad, device: str) -> LoadedModel:
     lm.device = "cpu"
     diff, kl, float32_log_probs = parity.float32_parity(lm, reference)
     lm.device = device
-    _place_for_run(spec, model, device)
+    if placement is None and (device.startswith("cuda") or devices is not None):
+        # dimensions known only now (a hub name, a GGUF file): planned on the built model
+        placement = plan_devices(
+            ModelDims.of(lm), spec.dtype, device, name=spec.name, devices=devices
+        )
+    if placement is not None and placement.split:
+        lm = _split(lm, placement)
+    else:
+        _place_for_run(spec, model, device)
     lm.forget_derived_weights()
     floor = floor_diff = None
-    if spec.dtype != "float32" or device != "cpu":
+    run_log_probs = None
+    if spec.dtype != "float32" or lm.device != "cpu" or isinstance(lm, SplitModel):
         run_log_probs = parity.strata_log_probs(lm, reference.tokens)
         if spec.dtype != "float32":
             floor = parity.mean_kl(float32_log_probs, run_log_probs)
@@ -680,7 +826,36 @@ def _measured(spec: ModelSpec, loaded: SourceLoad, device: str) -> LoadedModel:
         noise_floor_kl=floor,
         noise_floor_max_abs_logprob_diff=floor_diff,
     )
+    if isinstance(lm, SplitModel) and run_log_probs is not None:
+        # against the host's float32 forward: the split's own difference in a float32 run
+        _record_split(lm, float32_log_probs if spec.dtype == "float32" else None, run_log_probs)
     return lm
+
+
+def _split(lm: LoadedModel, placement: Placement) -> SplitModel:
+    """`lm`, built on the host, placed over the devices of `placement` at the run's dtype."""
+    place(lm.model, placement, TORCH_DTYPES[lm.spec.dtype])
+    kept = {f.name: getattr(lm, f.name) for f in fields(lm) if f.init}
+    split = SplitModel(**{**kept, "device": placement.home}, placement=placement)
+    split.forget_derived_weights()
+    return split
+
+
+def _record_split(lm: SplitModel, host: Tensor | None, placed: Tensor) -> None:
+    """The placement in the parity report, with the largest |Δ log p| of the split model's
+    forward against the same weights' on the host (None where the host's was another dtype)."""
+    needs = placement_needs(ModelDims.of(lm), lm.spec.dtype)
+    blocks, home = module_names(lm.model)
+    record = {
+        **lm.placement.as_dict(),
+        "device_map": lm.placement.device_map(blocks, home),
+        "max_memory": planned_bytes(lm.placement, needs),
+        "max_abs_logprob_diff_to_host": (
+            None if host is None else float((placed - host).abs().max())
+        ),
+    }
+    if lm.parity is not None:
+        lm.parity = replace(lm.parity, placement=record)
 
 
 def _place_for_run(spec: ModelSpec, model: Any, device: str) -> None:

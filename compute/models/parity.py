@@ -89,6 +89,9 @@ class ParityReport:
     noise_floor_kl: float | None = None
     noise_floor_max_abs_logprob_diff: float | None = None
     note: str = ""
+    # A model split over devices (`compute.placement`): where its pieces are, and its
+    # forward's largest |Δ log p| against the same weights' on the host; None on one device.
+    placement: dict[str, Any] | None = None
 
     @property
     def passed(self) -> bool:
@@ -100,7 +103,10 @@ class ParityReport:
         )
 
     def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "block_paths": list(self.block_paths), "passed": self.passed}
+        out = {**asdict(self), "block_paths": list(self.block_paths), "passed": self.passed}
+        if self.placement is None:  # on one device, as every report before splitting
+            del out["placement"]
+        return out
 
 
 def parity_tokens(d_vocab_real: int, bos_token_id: int, n_ctx: int) -> Int[Tensor, "seq pos"]:
