@@ -60,6 +60,9 @@ class ParityReport(msgspec.Struct):
     noise_floor_max_abs_logprob_diff: float | None
     passed: bool
     note: str = ""
+    # A model split over several devices: where its blocks were, its device_map and
+    # max_memory, and its forward against the host's (docs/performance.md); null on one device.
+    placement: dict[str, Any] | None = None
 
 
 class Model(msgspec.Struct):
