@@ -1,4 +1,5 @@
-"""Across models: one metric on relative depth (/compare), stages (/stages)."""
+"""Across models: one metric on relative depth (/compare), stages (/stages), the pruning
+predictors' scores (/pruning-scores)."""
 
 from __future__ import annotations
 
@@ -19,10 +20,12 @@ from service.api.controllers.params import (
 )
 from service.api.docs import TabularOperation
 from service.api.queries import compare as compare_queries
+from service.api.queries import pruning as pruning_queries
 from service.api.queries import stages as stage_queries
 from service.api.queries.answers import Answer
 from service.api.queries.index import Snapshot
 from service.api.respond import DATA_ERRORS, ApiContext, respond
+from service.schemas.pruning import PruningScores
 from service.schemas.results import Comparison
 from service.schemas.stages import Stages
 
@@ -98,6 +101,42 @@ class AcrossModelsController(Controller):
                 models=split_models(models),
                 metric=metric,
                 component=component,
+                metric_version=metric_version,
+                run_ids=split_run_ids(run_ids),
+            )
+
+        return await respond(request, ctx, build, fmt)
+
+    @get("/pruning-scores", responses=DATA_ERRORS, operation_class=TabularOperation)
+    async def pruning_scores(
+        self,
+        request: Request[Any, Any, Any],
+        ctx: ApiContext,
+        models: Models,
+        predictor: Annotated[
+            str | None,
+            Parameter(
+                query="predictor",
+                max_length=64,
+                description="block_influence, angular_distance or angular_distance_last",
+            ),
+        ] = None,
+        n: Annotated[int | None, Parameter(query="n", ge=1, le=100_000)] = None,
+        metric_version: MetricVersion = None,
+        run_ids: RunIds = None,
+        fmt: Format = None,
+    ) -> Response[PruningScores]:
+        """Does each pruning predictor rank the blocks as their measured drops do? Per model,
+        predictor and width n: Spearman's rho with the measured KL of dropping n blocks, its
+        bootstrap interval over sequences and whether it lies above 0."""
+
+        def build(snap: Snapshot) -> Answer:
+            return pruning_queries.pruning_scores(
+                ctx.reader,
+                snap,
+                models=split_models(models),
+                predictor=predictor,
+                n=n,
                 metric_version=metric_version,
                 run_ids=split_run_ids(run_ids),
             )

@@ -23,6 +23,7 @@ from service.api.errors import BadRequestHttpError
 from service.api.queries import models_and_runs, results
 from service.api.queries import neurons as neuron_queries
 from service.api.queries import pins as pin_queries
+from service.api.queries import pruning as pruning_queries
 from service.api.queries import stages as stage_queries
 from service.api.queries.answers import Answer
 from service.api.queries.index import Snapshot
@@ -31,6 +32,7 @@ from service.api.respond import DATA_ERRORS, ApiContext, errors, respond
 from service.schemas.models import ModelDetail, ModelPage, Registered, RegisterModel
 from service.schemas.neurons import NeuronCounts, Neurons
 from service.schemas.pins import PinRequest, Pins
+from service.schemas.pruning import PruningPlan
 from service.schemas.results import HeadRows, MetricRows, SequenceRows
 from service.schemas.stages import Stages
 from service.store.registration import Registration, register
@@ -317,6 +319,45 @@ class ModelsController(Controller):
             )
 
         return await respond(request, ctx, build, fmt)
+
+    @get("/{model:str}/pruning-plan", responses=DATA_ERRORS, operation_class=TabularOperation)
+    async def pruning_plan(
+        self,
+        request: Request[Any, Any, Any],
+        ctx: ApiContext,
+        model: str,
+        n: Annotated[
+            int,
+            Parameter(
+                query="n",
+                ge=-100_000,
+                le=100_000,
+                description="the budget: blocks to remove (one of the widths the run measured)",
+            ),
+        ] = 1,
+        run_id: RunId = None,
+        metric_version: MetricVersion = None,
+        model_id: ModelId = None,
+        fmt: Format = None,
+    ) -> Response[PruningPlan]:
+        """The pruning plan for a budget of n blocks: the measured best block to remove, what
+        Block Influence's and Gromov's rules (last-token and all-token) would remove, each
+        choice's measured cost (KL, top-1 agreement, loss delta, with stderr over sequences),
+        and the predictors' rank correlations with the measured drops (with intervals). Reads
+        the model's canonical run with pruning_drops (and pruning)."""
+
+        def build(snap: Snapshot) -> Answer:
+            return pruning_queries.pruning_plan(
+                ctx.reader,
+                snap,
+                model,
+                n=n,
+                run_id=run_id,
+                metric_version=metric_version,
+                model_id=model_id,
+            )
+
+        return await respond(request, ctx, build, fmt, build_in_thread=True)
 
     # ---- pinning the canonical run
 

@@ -1,0 +1,287 @@
+"""The pruning plan and the predictors' scores as queries (issue 51, items 3 and 4).
+
+`zoo:planted-pruning` (blocks 3 and 4 cancel each other, blocks 5 and 6 are identities) is
+computed once with `pruning,pruning_drops` on a few builtin sequences and ingested into a real
+DuckDB file; the API runs in process (`litestar.testing.TestClient`). Every expected value is
+worked out here from the computed records themselves (plain Python over (metric, layer) rows),
+not by the code under test.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+from litestar.testing import TestClient
+
+from compute.models import resolve_model_spec
+from compute.run import RunConfig, RunResult, compute_run
+from compute.tokens import TokenSpec
+from service.api.app import create_app
+from service.settings import Settings
+from service.store import Store, migrate
+from service.store.ingest import ingest_result
+from tests.serving import settings_from_env
+
+V1 = "/api/v1"
+MODEL = "planted-pruning"
+
+
+@pytest.fixture(scope="module")
+def computed() -> RunResult:
+    config = RunConfig(model=resolve_model_spec(f"zoo:{MODEL}"),
+                       tokens=TokenSpec(source="builtin", n_sequences=4, seq_len=16),
+                       families=("pruning", "pruning_drops"))
+    return compute_run(config)
+
+
+def _renamed(result: RunResult, name: str, families: tuple[str, ...],
+             keep: str | None) -> RunResult:
+    """The same run under another model name, with only the families (and records) given."""
+    config = result.config
+    config = config.model_copy(update={"model": config.model.model_copy(update={"name": name}),
+                                       "families": families})
+    records, means = result.records, result.sequence_means
+    if keep is not None:
+        records = records.filter(pc.starts_with(records.column("metric"), keep))
+        means = means.filter(pc.starts_with(means.column("metric"), keep))
+    return dataclasses.replace(result, config=config, config_hash=config.config_hash(),
+                               records=records, sequence_means=means)
+
+
+def _narrowed(result: RunResult) -> RunResult:
+    """A run that measured widths 1 and 2 only (as `EngineOptions(drop_widths=(1, 2))`)."""
+    out = _renamed(result, "two-widths", ("pruning", "pruning_drops"), None)
+    wide = r"^pruning_drops\..*_[34](_low|_high)?$"
+    records = out.records.filter(pc.invert(pc.match_substring_regex(
+        out.records.column("metric"), wide)))
+    means = out.sequence_means.filter(pc.invert(pc.match_substring_regex(
+        out.sequence_means.column("metric"), wide)))
+    return dataclasses.replace(out, records=records, sequence_means=means)
+
+
+@dataclass
+class Service:
+    client: TestClient[Any]
+    runs: dict[str, int]
+    records: dict[tuple[str, int | None], tuple[float, float | None, int]]
+
+    def plan(self, model: str = MODEL, **params: Any) -> Any:
+        return self.client.get(f"{V1}/models/{model}/pruning-plan", params=params)
+
+
+def _settings(db: Path) -> Settings:
+    return settings_from_env({
+        "HF_HUB_OFFLINE": "1", "STRATA_DATABASE": str(db), "STRATA_API_KEYS": "k" * 20,
+        "STRATA_DATA_DIR": str(db.parent / "state"), "STRATA_JOBS__RECONCILE": "false"})
+
+
+@pytest.fixture(scope="module")
+def service(computed: RunResult, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    db = tmp_path_factory.mktemp("pruning") / "strata.duckdb"
+    table = computed.records
+    records = {
+        (m, layer): (v, se, n)
+        for m, layer, v, se, n in zip(*(table.column(c).to_pylist() for c in (
+            "metric", "layer", "value", "stderr", "n")), strict=True)
+    }
+    with Store.open(db, threads=1) as store:
+        migrate.upgrade(store)
+        runs = {
+            "full": ingest_result(store, computed).run_id,
+            "drops-only": ingest_result(store, _renamed(
+                computed, "drops-only", ("pruning_drops",), "pruning_drops.")).run_id,
+            "no-pruning": ingest_result(store, _renamed(
+                computed, "no-pruning", ("pruning",), "pruning.")).run_id,
+            "two-widths": ingest_result(store, _narrowed(computed)).run_id,
+        }
+        with TestClient(create_app(_settings(db), store)) as client:
+            yield Service(client, runs, records)
+
+
+# ---- the slow, obvious reference, from the computed records
+
+
+def _series(records: dict[tuple[str, int | None], Any], metric: str) -> dict[int, Any]:
+    return {layer: v for (m, layer), v in records.items() if m == metric and layer is not None}
+
+
+def expected_plan(records: dict[tuple[str, int | None], Any], n: int) -> dict[str, list[int]]:
+    kl = _series(records, f"pruning_drops.kl_{n}")
+    best = min(kl, key=lambda layer: (kl[layer][0], layer))
+    influence = _series(records, "pruning.block_influence")
+    lowest = sorted(influence, key=lambda layer: (influence[layer][0], layer))[:n]
+    out = {"measured": list(range(best, best + n)), "block_influence": sorted(lowest)}
+    for name in ("angular_distance_last", "angular_distance"):
+        d = _series(records, f"pruning.{name}_{n}")
+        start = min(d, key=lambda layer: (d[layer][0], layer))
+        out[name] = list(range(start, start + n))
+    return out
+
+
+def _by_choice(answer: Any) -> dict[str, dict[str, Any]]:
+    assert answer.status_code == 200, answer.text
+    return {row["choice"]: row for row in answer.json()["rows"]}
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_the_plan_matches_the_stored_records(service: Service, n: int) -> None:
+    answer = service.plan(n=n)
+    rows = _by_choice(answer)
+    body = answer.json()
+    assert body["n"] == n and body["widths"] == [1, 2, 3, 4]
+    assert body["run"]["id"] == service.runs["full"]
+    assert body["predictor_run"]["id"] == service.runs["full"]
+    assert answer.headers["X-Strata-Run"].startswith(f"{service.runs['full']}; ")
+    expected = expected_plan(service.records, n)
+    assert set(rows) == set(expected)
+    best_kl = service.records[(f"pruning_drops.kl_{n}", expected["measured"][0])][0]
+    for choice, blocks in expected.items():
+        row = rows[choice]
+        assert row["blocks"] == blocks, choice
+        consecutive = blocks == list(range(blocks[0], blocks[0] + n))
+        assert row["consecutive"] is consecutive
+        assert row["measured"] is consecutive
+        if not consecutive:
+            assert row["kl"] is None and row["top1_agreement"] is None
+            assert "not consecutive" in row["note"]
+            continue
+        start = blocks[0]
+        for metric in ("kl", "top1_agreement", "loss_delta"):
+            value, stderr, count = service.records[(f"pruning_drops.{metric}_{n}", start)]
+            assert row[metric] == pytest.approx(value, abs=1e-12), (choice, metric)
+            assert row[f"{metric}_stderr"] == pytest.approx(stderr, abs=1e-12)
+            assert row["n_sequences"] == count == 4
+        assert row["kl_excess"] == pytest.approx(row["kl"] - best_kl, abs=1e-12)
+        assert row["same_as_measured"] is (start == expected["measured"][0])
+
+
+def test_the_planted_free_blocks_are_chosen(service: Service) -> None:
+    """The positive control: identities at 5 and 6, a cancelling pair at 3, 4. The measured
+    plan removes a free block of every width; Gromov's rule (both variants) too; block
+    influence finds 5 and 6 and, beyond them, cannot see the pair."""
+    for n in (1, 2, 3, 4):
+        rows = _by_choice(service.plan(n=n))
+        assert rows["measured"]["kl"] < 1e-5, n
+        free = {1: [[5], [6]], 2: [[3, 4], [5, 6]], 3: [[3, 4, 5]], 4: [[3, 4, 5, 6]]}[n]
+        assert rows["measured"]["blocks"] in free
+        for name in ("angular_distance_last", "angular_distance"):
+            assert rows[name]["blocks"] in free, (n, name)
+            assert rows[name]["kl"] < 1e-5
+    one = _by_choice(service.plan(n=1))
+    assert one["measured"]["blocks"] == [5]  # ties (5 and 6 both read 0) go to the lower block
+    assert one["block_influence"]["blocks"] == [5]
+    two = _by_choice(service.plan(n=2))
+    assert two["block_influence"]["blocks"] == [5, 6] and two["block_influence"]["measured"]
+    three = _by_choice(service.plan(n=3))
+    assert not {3, 4} <= set(three["block_influence"]["blocks"])
+    assert three["block_influence"]["kl"] is None or three["block_influence"]["kl"] > 0.5
+
+
+def test_the_scores_with_their_intervals(service: Service) -> None:
+    body = service.plan(n=2).json()
+    scores = {(s["predictor"], s["n"]): s for s in body["scores"]}
+    expected = {}
+    for (metric, layer), (value, stderr, count) in service.records.items():
+        if metric.startswith("pruning_drops.spearman_") and not metric.endswith(("_low", "_high")):
+            stem = metric.removeprefix("pruning_drops.spearman_")
+            predictor, width = stem.rsplit("_", 1)
+            expected[(predictor, int(width))] = (metric, value, stderr, count)
+    assert set(scores) == set(expected)
+    assert ("block_influence", 1) in scores
+    for key, (metric, value, stderr, count) in expected.items():
+        got = scores[key]
+        assert got["metric"] == metric
+        assert got["rho"] == pytest.approx(value) and got["stderr"] == pytest.approx(stderr)
+        assert got["low"] == pytest.approx(service.records[(f"{metric}_low", None)][0])
+        assert got["high"] == pytest.approx(service.records[(f"{metric}_high", None)][0])
+        assert got["n_sequences"] == count and got["level"] == 0.9
+        assert got["target"] == f"pruning_drops.kl_{key[1]}"
+        assert got["predicts"] is (got["low"] > 0)
+
+    # "does BI predict what matters on this model?" in one request, across models too
+    answer = service.client.get(f"{V1}/pruning-scores", params={
+        "models": f"{MODEL},drops-only,no-pruning", "predictor": "block_influence"})
+    assert answer.status_code == 200, answer.text
+    rows = answer.json()["rows"]
+    assert {r["model"] for r in rows} == {MODEL, "drops-only"}
+    bi = next(r for r in rows if r["model"] == MODEL)
+    assert (bi["n"], bi["rho"]) == (1, pytest.approx(expected[("block_influence", 1)][1]))
+    models = {m["name"]: m for m in answer.json()["models"]}
+    assert models["no-pruning"]["run_id"] is None and models["no-pruning"]["n_points"] == 0
+    assert models[MODEL]["run"]["id"] == service.runs["full"]
+
+
+def test_every_format_names_its_run(service: Service) -> None:
+    json_rows = service.plan(n=2).json()["rows"]
+    for fmt in ("csv", "parquet", "arrow"):
+        answer = service.plan(n=2, format=fmt)
+        assert answer.status_code == 200, answer.text
+        assert answer.headers["X-Strata-Run"].split(";")[0] == str(service.runs["full"])
+    table = pq.read_table(io.BytesIO(service.plan(n=2, format="parquet").content))
+    assert table.column("choice").to_pylist() == [r["choice"] for r in json_rows]
+    assert table.column("blocks").to_pylist() == [r["blocks"] for r in json_rows]
+    context = json.loads(table.schema.metadata[b"strata"])
+    assert context["run"]["id"] == service.runs["full"] and context["n"] == 2
+    arrow = pa.ipc.open_stream(service.plan(n=2, format="arrow").content).read_all()
+    assert arrow.column("kl").to_pylist() == [r["kl"] for r in json_rows]
+    table_rows = list(csv.DictReader(io.StringIO(service.plan(n=2, format="csv").text)))
+    assert [r["choice"] for r in table_rows] == [r["choice"] for r in json_rows]
+    assert [json.loads(r["blocks"]) for r in table_rows] == [r["blocks"] for r in json_rows]
+
+
+def test_drops_without_the_predictors_say_so(service: Service) -> None:
+    rows = _by_choice(service.plan("drops-only", n=2))
+    assert rows["measured"]["blocks"] == expected_plan(service.records, 2)["measured"]
+    for name in ("block_influence", "angular_distance_last", "angular_distance"):
+        assert rows[name]["blocks"] is None and rows[name]["kl"] is None
+        assert "--metrics pruning,pruning_drops" in rows[name]["note"]
+    assert service.plan("drops-only", n=2).json()["predictor_run"] is None
+
+
+@pytest.mark.parametrize(("model", "params", "status", "says"), [
+    ("nope", {"n": 1}, 404, "no model is registered"),
+    ("no-pruning", {"n": 1}, 404, "--metrics pruning,pruning_drops"),
+    (MODEL, {"n": 0}, 422, "out of range"),
+    (MODEL, {"n": -3}, 422, "out of range"),
+    (MODEL, {"n": 5}, 422, "out of range"),  # 8 blocks: budgets 1..4
+    (MODEL, {"n": "two"}, 400, ""),
+    (MODEL, {"n": 2, "run_id": 999999}, 404, "has no run"),
+    (MODEL, {"n": 2, "format": "xml"}, 400, ""),
+])
+def test_bad_requests_are_4xx(service: Service, model: str, params: dict[str, Any],
+                              status: int, says: str) -> None:
+    answer = service.plan(model, **params)
+    assert answer.status_code == status, answer.text
+    assert says in answer.text
+
+
+def test_a_run_without_the_drops_and_an_unmeasured_width(service: Service) -> None:
+    answer = service.plan(n=2, run_id=service.runs["no-pruning"])
+    assert answer.status_code == 404, answer.text  # another model's run
+    own = service.client.get(f"{V1}/models/no-pruning/pruning-plan",
+                             params={"n": 1, "run_id": service.runs["no-pruning"]})
+    assert own.status_code == 422 and "did not compute pruning_drops" in own.text
+    bad = service.client.get(f"{V1}/pruning-scores", params={"models": "no-pruning"})
+    assert bad.status_code == 404 and "pruning,pruning_drops" in bad.text
+    unknown = service.client.get(f"{V1}/pruning-scores",
+                                 params={"models": MODEL, "predictor": "magic"})
+    assert unknown.status_code == 422
+
+
+def test_a_budget_in_range_but_not_measured(service: Service) -> None:
+    answer = service.plan("two-widths", n=3)
+    assert answer.status_code == 422, answer.text
+    assert "it measured n = 1, 2" in answer.text and "pruning,pruning_drops" in answer.text
+    assert service.plan("two-widths", n=2).status_code == 200
+    assert service.plan("two-widths", n=2).json()["widths"] == [1, 2]
