@@ -12,6 +12,7 @@ One module per command group, each thin over a library function:
     jobs.py       strata jobs ...          the job API (http.py: one request, exit codes)
     families.py   strata families ...      the refit families API (and their stability jobs)
     models.py     strata models ...        the models API, or service.store.registration
+    pruning.py    strata pruning ...       the pruning plan and predictor scores API
     worker.py     strata worker, beat      service.worker.launch
     settings.py   strata settings          service.settings_doc
 
@@ -30,6 +31,7 @@ from service.cli import (
     jobs,
     lens,
     models,
+    pruning,
     serve,
     settings,
     stability,
@@ -55,6 +57,7 @@ for command in (
     jobs.jobs,
     families.families,
     models.models,
+    pruning.pruning,
     worker.worker,
     worker.beat,
     settings.settings,

@@ -32,7 +32,13 @@ Installed with the project (`pip install strata`, or `pip install -e .` from a c
 loads neither torch, TransformerLens nor `compute`.
 """
 
-from service.client.clients import BaseClient, Client, PandasClient, StagesResult
+from service.client.clients import (
+    BaseClient,
+    Client,
+    PandasClient,
+    PruningPlanResult,
+    StagesResult,
+)
 from service.client.errors import (
     ApiError,
     BadRequestError,
@@ -70,6 +76,7 @@ __all__ = [
     "ModelDetail",
     "NotFoundError",
     "PandasClient",
+    "PruningPlanResult",
     "RateLimitedError",
     "Run",
     "StagesResult",

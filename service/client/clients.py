@@ -24,6 +24,7 @@ from service.schemas.health import Health
 from service.schemas.jobs import Job, JobPage
 from service.schemas.models import Model, ModelDetail, ModelPage, Registered
 from service.schemas.pins import Pins
+from service.schemas.pruning import PruningScore
 from service.schemas.runs import Run, RunPage
 from service.schemas.stages import ModelStages
 
@@ -47,6 +48,19 @@ class StagesResult(Generic[FrameT]):
 
     stages: FrameT
     boundaries: FrameT
+
+
+@dataclass(frozen=True)
+class PruningPlanResult(Generic[FrameT]):
+    """`pruning_plan`: the four choices for a budget of n blocks (measured best, block influence,
+    Gromov last-token and all-token) with their measured costs; the predictors' rank
+    correlations with the measured drops (every width) with their intervals; the budgets the
+    run measured, and the run(s) read (the answer's context, as the API gives it)."""
+
+    choices: FrameT
+    scores: FrameT
+    widths: list[int]
+    context: dict[str, Any]
 
 
 class BaseClient(ABC, Generic[FrameT]):
@@ -404,6 +418,70 @@ class BaseClient(ABC, Generic[FrameT]):
         }
         boundaries = pl.DataFrame(rows, schema=schema)
         return StagesResult(stages, self._frame(boundaries.to_arrow()))
+
+    def pruning_plan(
+        self,
+        model: str | int,
+        n: int = 1,
+        *,
+        run_id: int | None = None,
+        metric_version: str | None = None,
+    ) -> PruningPlanResult[FrameT]:
+        """The model's pruning plan for a budget of `n` blocks (`GET /models/{model}/pruning-plan`):
+        the measured best block(s) to remove, what Block Influence's and Gromov's rules remove,
+        each choice's measured KL, top-1 agreement and loss delta (stderr over sequences), and
+        the predictors' rank correlations with the measured drops."""
+        choices = self._table(
+            f"{V1}/models/{_seg(model)}/pruning-plan",
+            dict(n=n, run_id=run_id, metric_version=metric_version),
+        )
+        context = dict(self.last_context)
+        found = msgspec.convert(context.get("scores", []), list[PruningScore])
+        fields = PruningScore.__struct_fields__
+        rows = [{f: getattr(s, f) for f in fields} for s in found]
+        schema: Schema = {
+            "model": pl.String,
+            "model_id": pl.Int64,
+            "predictor": pl.String,
+            "n": pl.Int64,
+            "metric": pl.String,
+            "target": pl.String,
+            "rho": pl.Float64,
+            "low": pl.Float64,
+            "high": pl.Float64,
+            "level": pl.Float64,
+            "stderr": pl.Float64,
+            "n_sequences": pl.Int64,
+            "predicts": pl.Boolean,
+            "run_id": pl.Int64,
+        }
+        scores = pl.DataFrame(rows, schema=schema)
+        widths = [int(w) for w in context.get("widths", [])]
+        return PruningPlanResult(choices, self._frame(scores.to_arrow()), widths, context)
+
+    def pruning_scores(
+        self,
+        models: Sequence[str | int] | str | int,
+        predictor: str | None = None,
+        n: int | None = None,
+        *,
+        metric_version: str | None = None,
+        run_ids: Sequence[int] | None = None,
+    ) -> FrameT:
+        """Does each pruning predictor rank the blocks as the measured drops do? One row per
+        model, predictor and width: Spearman's rho with `pruning_drops.kl_<n>`, its bootstrap
+        interval over sequences, and `predicts` (the interval above 0)."""
+        names = [models] if isinstance(models, str | int) else list(models)
+        return self._table(
+            f"{V1}/pruning-scores",
+            dict(
+                models=_join(names),
+                predictor=predictor,
+                n=n,
+                metric_version=metric_version,
+                run_ids=None if run_ids is None else _join(run_ids),
+            ),
+        )
 
     def neurons(
         self,

@@ -18,16 +18,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
+import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+from click.testing import CliRunner
 from litestar.testing import TestClient
 
 from compute.models import resolve_model_spec
 from compute.run import RunConfig, RunResult, compute_run
 from compute.tokens import TokenSpec
 from service.api.app import create_app
+from service.cli import main
+from service.client import Client, UnprocessableError
 from service.settings import Settings
 from service.store import Store, migrate
 from service.store.ingest import ingest_result
@@ -139,7 +144,8 @@ def test_the_plan_matches_the_stored_records(service: Service, n: int) -> None:
     answer = service.plan(n=n)
     rows = _by_choice(answer)
     body = answer.json()
-    assert body["n"] == n and body["widths"] == [1, 2, 3, 4]
+    assert body["n"] == n
+    assert body["widths"] == [1, 2, 3, 4]
     assert body["run"]["id"] == service.runs["full"]
     assert body["predictor_run"]["id"] == service.runs["full"]
     assert answer.headers["X-Strata-Run"].startswith(f"{service.runs['full']}; ")
@@ -153,7 +159,8 @@ def test_the_plan_matches_the_stored_records(service: Service, n: int) -> None:
         assert row["consecutive"] is consecutive
         assert row["measured"] is consecutive
         if not consecutive:
-            assert row["kl"] is None and row["top1_agreement"] is None
+            assert row["kl"] is None
+            assert row["top1_agreement"] is None
             assert "not consecutive" in row["note"]
             continue
         start = blocks[0]
@@ -182,7 +189,8 @@ def test_the_planted_free_blocks_are_chosen(service: Service) -> None:
     assert one["measured"]["blocks"] == [5]  # ties (5 and 6 both read 0) go to the lower block
     assert one["block_influence"]["blocks"] == [5]
     two = _by_choice(service.plan(n=2))
-    assert two["block_influence"]["blocks"] == [5, 6] and two["block_influence"]["measured"]
+    assert two["block_influence"]["blocks"] == [5, 6]
+    assert two["block_influence"]["measured"]
     three = _by_choice(service.plan(n=3))
     assert not {3, 4} <= set(three["block_influence"]["blocks"])
     assert three["block_influence"]["kl"] is None or three["block_influence"]["kl"] > 0.5
@@ -192,7 +200,7 @@ def test_the_scores_with_their_intervals(service: Service) -> None:
     body = service.plan(n=2).json()
     scores = {(s["predictor"], s["n"]): s for s in body["scores"]}
     expected = {}
-    for (metric, layer), (value, stderr, count) in service.records.items():
+    for (metric, _layer), (value, stderr, count) in service.records.items():
         if metric.startswith("pruning_drops.spearman_") and not metric.endswith(("_low", "_high")):
             stem = metric.removeprefix("pruning_drops.spearman_")
             predictor, width = stem.rsplit("_", 1)
@@ -202,10 +210,12 @@ def test_the_scores_with_their_intervals(service: Service) -> None:
     for key, (metric, value, stderr, count) in expected.items():
         got = scores[key]
         assert got["metric"] == metric
-        assert got["rho"] == pytest.approx(value) and got["stderr"] == pytest.approx(stderr)
+        assert got["rho"] == pytest.approx(value)
+        assert got["stderr"] == pytest.approx(stderr)
         assert got["low"] == pytest.approx(service.records[(f"{metric}_low", None)][0])
         assert got["high"] == pytest.approx(service.records[(f"{metric}_high", None)][0])
-        assert got["n_sequences"] == count and got["level"] == 0.9
+        assert got["n_sequences"] == count
+        assert got["level"] == 0.9
         assert got["target"] == f"pruning_drops.kl_{key[1]}"
         assert got["predicts"] is (got["low"] > 0)
 
@@ -218,7 +228,8 @@ def test_the_scores_with_their_intervals(service: Service) -> None:
     bi = next(r for r in rows if r["model"] == MODEL)
     assert (bi["n"], bi["rho"]) == (1, pytest.approx(expected[("block_influence", 1)][1]))
     models = {m["name"]: m for m in answer.json()["models"]}
-    assert models["no-pruning"]["run_id"] is None and models["no-pruning"]["n_points"] == 0
+    assert models["no-pruning"]["run_id"] is None
+    assert models["no-pruning"]["n_points"] == 0
     assert models[MODEL]["run"]["id"] == service.runs["full"]
 
 
@@ -232,7 +243,8 @@ def test_every_format_names_its_run(service: Service) -> None:
     assert table.column("choice").to_pylist() == [r["choice"] for r in json_rows]
     assert table.column("blocks").to_pylist() == [r["blocks"] for r in json_rows]
     context = json.loads(table.schema.metadata[b"strata"])
-    assert context["run"]["id"] == service.runs["full"] and context["n"] == 2
+    assert context["run"]["id"] == service.runs["full"]
+    assert context["n"] == 2
     arrow = pa.ipc.open_stream(service.plan(n=2, format="arrow").content).read_all()
     assert arrow.column("kl").to_pylist() == [r["kl"] for r in json_rows]
     table_rows = list(csv.DictReader(io.StringIO(service.plan(n=2, format="csv").text)))
@@ -244,7 +256,8 @@ def test_drops_without_the_predictors_say_so(service: Service) -> None:
     rows = _by_choice(service.plan("drops-only", n=2))
     assert rows["measured"]["blocks"] == expected_plan(service.records, 2)["measured"]
     for name in ("block_influence", "angular_distance_last", "angular_distance"):
-        assert rows[name]["blocks"] is None and rows[name]["kl"] is None
+        assert rows[name]["blocks"] is None
+        assert rows[name]["kl"] is None
         assert "--metrics pruning,pruning_drops" in rows[name]["note"]
     assert service.plan("drops-only", n=2).json()["predictor_run"] is None
 
@@ -271,9 +284,11 @@ def test_a_run_without_the_drops_and_an_unmeasured_width(service: Service) -> No
     assert answer.status_code == 404, answer.text  # another model's run
     own = service.client.get(f"{V1}/models/no-pruning/pruning-plan",
                              params={"n": 1, "run_id": service.runs["no-pruning"]})
-    assert own.status_code == 422 and "did not compute pruning_drops" in own.text
+    assert own.status_code == 422
+    assert "did not compute pruning_drops" in own.text
     bad = service.client.get(f"{V1}/pruning-scores", params={"models": "no-pruning"})
-    assert bad.status_code == 404 and "pruning,pruning_drops" in bad.text
+    assert bad.status_code == 404
+    assert "pruning,pruning_drops" in bad.text
     unknown = service.client.get(f"{V1}/pruning-scores",
                                  params={"models": MODEL, "predictor": "magic"})
     assert unknown.status_code == 422
@@ -282,6 +297,66 @@ def test_a_run_without_the_drops_and_an_unmeasured_width(service: Service) -> No
 def test_a_budget_in_range_but_not_measured(service: Service) -> None:
     answer = service.plan("two-widths", n=3)
     assert answer.status_code == 422, answer.text
-    assert "it measured n = 1, 2" in answer.text and "pruning,pruning_drops" in answer.text
+    assert "it measured n = 1, 2" in answer.text
+    assert "pruning,pruning_drops" in answer.text
     assert service.plan("two-widths", n=2).status_code == 200
     assert service.plan("two-widths", n=2).json()["widths"] == [1, 2]
+
+
+# ---- the client and the CLI, through the same app
+
+
+def _forwarding(service: Service) -> httpx.MockTransport:
+    def forward(request: httpx.Request) -> httpx.Response:
+        answer = service.client.request(request.method, request.url.raw_path.decode(),
+                                        headers=dict(request.headers))
+        headers = {k: v for k, v in answer.headers.items()
+                   if k.lower() not in ("content-encoding", "content-length")}
+        return httpx.Response(answer.status_code, headers=headers, content=answer.content)
+
+    return httpx.MockTransport(forward)
+
+
+def test_the_client(service: Service) -> None:
+    with Client("http://strata.test", transport=_forwarding(service)) as client:
+        plan = client.pruning_plan(MODEL, 2)
+        json_rows = service.plan(n=2).json()["rows"]
+        assert plan.choices["choice"].to_list() == [r["choice"] for r in json_rows]
+        assert plan.choices["kl"].to_list() == [r["kl"] for r in json_rows]
+        assert plan.widths == [1, 2, 3, 4]
+        assert plan.context["run"]["id"] == service.runs["full"]
+        bi = plan.scores.filter(pl.col("predictor") == "block_influence").row(0, named=True)
+        assert bi["rho"] == pytest.approx(
+            service.records[("pruning_drops.spearman_block_influence_1", None)][0])
+        scores = client.pruning_scores([MODEL, "drops-only"], "angular_distance_last", 2)
+        assert scores.height == 2
+        assert set(scores["model"]) == {MODEL, "drops-only"}
+        with pytest.raises(UnprocessableError, match="out of range"):
+            client.pruning_plan(MODEL, 9)
+
+
+def test_the_cli(service: Service, monkeypatch: pytest.MonkeyPatch) -> None:
+    from service.cli import http as cli_http
+
+    real = cli_http.Transport
+    monkeypatch.setattr(cli_http, "Transport", lambda url, key, timeout: real(
+        url, key, timeout=timeout, transport=_forwarding(service)))
+    runner = CliRunner()
+    out = runner.invoke(main, ["pruning", "plan", "--model", MODEL, "--n", "2",
+                               "--url", "http://strata.test"])
+    assert out.exit_code == 0, out.output
+    assert "budget n=2" in out.output
+    assert "block_influence" in out.output
+    assert "blocks 5,6" in out.output
+    assert "rank correlation" in out.output
+    raw = runner.invoke(main, ["pruning", "plan", "--model", MODEL, "--n", "2", "--json",
+                               "--url", "http://strata.test"])
+    assert json.loads(raw.output)["rows"] == service.plan(n=2).json()["rows"]
+    scored = runner.invoke(main, ["pruning", "scores", "--models", f"{MODEL},no-pruning",
+                                  "--predictor", "block_influence", "--url", "http://strata.test"])
+    assert scored.exit_code == 0, scored.output
+    assert "no-pruning: no run with pruning_drops" in scored.output
+    bad = runner.invoke(main, ["pruning", "plan", "--model", MODEL, "--n", "7",
+                               "--url", "http://strata.test"])
+    assert bad.exit_code == 2
+    assert "out of range" in bad.output
