@@ -628,13 +628,20 @@ class SplitModel(LoadedModel):
                     z_hook=rehome,
                 )
             else:
-                hook_z = getattr(getattr(self.model.blocks[layer], "attn", None), "hook_z", None)
-                if hook_z is None:
+                # z where the block's layout reads it: TransformerLens's hook_z, or the input of
+                # the attention's own o_proj split into its heads (multi-head latent attention)
+                heads = self.layers[layer].heads
+                if heads is None:
                     raise ComputeError(
-                        f"{self.architecture}: block {layer} has no hook_z, so a gradient "
+                        f"{self.architecture}: block {layer} has no heads, so a gradient "
                         "with respect to its z cannot cross the devices the model is split over"
                     )
-                with _lens_hooks([(hook_z, rehome)]):
+                at_z = (
+                    _lens_hooks([(heads.hook_z, rehome)])
+                    if heads.hook_z is not None
+                    else _o_proj_hooked(heads, rehome)
+                )
+                with at_z:
                     run = super().run_block(
                         layer,
                         x,
@@ -714,6 +721,16 @@ def _on_output(fn: Callable[..., Any]) -> Callable[..., Any]:
         return (new, *output[1:]) if isinstance(output, tuple) else new
 
     return hook
+
+
+@contextlib.contextmanager
+def _o_proj_hooked(heads: layers.Heads, fn: Callable[..., Tensor]) -> Iterator[None]:
+    """`_o_proj_z_hook` for the duration."""
+    handle = _o_proj_z_hook(heads, fn)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 def _o_proj_z_hook(heads: layers.Heads, fn: Callable[..., Tensor]) -> Any:

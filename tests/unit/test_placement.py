@@ -184,8 +184,18 @@ RANDOM = dict(
 # GPT-NeoX (the zoo's tiny-4l-s0 and demo-4l: learned positions at home; rotary), the native
 # model (one rotary module every block shares, copied per device); bridge: Bloom (ALiBi, a block
 # input made per batch), Gemma 2 (norms after the sublayers, soft-caps, sliding windows),
-# Mixtral (experts: neurons read across devices)
-MODELS = ["llama", "tiny-4l-s0", "demo-4l", "random", "bloom", "gemma-2", "mixtral"]
+# Mixtral (experts: neurons read across devices), Jamba (a hybrid: Mamba blocks without heads
+# beside an attention block)
+MODELS = [
+    "llama",
+    "tiny-4l-s0",
+    "demo-4l",
+    "random",
+    "bloom",
+    "gemma-2",
+    "mixtral",
+    "jamba",
+]
 
 
 @pytest.fixture(scope="module")
@@ -347,3 +357,30 @@ def test_placement_is_a_plain_value() -> None:
     plan = Placement("cuda:0", ("cuda:0", "cuda:1"), 3)
     assert plan.devices == ("cuda:0", "cuda:1")
     assert plan == Placement("cuda:0", ("cuda:0", "cuda:1"), 3)
+
+
+def test_a_split_latent_attention_model_screens_its_heads_as_on_one_device(
+    checkpoints: Path,
+) -> None:
+    """Multi-head latent attention's z is read at its o_proj's input (TransformerLens's hook_z
+    splits it by another width): the head screen's z crosses devices from there, and a split
+    DeepSeek V2 gives the records of one device. (No virtual devices here: their mode does not
+    follow the complex tensors of DeepSeek V2's rotary embedding.)"""
+    spec = spec_of("deepseek-v2", checkpoints)
+    one = load_model(spec)
+    split = load_model(spec, devices=three_devices(spec, one))
+    assert isinstance(split, SplitModel)
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(1, one.d_vocab_real, (2, 16), generator=gen)
+    tokens[:, 0] = one.bos_token_id
+
+    def heads_of(lm: LoadedModel) -> dict[tuple[Any, ...], float]:
+        return {
+            (r.metric, r.layer, r.head): r.value
+            for r in sweep(lm, tokens, ["heads", "heads_atp"], OPTS).records
+        }
+
+    expected, got = heads_of(one), heads_of(split)
+    assert got.keys() == expected.keys()
+    assert {k[2] for k in got} == set(range(4))  # its 4 heads, not TransformerLens's 8 slices
+    assert all(abs(got[k] - expected[k]) <= 1e-6 * max(1.0, abs(expected[k])) for k in got)
