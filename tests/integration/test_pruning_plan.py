@@ -44,34 +44,45 @@ MODEL = "planted-pruning"
 
 @pytest.fixture(scope="module")
 def computed() -> RunResult:
-    config = RunConfig(model=resolve_model_spec(f"zoo:{MODEL}"),
-                       tokens=TokenSpec(source="builtin", n_sequences=4, seq_len=16),
-                       families=("pruning", "pruning_drops"))
+    config = RunConfig(
+        model=resolve_model_spec(f"zoo:{MODEL}"),
+        tokens=TokenSpec(source="builtin", n_sequences=4, seq_len=16),
+        families=("pruning", "pruning_drops"),
+    )
     return compute_run(config)
 
 
-def _renamed(result: RunResult, name: str, families: tuple[str, ...],
-             keep: str | None) -> RunResult:
+def _renamed(
+    result: RunResult, name: str, families: tuple[str, ...], keep: str | None
+) -> RunResult:
     """The same run under another model name, with only the families (and records) given."""
     config = result.config
-    config = config.model_copy(update={"model": config.model.model_copy(update={"name": name}),
-                                       "families": families})
+    config = config.model_copy(
+        update={"model": config.model.model_copy(update={"name": name}), "families": families}
+    )
     records, means = result.records, result.sequence_means
     if keep is not None:
         records = records.filter(pc.starts_with(records.column("metric"), keep))
         means = means.filter(pc.starts_with(means.column("metric"), keep))
-    return dataclasses.replace(result, config=config, config_hash=config.config_hash(),
-                               records=records, sequence_means=means)
+    return dataclasses.replace(
+        result,
+        config=config,
+        config_hash=config.config_hash(),
+        records=records,
+        sequence_means=means,
+    )
 
 
 def _narrowed(result: RunResult) -> RunResult:
     """A run that measured widths 1 and 2 only (as `EngineOptions(drop_widths=(1, 2))`)."""
     out = _renamed(result, "two-widths", ("pruning", "pruning_drops"), None)
     wide = r"^pruning_drops\..*_[34](_low|_high)?$"
-    records = out.records.filter(pc.invert(pc.match_substring_regex(
-        out.records.column("metric"), wide)))
-    means = out.sequence_means.filter(pc.invert(pc.match_substring_regex(
-        out.sequence_means.column("metric"), wide)))
+    records = out.records.filter(
+        pc.invert(pc.match_substring_regex(out.records.column("metric"), wide))
+    )
+    means = out.sequence_means.filter(
+        pc.invert(pc.match_substring_regex(out.sequence_means.column("metric"), wide))
+    )
     return dataclasses.replace(out, records=records, sequence_means=means)
 
 
@@ -86,9 +97,15 @@ class Service:
 
 
 def _settings(db: Path) -> Settings:
-    return settings_from_env({
-        "HF_HUB_OFFLINE": "1", "STRATA_DATABASE": str(db), "STRATA_API_KEYS": "k" * 20,
-        "STRATA_DATA_DIR": str(db.parent / "state"), "STRATA_JOBS__RECONCILE": "false"})
+    return settings_from_env(
+        {
+            "HF_HUB_OFFLINE": "1",
+            "STRATA_DATABASE": str(db),
+            "STRATA_API_KEYS": "k" * 20,
+            "STRATA_DATA_DIR": str(db.parent / "state"),
+            "STRATA_JOBS__RECONCILE": "false",
+        }
+    )
 
 
 @pytest.fixture(scope="module")
@@ -97,17 +114,21 @@ def service(computed: RunResult, tmp_path_factory: pytest.TempPathFactory) -> It
     table = computed.records
     records = {
         (m, layer): (v, se, n)
-        for m, layer, v, se, n in zip(*(table.column(c).to_pylist() for c in (
-            "metric", "layer", "value", "stderr", "n")), strict=True)
+        for m, layer, v, se, n in zip(
+            *(table.column(c).to_pylist() for c in ("metric", "layer", "value", "stderr", "n")),
+            strict=True,
+        )
     }
     with Store.open(db, threads=1) as store:
         migrate.upgrade(store)
         runs = {
             "full": ingest_result(store, computed).run_id,
-            "drops-only": ingest_result(store, _renamed(
-                computed, "drops-only", ("pruning_drops",), "pruning_drops.")).run_id,
-            "no-pruning": ingest_result(store, _renamed(
-                computed, "no-pruning", ("pruning",), "pruning.")).run_id,
+            "drops-only": ingest_result(
+                store, _renamed(computed, "drops-only", ("pruning_drops",), "pruning_drops.")
+            ).run_id,
+            "no-pruning": ingest_result(
+                store, _renamed(computed, "no-pruning", ("pruning",), "pruning.")
+            ).run_id,
             "two-widths": ingest_result(store, _narrowed(computed)).run_id,
         }
         with TestClient(create_app(_settings(db), store)) as client:
@@ -220,8 +241,10 @@ def test_the_scores_with_their_intervals(service: Service) -> None:
         assert got["predicts"] is (got["low"] > 0)
 
     # "does BI predict what matters on this model?" in one request, across models too
-    answer = service.client.get(f"{V1}/pruning-scores", params={
-        "models": f"{MODEL},drops-only,no-pruning", "predictor": "block_influence"})
+    answer = service.client.get(
+        f"{V1}/pruning-scores",
+        params={"models": f"{MODEL},drops-only,no-pruning", "predictor": "block_influence"},
+    )
     assert answer.status_code == 200, answer.text
     rows = answer.json()["rows"]
     assert {r["model"] for r in rows} == {MODEL, "drops-only"}
@@ -262,18 +285,22 @@ def test_drops_without_the_predictors_say_so(service: Service) -> None:
     assert service.plan("drops-only", n=2).json()["predictor_run"] is None
 
 
-@pytest.mark.parametrize(("model", "params", "status", "says"), [
-    ("nope", {"n": 1}, 404, "no model is registered"),
-    ("no-pruning", {"n": 1}, 404, "--metrics pruning,pruning_drops"),
-    (MODEL, {"n": 0}, 422, "out of range"),
-    (MODEL, {"n": -3}, 422, "out of range"),
-    (MODEL, {"n": 5}, 422, "out of range"),  # 8 blocks: budgets 1..4
-    (MODEL, {"n": "two"}, 400, ""),
-    (MODEL, {"n": 2, "run_id": 999999}, 404, "has no run"),
-    (MODEL, {"n": 2, "format": "xml"}, 400, ""),
-])
-def test_bad_requests_are_4xx(service: Service, model: str, params: dict[str, Any],
-                              status: int, says: str) -> None:
+@pytest.mark.parametrize(
+    ("model", "params", "status", "says"),
+    [
+        ("nope", {"n": 1}, 404, "no model is registered"),
+        ("no-pruning", {"n": 1}, 404, "--metrics pruning,pruning_drops"),
+        (MODEL, {"n": 0}, 422, "out of range"),
+        (MODEL, {"n": -3}, 422, "out of range"),
+        (MODEL, {"n": 5}, 422, "out of range"),  # 8 blocks: budgets 1..4
+        (MODEL, {"n": "two"}, 400, ""),
+        (MODEL, {"n": 2, "run_id": 999999}, 404, "has no run"),
+        (MODEL, {"n": 2, "format": "xml"}, 400, ""),
+    ],
+)
+def test_bad_requests_are_4xx(
+    service: Service, model: str, params: dict[str, Any], status: int, says: str
+) -> None:
     answer = service.plan(model, **params)
     assert answer.status_code == status, answer.text
     assert says in answer.text
@@ -282,15 +309,18 @@ def test_bad_requests_are_4xx(service: Service, model: str, params: dict[str, An
 def test_a_run_without_the_drops_and_an_unmeasured_width(service: Service) -> None:
     answer = service.plan(n=2, run_id=service.runs["no-pruning"])
     assert answer.status_code == 404, answer.text  # another model's run
-    own = service.client.get(f"{V1}/models/no-pruning/pruning-plan",
-                             params={"n": 1, "run_id": service.runs["no-pruning"]})
+    own = service.client.get(
+        f"{V1}/models/no-pruning/pruning-plan",
+        params={"n": 1, "run_id": service.runs["no-pruning"]},
+    )
     assert own.status_code == 422
     assert "did not compute pruning_drops" in own.text
     bad = service.client.get(f"{V1}/pruning-scores", params={"models": "no-pruning"})
     assert bad.status_code == 404
     assert "pruning,pruning_drops" in bad.text
-    unknown = service.client.get(f"{V1}/pruning-scores",
-                                 params={"models": MODEL, "predictor": "magic"})
+    unknown = service.client.get(
+        f"{V1}/pruning-scores", params={"models": MODEL, "predictor": "magic"}
+    )
     assert unknown.status_code == 422
 
 
@@ -308,10 +338,14 @@ def test_a_budget_in_range_but_not_measured(service: Service) -> None:
 
 def _forwarding(service: Service) -> httpx.MockTransport:
     def forward(request: httpx.Request) -> httpx.Response:
-        answer = service.client.request(request.method, request.url.raw_path.decode(),
-                                        headers=dict(request.headers))
-        headers = {k: v for k, v in answer.headers.items()
-                   if k.lower() not in ("content-encoding", "content-length")}
+        answer = service.client.request(
+            request.method, request.url.raw_path.decode(), headers=dict(request.headers)
+        )
+        headers = {
+            k: v
+            for k, v in answer.headers.items()
+            if k.lower() not in ("content-encoding", "content-length")
+        }
         return httpx.Response(answer.status_code, headers=headers, content=answer.content)
 
     return httpx.MockTransport(forward)
@@ -327,7 +361,8 @@ def test_the_client(service: Service) -> None:
         assert plan.context["run"]["id"] == service.runs["full"]
         bi = plan.scores.filter(pl.col("predictor") == "block_influence").row(0, named=True)
         assert bi["rho"] == pytest.approx(
-            service.records[("pruning_drops.spearman_block_influence_1", None)][0])
+            service.records[("pruning_drops.spearman_block_influence_1", None)][0]
+        )
         scores = client.pruning_scores([MODEL, "drops-only"], "angular_distance_last", 2)
         assert scores.height == 2
         assert set(scores["model"]) == {MODEL, "drops-only"}
@@ -339,24 +374,42 @@ def test_the_cli(service: Service, monkeypatch: pytest.MonkeyPatch) -> None:
     from service.cli import http as cli_http
 
     real = cli_http.Transport
-    monkeypatch.setattr(cli_http, "Transport", lambda url, key, timeout: real(
-        url, key, timeout=timeout, transport=_forwarding(service)))
+    monkeypatch.setattr(
+        cli_http,
+        "Transport",
+        lambda url, key, timeout: real(url, key, timeout=timeout, transport=_forwarding(service)),
+    )
     runner = CliRunner()
-    out = runner.invoke(main, ["pruning", "plan", "--model", MODEL, "--n", "2",
-                               "--url", "http://strata.test"])
+    out = runner.invoke(
+        main, ["pruning", "plan", "--model", MODEL, "--n", "2", "--url", "http://strata.test"]
+    )
     assert out.exit_code == 0, out.output
     assert "budget n=2" in out.output
     assert "block_influence" in out.output
     assert "blocks 5,6" in out.output
     assert "rank correlation" in out.output
-    raw = runner.invoke(main, ["pruning", "plan", "--model", MODEL, "--n", "2", "--json",
-                               "--url", "http://strata.test"])
+    raw = runner.invoke(
+        main,
+        ["pruning", "plan", "--model", MODEL, "--n", "2", "--json", "--url", "http://strata.test"],
+    )
     assert json.loads(raw.output)["rows"] == service.plan(n=2).json()["rows"]
-    scored = runner.invoke(main, ["pruning", "scores", "--models", f"{MODEL},no-pruning",
-                                  "--predictor", "block_influence", "--url", "http://strata.test"])
+    scored = runner.invoke(
+        main,
+        [
+            "pruning",
+            "scores",
+            "--models",
+            f"{MODEL},no-pruning",
+            "--predictor",
+            "block_influence",
+            "--url",
+            "http://strata.test",
+        ],
+    )
     assert scored.exit_code == 0, scored.output
     assert "no-pruning: no run with pruning_drops" in scored.output
-    bad = runner.invoke(main, ["pruning", "plan", "--model", MODEL, "--n", "7",
-                               "--url", "http://strata.test"])
+    bad = runner.invoke(
+        main, ["pruning", "plan", "--model", MODEL, "--n", "7", "--url", "http://strata.test"]
+    )
     assert bad.exit_code == 2
     assert "out of range" in bad.output

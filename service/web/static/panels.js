@@ -12,7 +12,8 @@ import { buildStabilityControls, clearPlot, drawHeatmap, drawLine, drawStability
   drawStabilityImportance, exportPlot }
   from "./plots.js";
 import * as state from "./state.js";
-import { buildNeuronControls, drawNeurons, drawStagesTable } from "./tables.js";
+import { buildNeuronControls, buildPruningControls, drawNeurons, drawPruningPlan,
+  drawStagesTable } from "./tables.js";
 
 const KINDS = ["drop", "swap", "drop_attn", "drop_mlp"];
 const INTERVENTION = ["intervention.kl", "intervention.top1_agreement",
@@ -92,11 +93,13 @@ const PANELS = [
     kind: "stability-importance" },
   { id: "stages", title: "Stages of inference — boundaries and their evidence", kind: "stages" },
   { id: "neurons", title: "Top prediction / suppression neurons per layer", kind: "neurons" },
+  { id: "pruning", title: "Pruning plan — blocks to remove for a budget, and what each choice costs",
+    kind: "pruning" },
 ];
 const DRAW = { line: drawLine, heatmap: drawHeatmap, stability: drawStability,
   "stability-importance": drawStabilityImportance,
-  stages: drawStagesTable, neurons: drawNeurons };
-const TABLES = new Set(["stages", "neurons"]);
+  stages: drawStagesTable, neurons: drawNeurons, pruning: drawPruningPlan };
+const TABLES = new Set(["stages", "neurons", "pruning"]);
 
 const panels = new Map();  // id -> panel, in page order
 let drawSeq = 0;
@@ -139,6 +142,7 @@ function buildPanel(def) {
   panel.note = note;
   panel.body = body;
   if (def.kind === "neurons") buildNeuronControls(panel, controls, () => redraw(panel));
+  if (def.kind === "pruning") buildPruningControls(panel, controls, () => redraw(panel));
   if (def.kind === "stability" || def.kind === "stability-importance") {
     buildStabilityControls(panel, controls, () => redraw(panel));
   }

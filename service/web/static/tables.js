@@ -102,3 +102,97 @@ export async function drawNeurons(panel) {
     links: classes.map((c, i) => [`${m.name} layer ${currentLayer} ${c}`, targets[i]]),
     note: empty.length ? `no ${empty.join(" or ")} neurons in layer ${currentLayer} of ${m.name}` : "" };
 }
+
+/* ------------------------------------------------------------ pruning plan */
+
+const CHOICE_LABELS = {
+  measured: "measured best",
+  block_influence: "Block Influence (ShortGPT)",
+  angular_distance_last: "Gromov d(l, n), last token",
+  angular_distance: "Gromov d(l, n), all tokens",
+};
+const PREDICTOR_LABELS = {
+  block_influence: "Block Influence",
+  angular_distance_last: "d(l, n) last token",
+  angular_distance: "d(l, n) all tokens",
+};
+
+/* Model and budget pickers; `onChange` redraws the panel. */
+export function buildPruningControls(panel, controls, onChange) {
+  const model = el("select", { class: "pruning-model", "aria-label": "model" });
+  const budget = el("select", { class: "pruning-n", "aria-label": "budget n" });
+  model.addEventListener("change", () => { budget.replaceChildren(); onChange(); });
+  budget.addEventListener("change", onChange);
+  Object.assign(panel.extra, { model, budget });
+  controls.append(model, budget);
+}
+
+const plusMinus = (value, stderr) => (value === null || value === undefined ? "—"
+  : `${fmt(value)} ± ${fmt(stderr, 2)}`);
+
+/* The plan for one selected model with pruning_drops, for the chosen budget n: the measured
+ * best, Block Influence's and Gromov's choices with their measured costs, and the predictors'
+ * rank correlations with the measured drops (GET /models/{id}/pruning-plan). */
+export async function drawPruningPlan(panel) {
+  const ticket = panel.ticket;
+  const { model, budget } = panel.extra;
+  const candidates = state.selectedModels()
+    .filter((m) => state.runFor(m, "pruning_drops") !== undefined);
+  const current = Number(model.value);
+  model.replaceChildren(...candidates.map((m) => el("option", { value: m.id, text: m.name })));
+  const m = candidates.find((c) => c.id === current) || candidates[0];
+  if (!m) {
+    const names = state.selectedModels().map((s) => s.name);
+    const example = names.length ? names[0] : "MODEL";
+    budget.replaceChildren();
+    panel.body.replaceChildren(el("p", { class: "hint empty-state", text:
+      `No pruning results for ${names.join(", ")}: the plan needs the pruning and `
+      + "pruning_drops families (opt-in). Compute them with the jobs box (families: pruning, "
+      + `pruning_drops) or \`strata jobs submit --model ${example} --metrics `
+      + "pruning,pruning_drops`." }));
+    return { state: "empty", links: [], note: "no pruning results for the selected models" };
+  }
+  model.value = String(m.id);
+  const top = Math.max(1, Math.floor((m.n_layers || 2) / 2));
+  const n = budget.value === "" ? 1 : Math.min(Number(budget.value), top);
+  // the run a person chose for the model (kept: it never changes), else the canonical one
+  const chosen = state.chosenRun(m.id) === undefined ? undefined
+    : state.runFor(m, "pruning_drops");
+  const target = url(`/models/${m.id}/pruning-plan`, { n, run_id: chosen });
+  const answer = await get(target, chosen !== undefined);
+  if (ticket !== panel.ticket) return null;
+  budget.replaceChildren(...answer.widths.map((w) => el("option", { value: w,
+    text: `n = ${w} block${w > 1 ? "s" : ""}` })));
+  budget.value = String(answer.n);
+  const head = el("tr", {}, ...["choice", "blocks removed", "KL (nats)", "KL above best",
+    "top-1 agreement", "loss delta (nats)", "note"].map((h) => el("th", { text: h })));
+  const rows = answer.rows.map((r) => el("tr", { "data-choice": r.choice },
+    el("td", { text: CHOICE_LABELS[r.choice] ?? r.choice, title: r.rule }),
+    el("td", { class: "blocks", text: r.blocks ? r.blocks.join(", ") : "—" }),
+    el("td", { class: "kl", text: plusMinus(r.kl, r.kl_stderr) }),
+    el("td", { text: fmt(r.kl_excess) }),
+    el("td", { text: plusMinus(r.top1_agreement, r.top1_agreement_stderr) }),
+    el("td", { text: plusMinus(r.loss_delta, r.loss_delta_stderr) }),
+    el("td", { class: "evidence", text: r.note ?? (r.same_as_measured ? "the measured best" : "") })));
+  const wanted = new Set([1, answer.n]);
+  const scoreHead = el("tr", {}, ...["predictor", "n", "ρ with measured KL",
+    `${Math.round((answer.scores[0]?.level ?? 0.9) * 100)}% interval`, "predicts?"]
+    .map((h) => el("th", { text: h })));
+  const scoreRows = answer.scores.filter((s) => wanted.has(s.n)).map((s) => el("tr",
+    { "data-predictor": s.predictor, "data-n": s.n },
+    el("td", { text: PREDICTOR_LABELS[s.predictor] ?? s.predictor }), el("td", { text: s.n }),
+    el("td", { class: "rho", text: fmt(s.rho, 3) }),
+    el("td", { text: `[${fmt(s.low, 3)}, ${fmt(s.high, 3)}]` }),
+    el("td", { text: s.predicts === null ? "—" : s.predicts ? "yes (interval > 0)" : "no" })));
+  const run = answer.run;
+  panel.body.replaceChildren(
+    el("p", { class: "muted", text: `${m.name}: budget n = ${answer.n} of ${m.n_layers} blocks `
+      + `· run ${run.id} (${run.selected_by}, ${run.n_sequences ?? "?"} sequences) · `
+      + answer.tie_rule }),
+    el("table", { class: "pruning-choices" }, el("thead", {}, head), el("tbody", {}, ...rows)),
+    el("table", { class: "pruning-scores" }, el("thead", {}, scoreHead),
+      el("tbody", {}, ...scoreRows)));
+  return { state: "drawn", links: [[`${m.name} pruning plan n=${answer.n}`, target]],
+    note: answer.predictor_run ? "" : "no pruning run: Block Influence and Gromov choices need "
+      + "the pruning family" };
+}
