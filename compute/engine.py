@@ -38,7 +38,7 @@ from compute.metrics.base import (
     NeuronTokens,
     logit_chunks,
 )
-from compute.models import LoadedModel
+from compute.models import LoadedModel, SplitModel
 from compute.records import Record
 from compute.reduce import LogitChunks, MeanAccumulator, keeps_probs, reference_distribution
 
@@ -88,8 +88,9 @@ def auto_batch_size(
     CPU: about `CPU_TOKENS_PER_BATCH` tokens (the measured optimum), fewer where the batch's
     memory would pass `memory_budget_mb` (default: half the weights' bytes, at least 64 MiB).
     GPU: as many sequences as the memory budget holds (`memory_budget_mb`, default 85% of the
-    device's free memory). Memory per sequence is `compute.memory`'s estimate; a CPU batch also
-    stays within the logits budget.
+    device's free memory; a model split over devices also as many as each device of its blocks
+    holds, `SplitModel.sequences_beside_blocks`). Memory per sequence is `compute.memory`'s
+    estimate; a CPU batch also stays within the logits budget.
     """
     if opts.batch_size is not None:
         return opts.batch_size
@@ -105,6 +106,13 @@ def auto_batch_size(
     on_gpu = str(lm.device).startswith("cuda")
     budget = batch_budget_bytes(lm.n_params, lm.dtype_bytes, lm.device, opts.memory_budget_mb)
     by_memory = max(1, budget // per_sequence)
+    if isinstance(lm, SplitModel):  # the devices of its blocks hold the batch's block runs
+        beside = lm.sequences_beside_blocks(
+            seq_len,
+            patterns=any(f.needs_patterns for f in families),
+            z=any(f.needs_z for f in families),
+        )
+        by_memory = min(by_memory, beside)
     if on_gpu:
         return by_memory
     tokens = opts.tokens_per_batch or CPU_TOKENS_PER_BATCH

@@ -243,14 +243,28 @@ def placement_needs(dims: ModelDims, dtype: str, seq_len: int = 128) -> Placemen
     d, v = dims.d_model, dims.d_vocab
     home = (2 * v * d + v + (dims.n_ctx * d if dims.learned_positions else 0) + 2 * d) * bytes_
     block = (total - home) // dims.n_layers
-    moved = 4 * seq_len * d * bytes_  # the residual in; residual, attention and MLP writes out
     return PlacementNeeds(
         n_layers=dims.n_layers,
         home_weights=total - block * dims.n_layers,
         block_weights=block,
         home_per_sequence=sweep_bytes_per_sequence(dims, seq_len, bytes_, patterns=False, z=False),
-        block_per_sequence=variant_bytes_per_sequence(dims, seq_len, bytes_) + moved,
+        block_per_sequence=block_bytes_per_sequence(dims, seq_len, bytes_, patterns=False, z=False),
     )
+
+
+def block_bytes_per_sequence(
+    dims: ModelDims, seq_len: int, dtype_bytes: int, *, patterns: bool, z: bool
+) -> int:
+    """What one sequence of a batch takes on a device that holds blocks of a split model but
+    not its home: one block's working set (`variant_bytes_per_sequence`), the residual moved
+    in and the residual and writes moved out, and the pattern and z a block returns when a
+    family keeps them."""
+    t, d = seq_len, dims.d_model
+    moved = 4 * t * d * dtype_bytes
+    extra = (dims.n_heads * t * t * 4 if patterns else 0) + (
+        t * dims.n_heads * dims.d_head * dtype_bytes if z else 0
+    )
+    return variant_bytes_per_sequence(dims, seq_len, dtype_bytes) + moved + extra
 
 
 def visible_devices(device: str) -> list[DeviceMemory]:

@@ -10,13 +10,15 @@ model is a `TransformerBridge`).
   refusals    what Strata refuses to load and why, from config.json alone
   processing  which weight processing the architecture allows
   parity      the parity report: Strata's forward against the Hugging Face forward
-  loaded      `LoadedModel`, the operations the metrics are built from, and `load_model`
+  loaded      `LoadedModel`, the operations the metrics are built from, and `load_model`;
+              `SplitModel`, a model split over devices (`compute.placement`)
+  split       a split model's weights moved where the plan puts them
 
 >>> spec = resolve_model_spec("zoo:tiny-4l-s0")   # doctest: +SKIP
 >>> lm = load_model(spec)                           # doctest: +SKIP
 """
 
-from compute.models.loaded import BlockRun, LoadedModel, load_model
+from compute.models.loaded import BlockRun, LoadedModel, SplitModel, load_model
 from compute.models.parity import PARITY_TOLERANCE, ParityReport
 from compute.models.processing import AppliedProcessing, effective_processing
 from compute.models.sources import (
@@ -40,6 +42,7 @@ __all__ = [
     "ModelSpec",
     "ParityReport",
     "Processing",
+    "SplitModel",
     "effective_processing",
     "import_engine",
     "load_model",

@@ -23,7 +23,9 @@ from compute.errors import ComputeError, ModelLoadError, StrataError
 from compute.memory import (
     ModelDims,
     allocator_for_loading,
+    block_bytes_per_sequence,
     check_fits,
+    device_free_bytes,
     placement_needs,
     plan_devices,
 )
@@ -586,6 +588,7 @@ class SplitModel(LoadedModel):
     placement: Placement = field(kw_only=True)
 
     def block_device(self, layer: int) -> torch.device:
+        """The device that holds block `layer`'s weights, where it runs."""
         if "block_devices" not in self._ctx:
             self._ctx["block_devices"] = tuple(torch.device(d) for d in self.placement.blocks)
         return self._ctx["block_devices"][layer]
@@ -676,6 +679,16 @@ class SplitModel(LoadedModel):
 
     def w_out(self, layer: int) -> Float[Tensor, "n_neurons d_model"]:
         return super().w_out(layer).to(self.device)
+
+    def sequences_beside_blocks(self, seq_len: int, *, patterns: bool, z: bool) -> int:
+        """The most sequences a batch may have for each device of blocks to hold a block's
+        working set for all of them (`compute.memory.block_bytes_per_sequence`) in 85% of its
+        free memory: a split model's batch is bounded there as well as at home."""
+        per_sequence = block_bytes_per_sequence(
+            ModelDims.of(self), seq_len, self.dtype_bytes, patterns=patterns, z=z
+        )
+        elsewhere = [d for d in self.placement.devices if d != self.placement.home]
+        return max(1, min(int(0.85 * device_free_bytes(d)) // per_sequence for d in elsewhere))
 
     @property
     def _block_inputs(self) -> BlockInputs:

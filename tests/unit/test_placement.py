@@ -314,6 +314,25 @@ def test_a_run_records_where_the_model_was(checkpoints: Path, tmp_path: Path) ->
     assert meta["device"] == "cpu"
 
 
+def test_a_split_batch_is_bounded_by_the_devices_of_its_blocks(
+    checkpoints: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from compute.engine import auto_batch_size
+    from compute.memory import block_bytes_per_sequence
+
+    spec = spec_of("random", checkpoints)
+    split = load_model(spec, devices=three_devices(spec, load_model(spec)))
+    assert isinstance(split, SplitModel)
+    per = block_bytes_per_sequence(
+        ModelDims.of(split), 16, split.dtype_bytes, patterns=False, z=False
+    )
+    free = {"cpu:1": 10 * per, "cpu:2": 100 * per}
+    monkeypatch.setattr("compute.models.loaded.device_free_bytes", lambda d: free[d])
+    assert split.sequences_beside_blocks(16, patterns=False, z=False) == 8  # 85% of 10
+    roomy = EngineOptions(memory_budget_mb=1024, tokens_per_batch=10**6)
+    assert auto_batch_size(split, 16, roomy) == 8
+
+
 # --------------------------------------------------------------------------- on CUDA
 
 
