@@ -261,7 +261,7 @@ def _plan_rows(
         costs = part if costs is None else costs.join(part, on="layer", how="left")
     assert costs is not None
     costs = costs.sort("layer")
-    best = costs.sort(["kl", "layer"]).row(0, named=True)
+    best = costs.sort(["kl", "layer"], nulls_last=True).row(0, named=True)
     rows = [
         _choice(
             model,
@@ -283,7 +283,7 @@ def _plan_rows(
         pred = frame.filter(pl.col("run_id") == predictors.id)
         influence = (
             pred.filter(pl.col("metric") == f"{PREDICTOR_FAMILY}.block_influence")
-            .sort(["value", "layer"])
+            .sort(["value", "layer"], nulls_last=True)
             .head(n)
         )
         blocks = sorted(int(b) for b in influence["layer"])
@@ -303,7 +303,9 @@ def _plan_rows(
         )
         for name in ("angular_distance_last", "angular_distance"):
             metric = f"{PREDICTOR_FAMILY}.{name}_{n}"
-            found = pred.filter(pl.col("metric") == metric).sort(["value", "layer"])
+            found = pred.filter(pl.col("metric") == metric).sort(
+                ["value", "layer"], nulls_last=True
+            )
             if found.height == 0:
                 rows.append(
                     _choice(

@@ -10,8 +10,10 @@ import { selectionChanged } from "./panels.js";
 import * as state from "./state.js";
 
 const FAMILIES = ["intervention", "logit_lens", "neurons", "similarity", "attention", "norms",
-  "heads", "tuned_lens"];
-const NOT_DEFAULT = new Set(["tuned_lens"]);  // trains a lens first: asked for, not assumed
+  "heads", "tuned_lens", "pruning", "pruning_drops"];
+// asked for, not assumed: tuned_lens trains a lens first; pruning and pruning_drops are opt-in
+// (docs/metrics.md), the families the pruning-plan panel needs
+const NOT_DEFAULT = new Set(["tuned_lens", "pruning", "pruning_drops"]);
 const ACTIVE = new Set(["queued", "running"]);
 const JOB_POLL_MS = 500;
 const RUNS_POLL_MS = 10000;
