@@ -73,9 +73,14 @@ def _renamed(
     )
 
 
-def _narrowed(result: RunResult) -> RunResult:
-    """A run that measured widths 1 and 2 only (as `EngineOptions(drop_widths=(1, 2))`)."""
-    out = _renamed(result, "two-widths", ("pruning", "pruning_drops"), None)
+def _narrowed(result: RunResult, name: str = "two-widths") -> RunResult:
+    """A run that measured widths 1 and 2 only (as `EngineOptions(drop_widths=(1, 2))`), under
+    another configuration (its tokens' seed)."""
+    out = _renamed(result, name, ("pruning", "pruning_drops"), None)
+    config = out.config.model_copy(
+        update={"tokens": out.config.tokens.model_copy(update={"seed": 7})}
+    )
+    out = dataclasses.replace(out, config=config, config_hash=config.config_hash())
     wide = r"^pruning_drops\..*_[34](_low|_high)?$"
     records = out.records.filter(
         pc.invert(pc.match_substring_regex(out.records.column("metric"), wide))
@@ -130,6 +135,11 @@ def service(computed: RunResult, tmp_path_factory: pytest.TempPathFactory) -> It
                 store, _renamed(computed, "no-pruning", ("pruning",), "pruning.")
             ).run_id,
             "two-widths": ingest_result(store, _narrowed(computed)).run_id,
+            # two runs of one model: the older measured 1..4, the newer 1..2
+            "older": ingest_result(
+                store, _renamed(computed, "two-runs", ("pruning", "pruning_drops"), None)
+            ).run_id,
+            "newer": ingest_result(store, _narrowed(computed, "two-runs")).run_id,
         }
         with TestClient(create_app(_settings(db), store)) as client:
             yield Service(client, runs, records)
@@ -413,3 +423,27 @@ def test_the_cli(service: Service, monkeypatch: pytest.MonkeyPatch) -> None:
     )
     assert bad.exit_code == 2
     assert "out of range" in bad.output
+
+
+def test_the_plan_names_the_run_it_read_and_reads_the_one_asked_for(service: Service) -> None:
+    """Without a default run computing pruning_drops, the latest run with it answers, and says
+    so (not canonical); `run_id` reads the other one."""
+    latest = service.plan("two-runs", n=2)
+    assert latest.status_code == 200, latest.text
+    run = latest.json()["run"]
+    assert (run["id"], run["selected_by"], run["canonical"]) == (
+        service.runs["newer"],
+        "latest",
+        False,
+    )
+    assert latest.json()["widths"] == [1, 2]
+    assert f"{service.runs['newer']}; " in latest.headers["X-Strata-Run"]
+    assert "selected_by=latest" in latest.headers["X-Strata-Run"]
+    assert service.plan("two-runs", n=3).status_code == 422
+    older = service.plan("two-runs", n=3, run_id=service.runs["older"])
+    assert older.status_code == 200, older.text
+    assert older.json()["run"]["id"] == service.runs["older"]
+    assert older.json()["run"]["selected_by"] == "run_id"
+    assert older.json()["predictor_run"]["id"] == service.runs["older"]
+    assert older.json()["widths"] == [1, 2, 3, 4]
+    assert {r["run_id"] for r in older.json()["rows"]} == {service.runs["older"]}
