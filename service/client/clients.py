@@ -24,7 +24,7 @@ from service.schemas.health import Health
 from service.schemas.jobs import Job, JobPage
 from service.schemas.models import Model, ModelDetail, ModelPage, Registered
 from service.schemas.pins import Pins
-from service.schemas.pruning import PruningScore
+from service.schemas.pruning import SCORE_SCHEMA, PruningScore
 from service.schemas.runs import Run, RunPage
 from service.schemas.stages import ModelStages
 
@@ -439,23 +439,7 @@ class BaseClient(ABC, Generic[FrameT]):
         found = msgspec.convert(context.get("scores", []), list[PruningScore])
         fields = PruningScore.__struct_fields__
         rows = [{f: getattr(s, f) for f in fields} for s in found]
-        schema: Schema = {
-            "model": pl.String,
-            "model_id": pl.Int64,
-            "predictor": pl.String,
-            "n": pl.Int64,
-            "metric": pl.String,
-            "target": pl.String,
-            "rho": pl.Float64,
-            "low": pl.Float64,
-            "high": pl.Float64,
-            "level": pl.Float64,
-            "stderr": pl.Float64,
-            "n_sequences": pl.Int64,
-            "predicts": pl.Boolean,
-            "run_id": pl.Int64,
-        }
-        scores = pl.DataFrame(rows, schema=schema)
+        scores = pl.DataFrame(rows, schema=SCORE_SCHEMA)
         widths = [int(w) for w in context.get("widths", [])]
         return PruningPlanResult(choices, self._frame(scores.to_arrow()), widths, context)
 

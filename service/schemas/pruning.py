@@ -4,6 +4,7 @@ measured drops (docs/api.md: pruning plan; docs/metrics.md: pruning.*, pruning_d
 from __future__ import annotations
 
 import msgspec
+import polars as pl
 
 from service.schemas.common import ModelRef, RunRef
 
@@ -110,3 +111,22 @@ class PruningScores(msgspec.Struct):
     n: int | None
     models: list[ScoredModel]
     rows: list[PruningScore]
+
+
+# A `PruningScore` row as a Polars frame's columns: the API's tables and the client's read it.
+SCORE_SCHEMA: dict[str, type[pl.DataType]] = {
+    "model": pl.String,
+    "model_id": pl.Int64,
+    "predictor": pl.String,
+    "n": pl.Int64,
+    "metric": pl.String,
+    "target": pl.String,
+    "rho": pl.Float64,
+    "low": pl.Float64,
+    "high": pl.Float64,
+    "level": pl.Float64,
+    "stderr": pl.Float64,
+    "n_sequences": pl.Int64,
+    "predicts": pl.Boolean,
+    "run_id": pl.Int64,
+}

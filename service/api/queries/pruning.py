@@ -39,6 +39,7 @@ from service.api.queries.answers import (
 from service.api.queries.cache import Reader
 from service.api.queries.index import ModelEntry, Pick, RunEntry, Snapshot
 from service.schemas.pruning import (
+    SCORE_SCHEMA,
     PruningChoice,
     PruningPlan,
     PruningScore,
@@ -134,24 +135,7 @@ def _scores(model: ModelEntry, run: RunEntry, rows: pl.DataFrame) -> pl.DataFram
 
 
 def _empty_scores() -> pl.DataFrame:
-    return pl.DataFrame(
-        schema={
-            "model": pl.String,
-            "model_id": pl.Int64,
-            "predictor": pl.String,
-            "n": pl.Int64,
-            "metric": pl.String,
-            "target": pl.String,
-            "rho": pl.Float64,
-            "low": pl.Float64,
-            "high": pl.Float64,
-            "level": pl.Float64,
-            "stderr": pl.Float64,
-            "n_sequences": pl.Int64,
-            "predicts": pl.Boolean,
-            "run_id": pl.Int64,
-        }
-    )
+    return pl.DataFrame(schema=SCORE_SCHEMA)
 
 
 def _drops_pick(
