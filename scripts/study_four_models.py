@@ -495,7 +495,12 @@ def main() -> None:
             )
             entry["point"] = point
             entry["interval"] = {k: interval(v) for k, v in samples.items()}
-            entry["stages"] = stage_verdict(records, seq, model.n_layers)
+            if records.filter(pl.col("metric").str.starts_with("neurons.")).is_empty():
+                # the stage rule reads neuron counts (boundary 3): without them its verdict
+                # would be scored on a rule it cannot apply, so it is not tested
+                entry["stages"] = {"boundaries": [], "counted": 0, "verdict": "not tested"}
+            else:
+                entry["stages"] = stage_verdict(records, seq, model.n_layers)
             print(f"{model.label}: bootstrap done", flush=True)
         per_model[model.label] = entry
         tests += [test_row(model.label, c, point, samples) for c in CLAIMS]
@@ -584,6 +589,11 @@ def stages_markdown(out: dict[str, Any]) -> str:
     for label, e in out["models"].items():
         if not e["stored"]:
             lines.append(f"| {label} | {e['scoring']} | — | not tested | | | | | |")
+            continue
+        if e["stages"]["verdict"] == "not tested":
+            lines.append(
+                f"| {label} | {e['scoring']} | — | no `neurons` in the run: not tested | | | | | |"
+            )
             continue
         for b in e["stages"]["boundaries"]:
             lines.append(
