@@ -535,6 +535,7 @@ def main() -> None:
     (args.out / "stages.md").write_text(stages_markdown(out))
     if depth is not None:
         (args.out / "depth.md").write_text(depth_markdown(out))
+    if runs:
         draw_curves(runs, out, args.out / "curves.png")
     print((args.out / "claims.md").read_text())
 
