@@ -137,7 +137,7 @@ class Reader:
     resample's curves by position (every key has every sequence: the rows line up)."""
 
     def __init__(self, seq: pl.DataFrame) -> None:
-        keys, _means, has, _ids = sequence_matrix(seq)
+        keys, self.means, has, _ids = sequence_matrix(seq)
         if not has.all():
             raise SystemExit("a key lacks some sequence: the runs' tables are incomplete")
         self.index = {
@@ -206,8 +206,7 @@ def bootstrap_all(
     bootstrap pass (`bootstrap_over_sequences`, 10,000 resamples, seed 0)."""
     reader = Reader(seq)
     stat = stat_of(reader)
-    _keys, means, _has, _ids = sequence_matrix(seq)
-    point = stat(means.mean(axis=1))
+    point = stat(reader.means.mean(axis=1))
     samples: dict[str, list[float]] = {k: [] for k in point}
 
     def record(curves: pl.DataFrame) -> float:
