@@ -126,6 +126,107 @@ def time_families(args: argparse.Namespace) -> None:
     print(json.dumps(out, indent=1))
 
 
+def variants(args: argparse.Namespace) -> None:
+    """Per sequence and head, the screen's terms at each path point and AtP, on the tokens
+    `strata compute` would use (the built-in corpus, seed 0): the measurement that chose the
+    default number of steps. Gradients at the points alpha = i / points (i < points) are
+    computed once each; S steps of `heads_screen` average the first-order terms at alpha =
+    j / S, which for S dividing `points` are among them."""
+    import torch
+
+    from compute.engine import clean_pass
+    from compute.metrics.base import EngineOptions, logit_chunks
+    from compute.metrics.heads import ablated_block_output, head_group_size
+    from compute.metrics.heads_atp import atp_loss_delta
+    from compute.metrics.heads_screen import path_points, residual_gradients
+    from compute.models import Processing, load_model, resolve_model_spec
+    from compute.tokens import TokenSpec, load_tokens, resolve_token_spec
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    start = time.perf_counter()
+    lm = load_model(resolve_model_spec(args.model, dtype="float32", processing=Processing()))
+    spec = resolve_token_spec(
+        TokenSpec(source="builtin", n_sequences=args.n_sequences, seq_len=args.seq_len, seed=0)
+    )
+    tokens = load_tokens(
+        spec, lm.tokenizer, bos_token_id=lm.bos_token_id, d_vocab=lm.d_vocab, n_ctx=lm.n_ctx
+    )
+    opts = EngineOptions()
+    alphas = path_points(args.points)
+    rows: list[dict[str, Any]] = []
+    seconds = {"load": time.perf_counter() - start, "atp": 0.0, "gradients": 0.0, "deltas": 0.0}
+    with torch.inference_mode():
+        for first in range(0, tokens.shape[0], args.batch):
+            chunk = tokens[first : first + args.batch]
+            b, t = chunk.shape
+            ctx = clean_pass(lm, chunk, False, logit_chunks(lm, opts), lambda _: None,
+                             capture_z=True)
+            mark = time.perf_counter()
+            for layer, est in zip(lm.attention_layers, atp_loss_delta(ctx, opts), strict=True):
+                for h in range(est.shape[0]):
+                    for i in range(b):
+                        rows.append({"estimator": "atp", "layer": layer, "head": h,
+                                     "sequence": first + i, "value": float(est[h, i])})
+            seconds["atp"] += time.perf_counter() - mark
+            mark = time.perf_counter()
+            grads = [residual_gradients(lm, chunk, ctx.resid[0], [a], opts) for a in alphas]
+            seconds["gradients"] += time.perf_counter() - mark
+            mark = time.perf_counter()
+            for index, layer in enumerate(lm.attention_layers):
+                heads = lm.layers[layer].heads
+                assert heads is not None
+                chunk_heads = head_group_size(lm, b, t, opts, heads.n_heads)
+                for g0 in range(0, heads.n_heads, chunk_heads):
+                    group = list(range(g0, min(heads.n_heads, g0 + chunk_heads)))
+                    after = ablated_block_output(ctx, layer, group).unflatten(0, (len(group), b))
+                    delta = after.float() - ctx.resid[layer + 1].float()[None]
+                    for alpha, per_point in zip(alphas, grads, strict=True):
+                        est = (delta * per_point[index][None]).sum(dim=(2, 3)) / (t - 2)
+                        for gi, h in enumerate(group):
+                            for i in range(b):
+                                rows.append({"estimator": f"alpha={alpha:.4f}", "layer": layer,
+                                             "head": h, "sequence": first + i,
+                                             "value": float(est[gi, i])})
+            seconds["deltas"] += time.perf_counter() - mark
+            print(f"batch at {first} done, {time.perf_counter() - start:.0f} s", flush=True)
+    pl.DataFrame(rows).write_parquet(args.out)
+    print(json.dumps({k: round(v, 1) for k, v in seconds.items()}))
+
+
+def analyse(args: argparse.Namespace) -> None:
+    """Each estimator of a `variants` file against exact per-head numbers (an exported run)."""
+    terms = pl.read_parquet(args.variants)
+    exported = pl.read_parquet(args.exact_from)
+    loss = _heads(exported, "heads.ablation_loss_delta").with_columns(
+        pl.col("layer", "head").cast(pl.Int64))
+    kl = _heads(exported, "heads.ablation_kl").with_columns(pl.col("layer", "head").cast(pl.Int64))
+    points = sorted(float(e.split("=")[1]) for e in terms["estimator"].unique()
+                    if e.startswith("alpha="))
+    estimators: dict[str, list[str]] = {"atp": ["atp"]}
+    for steps in (1, 2, 4, 8, 16):
+        wanted = [j / steps for j in range(steps)]
+        if all(any(abs(w - p) < 1e-6 for p in points) for w in wanted):
+            estimators[f"screen_steps={steps}"] = [f"alpha={w:.4f}" for w in wanted]
+    out: dict[str, Any] = {}
+    for name, parts in estimators.items():
+        screen = (terms.filter(pl.col("estimator").is_in(parts))
+                  .group_by("layer", "head", "sequence").agg(pl.col("value").mean())
+                  .group_by("layer", "head").agg(pl.col("value").mean())
+                  .with_columns(pl.col("layer", "head").cast(pl.Int64)))
+        result = compare(loss, kl, screen)
+        exact_order = loss.sort("value", descending=True)
+        ranked = screen.sort("value", descending=True)
+        names = [f"{a}.{b}" for a, b in zip(ranked["layer"], ranked["head"], strict=True)]
+        top10 = {f"{a}.{b}" for a, b in zip(exact_order["layer"][:TOP],
+                                             exact_order["head"][:TOP], strict=True)}
+        # the smallest k whose screen top k holds the whole exact top 10
+        result["k_for_exact_top10"] = max(names.index(n) for n in top10) + 1
+        result["exact_top10_in_screen_top_k"] = {
+            k: len(top10 & set(names[:k])) for k in (10, 15, 20, 30)}
+        out[name] = result
+    print(json.dumps(out, indent=1))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -137,8 +238,20 @@ def main() -> None:
     t.add_argument("--model", required=True)
     t.add_argument("--n-sequences", type=int, default=2)
     t.add_argument("--seq-len", type=int, default=128)
+    w = sub.add_parser("variants")
+    w.add_argument("--model", required=True)
+    w.add_argument("--n-sequences", type=int, default=32)
+    w.add_argument("--seq-len", type=int, default=128)
+    w.add_argument("--points", type=int, default=8)
+    w.add_argument("--batch", type=int, default=4)
+    w.add_argument("--out", type=Path, required=True)
+    a = sub.add_parser("analyse")
+    a.add_argument("--variants", type=Path, required=True)
+    a.add_argument("--exact-from", type=Path, required=True)
     args = parser.parse_args()
-    validate(args) if args.command == "validate" else time_families(args)
+    commands = {"validate": validate, "time": time_families, "variants": variants,
+                "analyse": analyse}
+    commands[args.command](args)
 
 
 if __name__ == "__main__":

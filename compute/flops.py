@@ -24,6 +24,14 @@ other reductions are memory-bound elementwise work and count as zero. Per sequen
                                                            and its backward to the activations
                                                            (no weight gradients: about the
                                                            forward's matmul FLOPs again)
+    heads_screen  S 2 (L B + U) + L H (M + O_h)            S path points (screen_steps), each a
+                  + k (M + (L-1)/2 B + U) + L B + U        forward with gradients and its
+                                                           backward; each head's exact block
+                                                           output (its MLP; blocks whose write
+                                                           is not linear in z rerun the block:
+                                                           L H B); the exact top k at a mean
+                                                           depth, on a clean pass made again
+                                                           (parallel blocks: no M per head)
     attention, norms   0 beyond the clean pass;  neurons: 2 L d_mlp d V (weights only, once)
     pruning       2 (T-1) (L+1)^2 d                        one Gram matrix of the L+1 residual
                                                            points per evaluated and last token
@@ -43,6 +51,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from compute.memory import ModelDims
+from compute.metrics.base import DEFAULT_SCREEN_STEPS, DEFAULT_SCREEN_TOP_K
 
 
 def block_parts(dims: ModelDims, seq_len: int) -> tuple[float, float, float]:
@@ -70,7 +79,13 @@ def intervention_flops(
 
 
 def family_flops(
-    dims: ModelDims, seq_len: int, families: Iterable[str], *, parallel: bool = False
+    dims: ModelDims,
+    seq_len: int,
+    families: Iterable[str],
+    *,
+    parallel: bool = False,
+    screen_steps: int = DEFAULT_SCREEN_STEPS,
+    screen_top_k: int = DEFAULT_SCREEN_TOP_K,
 ) -> dict[str, float]:
     """FLOPs per sequence of each family beyond the clean pass, plus `clean` (the shared pass).
 
@@ -97,6 +112,10 @@ def family_flops(
         )
     if "heads_atp" in names:
         out["heads_atp"] = 2 * (n * b + u)
+    if "heads_screen" in names:
+        out["heads_screen"] = heads_screen_flops(
+            dims, seq_len, screen_steps, screen_top_k, parallel=parallel
+        )
     if "pruning" in names:
         out["pruning"] = pruning_flops(dims, seq_len)
     if "pruning_drops" in names:
@@ -110,6 +129,22 @@ def family_flops(
         if name in names:
             out[name] = 0.0
     return out
+
+
+def heads_screen_flops(
+    dims: ModelDims, seq_len: int, steps: int, top_k: int, *, parallel: bool = False
+) -> float:
+    """The head screen (`compute.metrics.heads_screen`) per sequence: its path points, each
+    head's exact block output (on fused blocks, whose write is linear in z: the head's write and
+    the block's MLP), and its exact top k, each at the mean depth (L-1)/2 of the blocks after
+    it, on the batch's clean pass made again."""
+    a, m, u = block_parts(dims, seq_len)
+    b, n, h = a + m, dims.n_layers, dims.n_heads
+    per_head_mlp = 0.0 if parallel else m
+    local = n * h * (per_head_mlp + 2 * seq_len * dims.d_head * dims.d_model)
+    k = min(top_k, n * h)
+    exact = k * (per_head_mlp + (n - 1) / 2 * b + u) + (n * b + u if k else 0.0)
+    return steps * 2 * (n * b + u) + local + exact
 
 
 def pruning_flops(dims: ModelDims, seq_len: int) -> float:
@@ -185,6 +220,13 @@ def unit_weights(
             finish_cost = neurons_flops(dims) / at_finish
         elif at_finish and name == "heads":
             finish_cost = induction_flops(dims, *induction) / at_finish
+        elif name == "heads_screen" and per_batch:
+            # the screen per batch, its exact top k (a unit a head, over every batch) at finish
+            screen = heads_screen_flops(dims, seq_len, DEFAULT_SCREEN_STEPS, 0, parallel=parallel)
+            batch_cost = screen * batch / per_batch
+            if at_finish:
+                exact = per_sequence[name] - screen
+                finish_cost = exact * batch * n_batches / at_finish
         cost[name] = (batch_cost, finish_cost)
     counts = {
         name: (per_batch * n_batches, at_finish) for name, (per_batch, at_finish) in units.items()

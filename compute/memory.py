@@ -190,6 +190,16 @@ def graph_bytes_per_sequence(dims: ModelDims, seq_len: int, dtype_bytes: int) ->
     return dims.n_layers * per_block
 
 
+def screen_bytes_per_sequence(dims: ModelDims, seq_len: int, dtype_bytes: int) -> int:
+    """The head screen with its integrated gradient (`heads_screen`), per sequence: a forward
+    with gradients (`graph_bytes_per_sequence`) and the float32 gradient of the residual after
+    every block, kept (summed over the path's points) until each head's exact block output is
+    dotted with it."""
+    return graph_bytes_per_sequence(dims, seq_len, dtype_bytes) + (
+        dims.n_layers * seq_len * dims.d_model * 4
+    )
+
+
 # On a CPU the batch's memory (clean-pass cache, reference distribution, one intervention's
 # working set) is bounded by half the weights' bytes but at least 64 MiB: with GPT-2's
 # 50,257-token vocabulary the reference distribution alone is 26 MB per 128-token sequence, and

@@ -91,6 +91,9 @@ CATALOG: dict[str, str] = {
         ]
     },
     "heads_atp.loss_delta": "nats",
+    "heads_screen.loss_delta": "nats",
+    "heads_screen.ablation_loss_delta": "nats",
+    "heads_screen.ablation_kl": "nats",
     "pruning.block_influence": "cosine_distance",
     **{f"similarity.{m}": "cosine" for m in ("self", "index", "adjacent")},
     **{f"attention.{m}": u for m, u in [("bos", "fraction"), ("entropy", "bits")]},

@@ -77,6 +77,11 @@ class MeanAccumulator:
         self._batch = (first_sequence, n_sequences)
         self._grow_sequences(first_sequence + n_sequences)
 
+    @property
+    def batch(self) -> tuple[int, int] | None:
+        """(first sequence, sequences) of the batch being added, as `start_batch` said."""
+        return self._batch
+
     def _grow_sequences(self, total: int) -> None:
         have = self._sums.shape[0]
         if total > have:

@@ -7,6 +7,7 @@ from compute.metrics.attention import AttentionFamily
 from compute.metrics.base import Family
 from compute.metrics.heads import HeadsFamily
 from compute.metrics.heads_atp import HeadsAtpFamily
+from compute.metrics.heads_screen import HeadsScreenFamily
 from compute.metrics.interventions import InterventionFamily
 from compute.metrics.logit_lens import LogitLensFamily
 from compute.metrics.neurons import NeuronsFamily
@@ -27,6 +28,7 @@ FAMILIES: dict[str, Family] = {
         NormsFamily(),
         HeadsFamily(),
         HeadsAtpFamily(),
+        HeadsScreenFamily(),
         TunedLensFamily(),
         PruningFamily(),
         PruningDropsFamily(),
@@ -40,7 +42,8 @@ FAMILIES: dict[str, Family] = {
 # service's default run is its own list (service settings `families`, the CLI's `--metrics`):
 # adding it there changes every registered model's default-run hash, so it is switched on in all
 # three together. `pruning_drops` measures n-block drops at about an intervention kind per width.
-OPT_IN_FAMILIES = ("tuned_lens", "heads_atp", "pruning", "pruning_drops")
+# heads_screen (the screen with its exact top k) is opt-in for the same reason as heads_atp.
+OPT_IN_FAMILIES = ("tuned_lens", "heads_atp", "heads_screen", "pruning", "pruning_drops")
 DEFAULT_FAMILIES = tuple(name for name in FAMILIES if name not in OPT_IN_FAMILIES)
 
 

@@ -37,6 +37,10 @@ T = TypeVar("T")
 # pruning_drops' widths by default: 1 (shared with intervention's drop) to 4, each about one
 # intervention kind's cost (docs/metrics.md)
 DEFAULT_DROP_WIDTHS = (1, 2, 3, 4)
+# heads_screen's settings by default (docs/metrics.md, "heads_screen"; chosen on the measurements
+# of docs/performance.md, "The head screen against exact ablation")
+DEFAULT_SCREEN_STEPS = 1
+DEFAULT_SCREEN_TOP_K = 10
 
 
 class EngineOptions(BaseModel):
@@ -83,6 +87,20 @@ class EngineOptions(BaseModel):
         min_length=1,
         description="pruning_drops: the numbers of consecutive blocks dropped at once (widths "
         "above half the model's blocks are skipped)",
+    )
+
+    # part of a run's identity only when the run has the heads_screen family (RunConfig)
+    screen_steps: int = Field(
+        DEFAULT_SCREEN_STEPS,
+        ge=1,
+        le=64,
+        description="heads_screen: points of the integrated gradient along the path on which "
+        "every head's output is scaled from clean to zero (1 = the gradient at the clean model)",
+    )
+    screen_top_k: int = Field(
+        DEFAULT_SCREEN_TOP_K,
+        ge=0,
+        description="heads_screen: the screen's top k heads, then ablated exactly",
     )
 
     @field_validator("drop_widths")

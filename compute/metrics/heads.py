@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+from jaxtyping import Float
+from torch import Tensor
 
 from compute.memory import ModelDims, variant_bytes_per_sequence
 from compute.metrics.base import BatchContext, EngineOptions, FamilyBase, FamilyOutput
@@ -45,7 +47,7 @@ def induction_scores(lm: LoadedModel, opts: EngineOptions) -> dict[int, torch.Te
     return scores
 
 
-def _ablated_block_output(ctx: BatchContext, layer: int, group: list[int]) -> torch.Tensor:
+def ablated_block_output(ctx: BatchContext, layer: int, group: list[int]) -> torch.Tensor:
     """Residual after block `layer` with each head of `group` zeroed in turn: [g*batch, pos, d].
 
     The attention write is b_O + sum_h z_h W_O[h], so zeroing head h's z subtracts exactly its
@@ -70,6 +72,19 @@ def _ablated_block_output(ctx: BatchContext, layer: int, group: list[int]) -> to
         mid = ((ctx.resid[layer] + attn)[None] - delta).flatten(0, 1)
         return mid + lm.run_mlp(layer, mid)
     return (ctx.resid[layer + 1][None] - delta).flatten(0, 1)
+
+
+def head_ablations(
+    ctx: BatchContext, layer: int, group: list[int]
+) -> tuple[Float[Tensor, "group n"], Float[Tensor, "group n"]]:
+    """The exact ablation of each head of `group` (block `layer`), per head and evaluated token
+    of the batch (batch-major): (KL(P || Q) in bits, loss(Q) - loss(P) in nats). The one
+    implementation of `heads.ablation_*`; the head screen's exact top k (`heads_screen`) calls
+    it."""
+    after = ablated_block_output(ctx, layer, group)
+    final = ctx.run_from(layer + 1, after)
+    q = ctx.compare(final, f"head ablation at layer {layer}")
+    return q.kl, q.loss - ctx.ref.loss[None, :]
 
 
 # Head variants run together on a CPU: about this many tokens (variants x batch tokens) per
@@ -115,14 +130,9 @@ class HeadsFamily(FamilyBase):
             chunk = head_group_size(lm, ctx.tokens.shape[0], ctx.tokens.shape[1], opts, heads)
             for first in range(0, heads, chunk):
                 group = list(range(first, min(heads, first + chunk)))
-                after = _ablated_block_output(ctx, layer, group)
-                final = ctx.run_from(layer + 1, after)
-                q = ctx.compare(final, f"head ablation at layer {layer}")
-                acc.add_many([("ablation_kl", layer, h) for h in group], q.kl)
-                acc.add_many(
-                    [("ablation_loss_delta", layer, h) for h in group],
-                    q.loss - ctx.ref.loss[None, :],
-                )
+                kl, loss_delta = head_ablations(ctx, layer, group)
+                acc.add_many([("ablation_kl", layer, h) for h in group], kl)
+                acc.add_many([("ablation_loss_delta", layer, h) for h in group], loss_delta)
             ctx.tick(1)
 
     def finish(

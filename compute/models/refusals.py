@@ -128,7 +128,7 @@ class FamilyRefusal:
 REFUSED_FAMILIES: tuple[FamilyRefusal, ...] = (
     FamilyRefusal(
         "JetMoeForCausalLM",
-        ("attention", "heads", "heads_atp"),
+        ("attention", "heads", "heads_atp", "heads_screen"),
         "mixture of attention heads: each token's query heads come from the attention experts "
         "its router picks (each expert with its own query and output projections over shared "
         "keys and values), so one head slot of the pattern and of z holds a different expert "

@@ -77,7 +77,7 @@ def test_clean_forward_matches_hugging_face(matrix_dir: Path, name: str) -> None
     assert lm.parity.block_paths == (lm.block_path,) * 3
 
 
-ATTENTION_FAMILIES = {"attention", "heads", "heads_atp"}
+ATTENTION_FAMILIES = {"attention", "heads", "heads_atp", "heads_screen"}
 
 
 @pytest.mark.parametrize("name", EXACT)
@@ -100,9 +100,9 @@ def test_every_family_runs_without_nan(matrix_dir: Path, name: str) -> None:
         assert lm.attention_layers == (() if "heads" in refused else tuple(range(lm.n_layers)))
     assert lm.describe()["blocks"] == [k.describe() for k in kinds]
     opts = EngineOptions(induction_n=8, induction_sequences=2, top_neurons=2, top_tokens=2)
-    # The default run's families, the head screen, which differentiates through every block
+    # The default run's families, the head screens, which differentiate through every block
     # (autograd must get through each architecture's forward), and the pruning families.
-    names = [*DEFAULT_FAMILIES, "heads_atp", "pruning", "pruning_drops"]
+    names = [*DEFAULT_FAMILIES, "heads_atp", "heads_screen", "pruning", "pruning_drops"]
     result = sweep(lm, tokens()[:, :24], names, opts)
     families = {r.metric.split(".")[0] for r in result.records}
     expected = set(names) - refused
@@ -388,7 +388,7 @@ def test_head_ablation_is_the_block_rerun_with_the_head_zeroed(
     head's z zeroed by its hook, head by head, on every attention block."""
     from compute.engine import clean_pass
     from compute.metrics.base import EngineOptions, logit_chunks
-    from compute.metrics.heads import _ablated_block_output
+    from compute.metrics.heads import ablated_block_output
 
     lm = load_model(resolve_model_spec(str(checkpoint(matrix_dir, name))))
     if not lm.attention_layers:
@@ -401,7 +401,7 @@ def test_head_ablation_is_the_block_rerun_with_the_head_zeroed(
             heads = lm.layers[layer].heads
             assert heads is not None
             group = list(range(heads.n_heads))
-            fast = _ablated_block_output(ctx, layer, group).unflatten(0, (len(group), -1))
+            fast = ablated_block_output(ctx, layer, group).unflatten(0, (len(group), -1))
             scale = max(float(ctx.resid[layer + 1].abs().max()), 1.0)
             for h in group:
                 mask = torch.ones(ids.shape[0], heads.n_heads)
@@ -448,7 +448,7 @@ def test_a_latent_attention_head_ablation_zeroes_that_heads_values(
     `run_block` gives with the head's z zeroed, and what the `heads` family computes."""
     from compute.engine import clean_pass
     from compute.metrics.base import EngineOptions, logit_chunks
-    from compute.metrics.heads import _ablated_block_output
+    from compute.metrics.heads import ablated_block_output
 
     lm = load_model(resolve_model_spec(str(checkpoint(matrix_dir, name))))
     attn = lm.model.blocks[1].attn.original_component
@@ -461,7 +461,7 @@ def test_a_latent_attention_head_ablation_zeroes_that_heads_values(
     with torch.inference_mode():
         ctx = clean_pass(lm, ids, False, logit_chunks(lm, EngineOptions()), lambda _: None,
                          capture_z=True)
-        family = _ablated_block_output(ctx, 1, list(range(heads.n_heads)))
+        family = ablated_block_output(ctx, 1, list(range(heads.n_heads)))
         family = family.unflatten(0, (heads.n_heads, -1))
         weight = getattr(attn.kv_b_proj, "original_component", attn.kv_b_proj).weight
         kept = weight.detach().clone()

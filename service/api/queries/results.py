@@ -30,7 +30,7 @@ from service.schemas.results import (
 )
 from service.store import repositories as repo
 
-PER_HEAD_FAMILIES = ("heads", "heads_atp", "attention")
+PER_HEAD_FAMILIES = ("heads", "heads_atp", "heads_screen", "attention")
 PER_NEURON_METRICS = (
     "neurons.vocab_mean",
     "neurons.vocab_var",
@@ -123,14 +123,15 @@ def head_rows(
     metric_version: str | None,
     model_id: int | None,
 ) -> Answer:
-    """Per-head rows of `metric` (a heads.*, heads_atp.* or attention.* metric) from one run."""
+    """Per-head rows of `metric` (a heads.*, heads_atp.*, heads_screen.* or attention.*
+    metric) from one run."""
     check_metric(metric)
     check_layers(layer_min, layer_max)
     family = family_needed(metric)
     if family not in PER_HEAD_FAMILIES:
         raise UnprocessableHttpError(
-            f"{metric} has no per-head rows; per-head metrics are heads.*, heads_atp.* and "
-            "attention.*"
+            f"{metric} has no per-head rows; per-head metrics are heads.*, heads_atp.*, "
+            "heads_screen.* and attention.*"
         )
     model = snap.model(model_ref_, model_id)
     pick = pick_run(
