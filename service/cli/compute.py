@@ -102,6 +102,18 @@ from service.settings import get_settings
     help="tuned_lens: training sequences, windows of the token source never evaluated "
     "(default 256; part of the lens's key)",
 )
+@click.option(
+    "--screen-steps",
+    type=int,
+    default=None,
+    help="heads_screen: points of the integrated gradient (default 1; part of the run)",
+)
+@click.option(
+    "--screen-top-k",
+    type=int,
+    default=None,
+    help="heads_screen: the screen's top k heads ablated exactly (default 10; part of the run)",
+)
 @out_option
 @click.option(
     "--store", is_flag=True, help="also write the run into the results store (STRATA_DATABASE)"
@@ -125,6 +137,8 @@ def compute(
     lens_key: str | None,
     lens_steps: int | None,
     lens_train_sequences: int | None,
+    screen_steps: int | None,
+    screen_top_k: int | None,
     out_path: str | None,
     store: bool,
     quiet: bool,
@@ -156,6 +170,7 @@ def compute(
                 "memory_budget_mb": memory_budget_mb,
             },
             {"lens": lens_key, "steps": lens_steps, "train_sequences": lens_train_sequences},
+            {"screen_steps": screen_steps, "screen_top_k": screen_top_k},
         )
         if store:  # fail before hours of compute if the results could not be stored
             check_store_writable(get_settings())
@@ -187,6 +202,7 @@ def _run_config(
     no_processing: bool,
     performance: dict[str, int | None],
     lens: dict[str, Any] | None = None,
+    screen: dict[str, int | None] | None = None,
 ) -> Any:
     from compute.metrics import families_named
     from compute.metrics.base import EngineOptions
@@ -224,7 +240,8 @@ def _run_config(
         flag = "--lens" if name == "lens" else "--lens-" + name.replace("_", "-")
         raise SpecError(f"bad {flag}: {error['msg']}") from exc
     try:
-        options = EngineOptions(**performance, tuned_lens=training)
+        settings = {k: v for k, v in (screen or {}).items() if v is not None}
+        options = EngineOptions(**performance, **settings, tuned_lens=training)
     except ValidationError as exc:
         error = exc.errors()[0]
         flag = "--" + str(error["loc"][0]).replace("_", "-")
