@@ -97,6 +97,32 @@ def run_flops(config: RunConfig, dims: ModelDims, *, parallel: bool = False) -> 
     return total, n_sequences
 
 
+def uneven_architectures() -> frozenset[str]:
+    """Hugging Face classes of the architecture matrix whose blocks are not all attention plus one
+    dense MLP (state-space, linear-attention and convolution mixers, blocks without an MLP,
+    experts): the FLOP and memory formulas count every block as both, at the width config.json
+    gives, so their estimate is of a transformer of the same shape, not of this model."""
+    from compute.zoo.architectures import CASES
+
+    return frozenset(
+        case.architecture
+        for case in CASES
+        if case.blocks is not None or any("experts" in m for m in case.mechanisms)
+    )
+
+
+def model_notes(model: RegisteredModelRow) -> list[str]:
+    """What the estimate cannot know of this model's blocks."""
+    if model.architecture in uneven_architectures():
+        return [
+            f"{model.architecture}'s blocks are not all attention plus one dense MLP "
+            "(state-space or other mixers, experts, blocks without one): FLOPs and memory are "
+            "counted as if every block had both, at the configured widths, so they are a "
+            "transformer of the same shape's, not this model's"
+        ]
+    return []
+
+
 def run_notes(config: RunConfig) -> list[str]:
     notes = []
     if "tuned_lens" in config.families:
@@ -174,7 +200,7 @@ def estimate(
             )
         )
     timed = [t.seconds for t in times if t.seconds is not None]
-    notes = run_notes(config)
+    notes = run_notes(config) + model_notes(model)
     if not times:
         notes.append("no worker that could take it is up: no time estimate")
     elif not timed:

@@ -12,10 +12,12 @@ from compute.errors import SpecError
 from compute.models import resolve_model_spec
 from service.jobs.board import Board
 from service.jobs.configs import JobRequest, LensRequest, lens_training, run_config
+from service.jobs.estimate import estimate, uneven_architectures
 from service.jobs.service import device_matches
 from service.jobs.watch import WatchFolder
 from service.settings import Settings
 from service.store.registry import model_identity
+from service.store.tables import RegisteredModelRow
 from service.worker.cache import ModelCache
 from service.worker.execute import with_worker_budgets
 
@@ -201,3 +203,29 @@ def test_progress_rates_read_to_three_figures_however_slow() -> None:
     assert format_rate(12.34) == "12.3 tok/s"
     assert format_rate(1234.5) == "1,234 tok/s"
     assert format_rate(0.0) == "0 tok/s"
+
+
+def _registered(architecture: str) -> RegisteredModelRow:
+    return RegisteredModelRow(
+        name="m", source="hf_dir", spec={"source": "hf_dir", "name": "m"},
+        architecture=architecture, n_layers=4, d_model=64, n_heads=4, d_mlp=256, d_vocab=1000,
+        n_ctx=256,
+    )
+
+
+def test_an_estimate_says_when_the_blocks_are_not_what_the_formulas_count() -> None:
+    """The FLOP and memory formulas count attention plus a dense MLP in every block: for a
+    hybrid, a state-space model or experts the estimate says it is a transformer's of that
+    shape; for a plain decoder it says nothing of the kind."""
+    config = run_config(JobRequest(model="m", metrics=["intervention"], n_sequences=2, seq_len=16),
+                        {"source": "hf_dir", "name": "m"}, 256, Settings())
+    kinds = {"JambaForCausalLM", "MambaForCausalLM", "MixtralForCausalLM",
+             "Qwen3NextForCausalLM", "LlamaForCausalLM", "GPT2LMHeadModel"}
+    assert kinds - uneven_architectures() == {"LlamaForCausalLM", "GPT2LMHeadModel"}
+    for architecture in kinds:
+        found = estimate(config, _registered(architecture), device="cpu", workers=[],
+                         finished=[])
+        said = [note for note in found.notes if "not all attention plus one dense MLP" in note]
+        assert bool(said) == (architecture in uneven_architectures()), (architecture, found)
+        assert found.flops is not None
+        assert found.flops > 0
