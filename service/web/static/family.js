@@ -7,6 +7,7 @@
 
 import { get, request, url } from "./api.js";
 import { el, fmt } from "./dom.js";
+import { colorbar, heatmapFrame, lineFrame, PLOT_CONFIG, STABILITY_BARS } from "./figure.js";
 
 const POLL_MS = 1000;
 const FINAL = ["succeeded", "failed", "cancelled"];
@@ -25,12 +26,26 @@ function panel(id) { return document.querySelector(`section[data-panel='${id}']`
 
 function note(id, text) { panel(id).querySelector(".note").textContent = text; }
 
-async function draw(id, traces, layout) {
+/* Draw a panel's plot; `frame`: its margins, legend and mode-bar (figure.js), by default a
+ * line plot's, legend under the x-axis title and the mode-bar in a gutter of its own. */
+async function draw(id, traces, layout, frame = null) {
   const Plotly = await plotly();
   const div = panel(id).querySelector(".plot");
-  await Plotly.react(div, traces, { margin: { t: 10, r: 10 }, height: 320, ...layout },
-    { displaylogo: false, toImageButtonOptions: { format: "png" } });
+  div.hidden = false;
+  const chrome = frame ?? lineFrame(traces.map((t) => t.name), div.clientWidth || 500,
+    { top: 10, height: 300 });
+  await Plotly.react(div, traces, { height: 320, ...chrome, ...layout },
+    { ...PLOT_CONFIG, toImageButtonOptions: { format: "png" } });
   panel(id).dataset.drawn = String(traces.length);
+}
+
+/* A panel with nothing to draw: no plot (no empty axes), its note says why. */
+async function blank(id, text) {
+  const div = panel(id).querySelector(".plot");
+  if (div.data) (await plotly()).purge(div);
+  div.hidden = true;
+  panel(id).dataset.drawn = "0";
+  note(id, text);
 }
 
 function rowsOf(answer, metric) {
@@ -38,20 +53,27 @@ function rowsOf(answer, metric) {
     .sort((a, b) => a.layer - b.layer);
 }
 
+/* Per layer, the mean over the layer's heads (which has no stderr), with the std over those
+ * heads as its error bars (`heads.stability_std`, `_null_std`): as the dashboard draws it. */
 async function drawLayers(name) {
   const answer = await get(url(`/families/${encodeURIComponent(name)}/stability`));
   const trace = (metric, label, dash) => {
     const rows = rowsOf(answer, metric);
+    const std = new Map(rowsOf(answer, `${metric}_std`).map((r) => [r.layer, r.value]));
     return { name: label, x: rows.map((r) => r.layer), y: rows.map((r) => r.value),
-      error_y: { type: "data", array: rows.map((r) => r.stderr ?? 0), visible: true },
+      error_y: { type: "data", array: rows.map((r) => std.get(r.layer) ?? 0),
+        visible: std.size > 0, thickness: 1, width: 2 },
+      customdata: rows.map((r) => std.get(r.layer) ?? null),
+      hovertemplate: `<b>${label}</b><br>layer %{x}<br>%{y:.4f}`
+        + (std.size ? " (± %{customdata:.3f} std over heads)" : "") + "<extra></extra>",
       mode: "lines+markers", line: { dash } };
   };
   await draw("family-layers", [trace("heads.stability", "trained refits", "solid"),
     trace("heads.stability_null", "null baseline (random init)", "dot")],
   { xaxis: { title: { text: "layer" }, dtick: 1 },
     yaxis: { title: { text: "matched pattern cosine" } } });
-  note("family-layers", `run ${answer.run.id}: mean over each layer's heads ± stderr over `
-    + "refits (null: over random models)");
+  note("family-layers", `run ${answer.run.id}: mean over each layer's heads, against random `
+    + `models (the null); error bars: ${STABILITY_BARS}`);
 }
 
 async function drawHeads(name) {
@@ -64,8 +86,9 @@ async function drawHeads(name) {
     heads.find((r) => r.layer === l && r.head === h)?.value ?? null));
   await draw("family-heads", [{ type: "heatmap", name: "heads.stability", z,
     x: Array.from({ length: nHeads }, (_, h) => h), y: layers, colorscale: "Viridis",
-    zmin: 0, zmax: 1 }],
-  { xaxis: { title: { text: "head" }, dtick: 1 }, yaxis: { title: { text: "layer" }, dtick: 1 } });
+    zmin: 0, zmax: 1, colorbar: colorbar("cosine") }],
+  { xaxis: { title: { text: "head" }, dtick: 1 }, yaxis: { title: { text: "layer" }, dtick: 1 } },
+  heatmapFrame({ top: 10 }));
   note("family-heads", `${heads.length} heads, each its matched cosine averaged over refits`);
 }
 
@@ -73,8 +96,7 @@ async function drawImportance(family) {
   // The join needs the anchor's heads run (the API's 404 otherwise): asked only when it has one
   const anchor = await get(url(`/models/${family.anchor.id}`));
   if (anchor.current_runs.heads === undefined) {
-    panel("family-importance").dataset.drawn = "0";
-    note("family-importance", `the anchor ${family.anchor.name} has no heads run yet: `
+    await blank("family-importance", `the anchor ${family.anchor.name} has no heads run yet: `
       + "submit one (metrics: heads) to see its ablation importance here");
     return;
   }
@@ -97,10 +119,8 @@ async function drawImportance(family) {
 
 async function drawPlots(family) {
   if (family.stability_run_id === null) {
-    for (const id of ["family-layers", "family-heads", "family-importance"]) {
-      panel(id).dataset.drawn = "0";
-      note(id, "no stability computed yet: compute it (the job's progress is above)");
-    }
+    await Promise.all(["family-layers", "family-heads", "family-importance"].map((id) =>
+      blank(id, "no stability computed yet: compute it (the job's progress is above)")));
     page.drawnRun = null;
     return;
   }

@@ -41,8 +41,9 @@ export function renderModelList() {
     box.addEventListener("change", () => toggleModel(m.id, box.checked));
     return el("li", { "data-model-id": m.id, "data-model-name": m.name, class: hasRuns ? "" : "no-runs" },
       el("label", {}, box, el("span", { class: "name", text: m.name }),
-        el("span", { class: "meta", text: `${m.n_layers ?? "?"}L · ${m.source}${hasRuns ? "" : " · no results"}` }),
-        parityBadge(m.parity)));
+        el("span", { class: "details" },
+          el("span", { class: "meta", text: `${m.n_layers ?? "?"}L · ${m.source}${hasRuns ? "" : " · no results"}` }),
+          parityBadge(m.parity))));
   }));
   document.getElementById("model-list-more").textContent = matches.length > shown.length
     ? `${matches.length - shown.length} more: refine the search` : "";
@@ -136,7 +137,8 @@ export function renderSelection() {
     return el("span", { class: "chip", "data-model-id": id,
       "data-run": m ? (state.chosenRun(id) ?? m.current_runs?.intervention ?? "") : "",
       title: m ? `drawn: ${drawnRun(m)}` : "" },
-      el("i", { style: `background:${state.modelColor(id)}` }), m ? m.name : String(id),
+      el("i", { style: `background:${state.modelColor(id)}` }),
+      el("span", { class: "chip-name", text: m ? m.name : String(id) }),
       ...(m ? [runPicker(m)] : []),
       el("button", { type: "button", title: "remove", text: "×",
         onclick: () => toggleModel(id, false) }));

@@ -209,8 +209,15 @@ export async function redraw(panel) {
       finish(panel, "empty");
       return;
     }
+    // shown before a draw (Plotly sizes a plot to its div), hidden again when there is
+    // nothing to draw: an empty panel says so in its note instead of drawing empty axes
+    if (!TABLES.has(panel.def.kind)) panel.plot.hidden = false;
     const outcome = await DRAW[panel.def.kind](panel);
     if (outcome === null) return;  // a newer draw of this panel took over
+    if (!TABLES.has(panel.def.kind) && outcome.state === "empty") {
+      clearPlot(panel);
+      panel.plot.hidden = true;
+    }
     setLinks(panel, outcome.links);
     finish(panel, outcome.state, outcome.note);
   } catch (error) {

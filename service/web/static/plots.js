@@ -8,12 +8,24 @@
 
 import { get, url } from "./api.js";
 import { el, evidenceText, fmt, optionList } from "./dom.js";
+import { colorbar, heatmapFrame, lineFrame, PLOT_CONFIG, STABILITY_BARS } from "./figure.js";
 import * as state from "./state.js";
 
 const MAX_HEATMAPS = 4;
 const MANY = 12;  // more curves than this in one panel: drawn lighter
-const PLOT_CONFIG = { displaylogo: false, responsive: true,
-  modeBarButtonsToRemove: ["select2d", "lasso2d"] };
+/* Families a run computes only when asked: how to get them. */
+const OPT_IN = {
+  heads_atp: "an opt-in family: compute it with the jobs box (families: heads_atp)",
+  tuned_lens: "an opt-in family: compute it with the jobs box (families: tuned_lens)",
+};
+
+/* What an empty panel says instead of drawing empty axes: no results of `family` for any of
+ * the selected models `names`. */
+function noResults(family, names) {
+  const whom = names.length === 1 ? "this model" : "these models";
+  const hint = OPT_IN[family] ? `; ${OPT_IN[family]}` : "";
+  return `no ${family} results for ${whom} (${names.join(", ")})${hint}`;
+}
 
 /* One panel's Plotly call at a time, with a frame between them: the first panel to have its
  * data is painted at once instead of after every panel in view has been drawn. */
@@ -106,16 +118,16 @@ function stageOverlay(lens, yref) {
 
 /* ------------------------------------------------------------------ layout */
 
-function baseLayout(ytitle, extra = {}) {
+/* A line plot's layout; `names`: its legend's entries (the legend sits under the x-axis title,
+ * the mode-bar in a gutter at the right: figure.js). */
+function baseLayout(panel, ytitle, names, extra = {}) {
   const depth = state.xMode() === "depth";
   return {
-    margin: { l: 60, r: 30, t: 20, b: 40 }, height: 300, hovermode: "closest",
-    modebar: { orientation: "v" },
+    ...lineFrame(names, panel.plot.clientWidth || 500), hovermode: "closest",
     xaxis: { title: { text: depth ? "relative depth" : "layer" }, zeroline: false,
       ...(depth ? { range: [-0.04, 1.04] } : { dtick: layerStep() }) },
     yaxis: { title: { text: ytitle }, zeroline: false },
     yaxis2: { overlaying: "y", range: [0, 1], visible: false, fixedrange: true },
-    legend: { orientation: "h", x: 0, y: -0.22, yanchor: "top" }, showlegend: true,
     ...extra,
   };
 }
@@ -199,10 +211,14 @@ export async function drawLine(panel) {
       line: { color: state.modelColor(m.id), width: 1, dash: "dot" }, meta: m.name,
     });
   });
+  if (!traces.length) {
+    return { state: "empty", links: [], note: noResults(family, models.map((m) => m.name)) };
+  }
   const overlay = stageOverlay(Boolean(panel.def.lens), "y2");
   await render(() => window.Plotly.react(panel.plot, [...traces, ...overlay.traces],
-    baseLayout(`${panel.metric}${unit ? ` (${unit})` : ""}`, { shapes: overlay.shapes,
-      annotations: overlay.annotations, showlegend: !many }), PLOT_CONFIG));
+    baseLayout(panel, `${panel.metric}${unit ? ` (${unit})` : ""}`,
+      many ? [] : traces.map((t) => t.name),
+      { shapes: overlay.shapes, annotations: overlay.annotations }), PLOT_CONFIG));
   window.strata.lastDraw = { panel: panel.def.id, models: have.length,
     fetch_ms: fetched - began, render_ms: performance.now() - fetched };
   const notes = [];
@@ -211,7 +227,7 @@ export async function drawLine(panel) {
     notes.push(`${have.length} models: colours as in the selection, names on hover; no error ` +
       `bars or boundary lines above ${MANY} models`);
   }
-  return { state: traces.length ? "drawn" : "empty", note: notes.join("; "),
+  return { state: "drawn", note: notes.join("; "),
     links: have.map((m, i) => [m.name, targets[i]]) };
 }
 
@@ -221,6 +237,10 @@ export async function drawHeatmap(panel) {
   const ticket = panel.ticket;
   const family = familyOf(panel.metric);
   const models = state.selectedModels().filter((m) => state.runFor(m, family) !== undefined);
+  if (!models.length) {
+    return { state: "empty", links: [],
+      note: noResults(family, state.selectedModels().map((m) => m.name)) };
+  }
   const shown = models.slice(0, MAX_HEATMAPS);
   const targets = shown.map((m) => url(`/models/${m.id}/heads`, { metric: panel.metric,
     run_id: state.runFor(m, family) }));
@@ -245,10 +265,10 @@ export async function drawHeatmap(panel) {
       y: depthAxis ? layers.map((l) => depth.get(l)) : layers,
       xaxis: `x${axis}`, yaxis: `y${axis}`, zmin: lo, zmax: hi, colorscale: "Viridis",
       showscale: i === shown.length - 1, name: m.name, meta: m.name,
-      colorbar: { title: { text: unit } },
+      colorbar: colorbar(unit),
       hovertemplate: `<b>${m.name}</b><br>layer %{y} head %{x}<br>%{z:.4g} ${unit}<extra></extra>` };
   });
-  const layout = { margin: { l: 60, r: 20, t: 30, b: 40 }, height: 320,
+  const layout = { ...heatmapFrame(), height: 320,
     grid: { rows: 1, columns: Math.max(traces.length, 1), pattern: "independent" },
     annotations: shown.map((m, i) => ({ text: m.name, showarrow: false, xref: `x${i ? i + 1 : ""} domain`,
       yref: `y${i ? i + 1 : ""} domain`, x: 0.5, y: 1.08, font: { size: 11 } })) };
@@ -264,7 +284,7 @@ export async function drawHeatmap(panel) {
   const missing = state.selection().filter((id) => !models.some((m) => m.id === id))
     .map((id) => state.modelName(id));
   if (missing.length) notes.push(`no ${family} results for: ${missing.join(", ")}`);
-  return { state: traces.length ? "drawn" : "empty", note: notes.join("; "),
+  return { state: "drawn", note: notes.join("; "),
     links: shown.map((m, i) => [m.name, targets[i]]) };
 }
 
@@ -298,7 +318,6 @@ export async function drawStability(panel) {
   fillFamilies(panel);
   const family = panel.extra.family;
   if (!family) {
-    await render(() => window.Plotly.react(panel.plot, [], baseLayout("cosine"), PLOT_CONFIG));
     return { state: "empty", note: "no refit families stored (strata stability --store)", links: [] };
   }
   const target = url(`/families/${encodeURIComponent(family)}/stability`);
@@ -307,26 +326,39 @@ export async function drawStability(panel) {
   const by = (metric) => answer.rows.filter((r) => r.metric === metric && r.head === null)
     .sort((a, b) => a.layer - b.layer);
   const x = (rows) => rows.map((r) => (state.xMode() === "depth" ? r.relative_depth : r.layer));
+  // per layer, stability is a mean over the layer's heads without a stderr: its bars are the
+  // std over those heads (`_std`); residual CKA is a mean over refits: its bars, their stderr
   const series = [["heads.stability", "heads.stability_std", "trained refits", "#1f77b4", "solid"],
     ["heads.stability_null", "heads.stability_null_std", "null baseline (random init)", "#7f7f7f", "dash"],
     ["heads.residual_cka.linear", null, "residual CKA (linear)", "#2ca02c", "dot"],
     ["heads.residual_cka.rbf", null, "residual CKA (RBF)", "#ff7f0e", "dot"]];
   const traces = [];
+  let ckaStderr = false;
   for (const [metric, spread, name, color, dash] of series) {
     const rows = by(metric);
     if (!rows.length) continue;
-    const std = spread ? new Map(by(spread).map((r) => [r.layer, r.value])) : new Map();
+    const bar = spread ? new Map(by(spread).map((r) => [r.layer, r.value]))
+      : new Map(rows.filter((r) => r.stderr !== null).map((r) => [r.layer, r.stderr]));
+    if (!spread && bar.size) ckaStderr = true;
+    const what = spread ? "std over heads" : "stderr over refits";
     traces.push({ type: "scatter", mode: "lines+markers", name, x: x(rows), y: rows.map((r) => r.value),
-      error_y: { type: "data", array: rows.map((r) => std.get(r.layer) ?? 0),
-        visible: state.showErrors() && std.size > 0, thickness: 1, width: 2 },
-      customdata: rows.map((r) => [r.layer, std.get(r.layer) ?? null]),
-      hovertemplate: `<b>${name}</b><br>layer %{customdata[0]}<br>%{y:.4f} (± %{customdata[1]:.3f} std over heads)<extra></extra>`,
+      error_y: { type: "data", array: rows.map((r) => bar.get(r.layer) ?? 0),
+        visible: state.showErrors() && bar.size > 0, thickness: 1, width: 2 },
+      customdata: rows.map((r) => [r.layer, bar.get(r.layer) ?? null]),
+      hovertemplate: `<b>${name}</b><br>layer %{customdata[0]}<br>%{y:.4f}`
+        + (bar.size ? ` (± %{customdata[1]:.3f} ${what})` : "") + "<extra></extra>",
       line: { color, dash }, marker: { color, size: 5 }, meta: metric });
   }
-  await render(() => window.Plotly.react(panel.plot, traces, baseLayout("cosine / CKA"), PLOT_CONFIG));
-  return { state: traces.length ? "drawn" : "empty", links: [[family, target]],
-    note: `family ${family}: anchor ${answer.family.anchor.name}, ` +
-      `${answer.family.members.length} members; error bars: std over heads` };
+  if (!traces.length) {
+    return { state: "empty", links: [[family, target]],
+      note: `family ${family}: no stability rows stored` };
+  }
+  await render(() => window.Plotly.react(panel.plot, traces,
+    baseLayout(panel, "cosine / CKA", traces.map((t) => t.name)), PLOT_CONFIG));
+  return { state: "drawn", links: [[family, target]],
+    note: `family ${family}: anchor ${answer.family.anchor.name}, `
+      + `${answer.family.members.length} members; error bars: ${STABILITY_BARS}`
+      + (ckaStderr ? "; residual CKA: ± stderr over refits" : "") };
 }
 
 /* Per layer, the correlation over heads between a head's stability across the family's refits
@@ -338,10 +370,7 @@ export async function drawStabilityImportance(panel) {
   if (ticket !== panel.ticket) return null;
   fillFamilies(panel);
   const family = panel.extra.family;
-  const layout = baseLayout("correlation over heads", { yaxis: { range: [-1.05, 1.05],
-    title: { text: "correlation over heads" }, zeroline: true } });
   if (!family) {
-    await render(() => window.Plotly.react(panel.plot, [], layout, PLOT_CONFIG));
     return { state: "empty", note: "no refit families stored (strata stability --store)", links: [] };
   }
   const target = url(`/families/${encodeURIComponent(family)}/stability-importance`);
@@ -351,7 +380,6 @@ export async function drawStabilityImportance(panel) {
   } catch (error) {
     if (ticket !== panel.ticket) return null;
     if (error.status !== 404) throw error;
-    await render(() => window.Plotly.react(panel.plot, [], layout, PLOT_CONFIG));
     return { state: "empty", note: error.body ? error.body.detail : String(error), links: [] };
   }
   if (ticket !== panel.ticket) return null;
@@ -369,8 +397,14 @@ export async function drawStabilityImportance(panel) {
     { type: "scatter", mode: "lines+markers", name: "Spearman ρ", x, y: rows.map((r) => r.spearman),
       line: { color: "#8c564b", dash: "dot" }, marker: { color: "#8c564b", size: 5 }, meta: "spearman" },
   ];
+  if (!rows.length) {
+    return { state: "empty", links: [[family, target]],
+      note: `family ${family}: no layer has a correlation (too few heads)` };
+  }
+  const layout = baseLayout(panel, "correlation over heads", traces.map((t) => t.name),
+    { yaxis: { range: [-1.05, 1.05], title: { text: "correlation over heads" }, zeroline: true } });
   await render(() => window.Plotly.react(panel.plot, traces, layout, PLOT_CONFIG));
-  return { state: rows.length ? "drawn" : "empty", links: [[family, target]],
+  return { state: "drawn", links: [[family, target]],
     note: `family ${family}: stability (run ${answer.stability_run.id}) against ${answer.importance} `
       + `on ${answer.family.anchor.name} (run ${answer.importance_run.id}); a negative r: less `
       + "stable heads matter more" };
