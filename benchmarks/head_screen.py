@@ -110,20 +110,51 @@ def validate(args: argparse.Namespace) -> None:
 
 
 def time_families(args: argparse.Namespace) -> None:
+    """Whole-process wall time of each family's `strata compute` (float32, engine defaults), one
+    after the other; with --keep the outputs are written there (the screen's validation reads
+    them), else to a temporary folder."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     out: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for family in ("heads_atp", "heads"):
+        folder = args.keep or Path(tmp)
+        for family in args.families.split(","):
             start = time.perf_counter()
             subprocess.run(
                 [sys.executable, "-m", "service.cli", "compute", "--model", args.model,
                  "--metrics", family, "--n-sequences", str(args.n_sequences), "--seq-len",
-                 str(args.seq_len), "--out", str(Path(tmp) / f"{family}.parquet"), "--quiet"],
+                 str(args.seq_len), "--dtype", "float32",
+                 "--out", str(folder / f"{family}.parquet"), "--quiet"],
                 check=True, env=env, cwd=ROOT,
             )
             out[family] = time.perf_counter() - start
-    out["ratio"] = out["heads_atp"] / out["heads"]
+    if "heads" in out:
+        for family in out:
+            if family != "heads":
+                out[f"{family}/heads"] = out[family] / out["heads"]
     print(json.dumps(out, indent=1))
+
+
+def validate_files(args: argparse.Namespace) -> None:
+    """A `heads_screen` run's output against exact `heads` on the same tokens (two exported
+    runs): the screen alone over all heads, and whether its exact top k hold the exact top 10."""
+    screen_run = pl.read_parquet(args.screen_from)
+    exported = pl.read_parquet(args.exact_from)
+
+    def heads_of(frame: pl.DataFrame, metric: str) -> pl.DataFrame:
+        return _heads(frame, metric).with_columns(pl.col("layer", "head").cast(pl.Int64))
+
+    loss = heads_of(exported, "heads.ablation_loss_delta")
+    result = compare(loss, heads_of(exported, "heads.ablation_kl"),
+                     heads_of(screen_run, "heads_screen.loss_delta"))
+    measured = heads_of(screen_run, "heads_screen.ablation_loss_delta")
+    exact_top = loss.sort("value", descending=True).head(TOP)
+    held = exact_top.join(measured, on=["layer", "head"], suffix="_topk")
+    result["top_k"] = len(measured)
+    result["exact_top10_in_top_k"] = len(held)
+    result["top_k_values_max_abs_diff"] = float(
+        (held["value"] - held["value_topk"]).abs().max() or 0.0) if len(held) else None
+    result["n_sequences"] = int(screen_run["n"].max())
+    print(json.dumps(result, indent=1))
 
 
 def variants(args: argparse.Namespace) -> None:
@@ -238,6 +269,11 @@ def main() -> None:
     t.add_argument("--model", required=True)
     t.add_argument("--n-sequences", type=int, default=2)
     t.add_argument("--seq-len", type=int, default=128)
+    t.add_argument("--families", default="heads_screen,heads")
+    t.add_argument("--keep", type=Path, default=None)
+    f = sub.add_parser("validate-files")
+    f.add_argument("--screen-from", type=Path, required=True)
+    f.add_argument("--exact-from", type=Path, required=True)
     w = sub.add_parser("variants")
     w.add_argument("--model", required=True)
     w.add_argument("--n-sequences", type=int, default=32)
@@ -250,7 +286,7 @@ def main() -> None:
     a.add_argument("--exact-from", type=Path, required=True)
     args = parser.parse_args()
     commands = {"validate": validate, "time": time_families, "variants": variants,
-                "analyse": analyse}
+                "analyse": analyse, "validate-files": validate_files}
     commands[args.command](args)
 
 

@@ -24,9 +24,10 @@ other reductions are memory-bound elementwise work and count as zero. Per sequen
                                                            and its backward to the activations
                                                            (no weight gradients: about the
                                                            forward's matmul FLOPs again)
-    heads_screen  S 2 (L B + U) + L H (M + O_h)            S path points (screen_steps), each a
-                  + k (M + (L-1)/2 B + U) + L B + U        forward with gradients and its
-                                                           backward; each head's exact block
+    heads_screen  S 2 (L B + U) + m (L B + U)              S path points (screen_steps), each a
+                  + L H (M + O_h)                          forward with gradients and its
+                  + k (M + (L-1)/2 B + U) + L B + U        backward; m draws (screen_samples),
+                                                           each a backward; each head's exact block
                                                            output (its MLP; blocks whose write
                                                            is not linear in z rerun the block:
                                                            L H B); the exact top k at a mean
@@ -51,7 +52,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from compute.memory import ModelDims
-from compute.metrics.base import DEFAULT_SCREEN_STEPS, DEFAULT_SCREEN_TOP_K
+from compute.metrics.base import (
+    DEFAULT_SCREEN_SAMPLES,
+    DEFAULT_SCREEN_STEPS,
+    DEFAULT_SCREEN_TOP_K,
+)
 
 
 def block_parts(dims: ModelDims, seq_len: int) -> tuple[float, float, float]:
@@ -85,6 +90,7 @@ def family_flops(
     *,
     parallel: bool = False,
     screen_steps: int = DEFAULT_SCREEN_STEPS,
+    screen_samples: int = DEFAULT_SCREEN_SAMPLES,
     screen_top_k: int = DEFAULT_SCREEN_TOP_K,
 ) -> dict[str, float]:
     """FLOPs per sequence of each family beyond the clean pass, plus `clean` (the shared pass).
@@ -114,7 +120,7 @@ def family_flops(
         out["heads_atp"] = 2 * (n * b + u)
     if "heads_screen" in names:
         out["heads_screen"] = heads_screen_flops(
-            dims, seq_len, screen_steps, screen_top_k, parallel=parallel
+            dims, seq_len, screen_steps, screen_top_k, samples=screen_samples, parallel=parallel
         )
     if "pruning" in names:
         out["pruning"] = pruning_flops(dims, seq_len)
@@ -132,10 +138,17 @@ def family_flops(
 
 
 def heads_screen_flops(
-    dims: ModelDims, seq_len: int, steps: int, top_k: int, *, parallel: bool = False
+    dims: ModelDims,
+    seq_len: int,
+    steps: int,
+    top_k: int,
+    *,
+    samples: int = DEFAULT_SCREEN_SAMPLES,
+    parallel: bool = False,
 ) -> float:
-    """The head screen (`compute.metrics.heads_screen`) per sequence: its path points, each
-    head's exact block output (on fused blocks, whose write is linear in z: the head's write and
+    """The head screen (`compute.metrics.heads_screen`) per sequence: its path points, its
+    draws (a backward through the blocks and the unembedding each), each head's exact block
+    output (on fused blocks, whose write is linear in z: the head's write and
     the block's MLP), and its exact top k, each at the mean depth (L-1)/2 of the blocks after
     it, on the batch's clean pass made again."""
     a, m, u = block_parts(dims, seq_len)
@@ -144,7 +157,7 @@ def heads_screen_flops(
     local = n * h * (per_head_mlp + 2 * seq_len * dims.d_head * dims.d_model)
     k = min(top_k, n * h)
     exact = k * (per_head_mlp + (n - 1) / 2 * b + u) + (n * b + u if k else 0.0)
-    return steps * 2 * (n * b + u) + local + exact
+    return (steps * 2 + samples) * (n * b + u) + local + exact
 
 
 def pruning_flops(dims: ModelDims, seq_len: int) -> float:

@@ -190,13 +190,15 @@ def graph_bytes_per_sequence(dims: ModelDims, seq_len: int, dtype_bytes: int) ->
     return dims.n_layers * per_block
 
 
-def screen_bytes_per_sequence(dims: ModelDims, seq_len: int, dtype_bytes: int) -> int:
-    """The head screen with its integrated gradient (`heads_screen`), per sequence: a forward
-    with gradients (`graph_bytes_per_sequence`) and the float32 gradient of the residual after
-    every block, kept (summed over the path's points) until each head's exact block output is
-    dotted with it."""
+def screen_bytes_per_sequence(
+    dims: ModelDims, seq_len: int, dtype_bytes: int, samples: int = 0
+) -> int:
+    """The head screen (`heads_screen`), per sequence: a forward with gradients
+    (`graph_bytes_per_sequence`) and the float32 gradients of the residual after every block —
+    the loss's and one per drawn target set (`samples`) — kept until each head's exact block
+    output is dotted with them."""
     return graph_bytes_per_sequence(dims, seq_len, dtype_bytes) + (
-        dims.n_layers * seq_len * dims.d_model * 4
+        (1 + samples) * dims.n_layers * seq_len * dims.d_model * 4
     )
 
 

@@ -81,6 +81,7 @@ class RunConfig(BaseModel):
             data["options"].pop("drop_widths", None)
         if "heads_screen" not in self.families:  # runs without the screen keep their hashes
             data["options"].pop("screen_steps", None)
+            data["options"].pop("screen_samples", None)
             data["options"].pop("screen_top_k", None)
         data["families"] = sorted(data["families"])
         return json.dumps(data, sort_keys=True, separators=(",", ":"))

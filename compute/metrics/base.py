@@ -40,6 +40,7 @@ DEFAULT_DROP_WIDTHS = (1, 2, 3, 4)
 # heads_screen's settings by default (docs/metrics.md, "heads_screen"; chosen on the measurements
 # of docs/performance.md, "The head screen against exact ablation")
 DEFAULT_SCREEN_STEPS = 1
+DEFAULT_SCREEN_SAMPLES = 8
 DEFAULT_SCREEN_TOP_K = 10
 
 
@@ -96,6 +97,13 @@ class EngineOptions(BaseModel):
         le=64,
         description="heads_screen: points of the integrated gradient along the path on which "
         "every head's output is scaled from clean to zero (1 = the gradient at the clean model)",
+    )
+    screen_samples: int = Field(
+        DEFAULT_SCREEN_SAMPLES,
+        ge=0,
+        le=256,
+        description="heads_screen: target draws from the model's own distribution that "
+        "estimate the curvature (Gauss-Newton) term; 0 = the first-order term alone",
     )
     screen_top_k: int = Field(
         DEFAULT_SCREEN_TOP_K,

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from jaxtyping import Float
@@ -71,37 +72,128 @@ _SEEN: weakref.WeakKeyDictionary[MeanAccumulator, list[tuple[int, Tensor]]] = (
 )
 
 
+# The draws of the curvature term are seeded per sequence: SCREEN_SEED + its index in the run.
+SCREEN_SEED = 0
+
+
 def path_points(steps: int) -> list[float]:
     """alpha_1..alpha_S = 0, 1/S, .., (S-1)/S: each head's z is scaled by 1 - alpha."""
     return [i / steps for i in range(steps)]
 
 
+@dataclass
+class Gradients:
+    """Per attention block l, gradients with respect to the residual after block l, float32:
+    `mean`, of the summed next-token loss F averaged over the path points, [b, pos, d]; and
+    `sampled`, of the summed log-likelihood of targets drawn from the clean model's own
+    distribution, one per draw, [m, b, pos, d] (none when m = 0)."""
+
+    mean: list[Tensor]
+    sampled: list[Tensor]
+
+
 def residual_gradients(
-    lm: LoadedModel, tokens: Tensor, embedded: Tensor, alphas: list[float], opts: EngineOptions
-) -> list[Float[Tensor, "batch pos d_model"]]:
-    """Per attention block l: dF_l/dr (r the residual after block l, F the summed next-token
-    loss over the evaluated positions) averaged over the path points `alphas` (every head's z
-    scaled by 1 - alpha), as many sequences at a time as the batch's memory budget holds at
-    `compute.memory.screen_bytes_per_sequence`. Float32."""
+    lm: LoadedModel,
+    tokens: Tensor,
+    embedded: Tensor,
+    alphas: list[float],
+    opts: EngineOptions,
+    *,
+    samples: int = 0,
+    first_sequence: int = 0,
+) -> Gradients:
+    """`Gradients` of the batch (sequence indices from `first_sequence`, which seed the draws),
+    as many sequences at a time as the batch's memory budget holds at
+    `compute.memory.screen_bytes_per_sequence`."""
     budget = batch_budget_bytes(lm.n_params, lm.dtype_bytes, lm.device, opts.memory_budget_mb)
-    per_sequence = screen_bytes_per_sequence(ModelDims.of(lm), tokens.shape[1], lm.dtype_bytes)
+    per_sequence = screen_bytes_per_sequence(
+        ModelDims.of(lm), tokens.shape[1], lm.dtype_bytes, samples
+    )
     part = max(1, budget // per_sequence)  # as heads_atp's graph_sequences, with the gradients
     done = [
         _gradients_part(
-            lm, tokens[first : first + part], embedded[first : first + part], alphas, opts
+            lm,
+            tokens[first : first + part],
+            embedded[first : first + part],
+            alphas,
+            opts,
+            samples,
+            first_sequence + first,
         )
         for first in range(0, tokens.shape[0], part)
     ]
-    return [torch.cat(per_layer, 0) for per_layer in zip(*done, strict=True)]
+    return Gradients(
+        [torch.cat([d.mean[i] for d in done], 0) for i in range(len(done[0].mean))],
+        [torch.cat([d.sampled[i] for d in done], 1) for i in range(len(done[0].sampled))],
+    )
+
+
+def target_draws(lm: LoadedModel, n_positions: int, samples: int, first: int, n: int) -> Tensor:
+    """Uniform numbers that draw `samples` targets at each evaluated position of sequences
+    first .. first+n-1: [n * n_positions, samples], each sequence's from its own generator
+    (seeded by `SCREEN_SEED` and its index in the run), so that the draws do not depend on
+    how the run is cut into batches."""
+    draws = [
+        torch.rand(n_positions, samples, generator=torch.Generator().manual_seed(SCREEN_SEED + i))
+        for i in range(first, first + n)
+    ]
+    return torch.cat(draws, 0).to(lm.device)
+
+
+def sampled_gradients(
+    lm: LoadedModel, final: Tensor, uniforms: Tensor, rows: int
+) -> Float[Tensor, "m n d_model"]:
+    """d(sum over positions of log p(y))/d(final residual) for each column of draws: y drawn
+    at every position from the clean model's own distribution p by inverse transform of
+    `uniforms` [n, m]. The logits are made once per row block. Where they are x W_U + b_U
+    (`LoadedModel.logits_are_linear`) the derivative with respect to the normed residual is
+    W_U[:, y] - W_U p: one product with W_U for every draw together, each draw a column
+    lookup and a backward through the final norm; otherwise each draw is a backward through
+    the unembedding (and its soft-cap)."""
+    m = uniforms.shape[1]
+    out = torch.empty(m, *final.shape, dtype=torch.float32, device=final.device)
+    linear = lm.logits_are_linear
+    for start in range(0, final.shape[0], rows):
+        block = slice(start, start + rows)
+        x = final[block].detach().requires_grad_()
+        normed = lm.normed(x)
+        source = normed.detach() if linear else normed
+        logp = lm.logit_columns(source, 0, lm.d_vocab).float().log_softmax(-1)
+        with torch.no_grad():
+            p = logp.double().exp()
+            cdf = p.cumsum(-1)
+            y = torch.searchsorted(cdf, uniforms[block].double() * cdf[:, -1:])
+            y = y.clamp(max=lm.d_vocab - 1)
+            if linear:
+                w_u = lm._unembed()[0]
+                expected = lm.pulled_back(p.to(w_u.dtype), 0, lm.d_vocab)[0]  # W_U p
+            del p, cdf
+        for j in range(m):
+            last = j == m - 1
+            if linear:
+                along = w_u[:, y[:, j]].T - expected  # d log p(y) / d normed
+                (grad,) = torch.autograd.grad(normed, x, along, retain_graph=not last)
+            else:
+                chosen = logp.gather(1, y[:, j : j + 1]).sum()
+                (grad,) = torch.autograd.grad(chosen, x, retain_graph=not last)
+            out[j, block] = grad.float()
+    return out
 
 
 def _gradients_part(
-    lm: LoadedModel, tokens: Tensor, embedded: Tensor, alphas: list[float], opts: EngineOptions
-) -> list[Tensor]:
+    lm: LoadedModel,
+    tokens: Tensor,
+    embedded: Tensor,
+    alphas: list[float],
+    opts: EngineOptions,
+    samples: int,
+    first: int,
+) -> Gradients:
     rows = max(1, opts.logits_budget_mb * 2**20 // (3 * 4 * lm.d_vocab))
     attention = lm.attention_layers
-    b = tokens.shape[0]
+    b, t = tokens.shape
     sums: list[Tensor] = []
+    sampled: list[Tensor] = []
     for alpha in alphas:
         with torch.inference_mode(False), torch.enable_grad():
             resid = embedded.clone().requires_grad_()  # a normal tensor: the graph's input
@@ -116,6 +208,17 @@ def _gradients_part(
                 if layer in attention:
                     points.append(resid)
             final = resid[:, 1:-1].reshape(-1, lm.d_model)
+            if alpha == 0 and samples:  # the curvature term, at the clean model
+                uniforms = target_draws(lm, t - 2, samples, first, b)
+                per_draw = sampled_gradients(lm, final, uniforms, rows)
+                draws = [
+                    torch.autograd.grad(final, points, grad_outputs=g, retain_graph=True)
+                    for g in per_draw
+                ]
+                sampled = [
+                    torch.stack([d[i].detach().float() for d in draws]) for i in range(len(points))
+                ]
+                del draws, per_draw
             # a normal tensor: cross-entropy saves its targets for the backward
             targets = tokens[:, 2:].reshape(-1).clone()
             grad_final = loss_gradient(lm, final, targets, rows)
@@ -125,28 +228,43 @@ def _gradients_part(
         else:
             for total, g in zip(sums, grads, strict=True):
                 total += g.detach().float()
-    return [total / len(alphas) for total in sums]
+    return Gradients([total / len(alphas) for total in sums], sampled)
 
 
-def screen_loss_delta(ctx: BatchContext, opts: EngineOptions) -> list[Float[Tensor, "head batch"]]:
+def screen_loss_delta(
+    ctx: BatchContext, opts: EngineOptions, first_sequence: int = 0
+) -> list[Float[Tensor, "head batch"]]:
     """Per attention block, head and sequence of the batch: the screen's estimate of the mean
-    loss delta (nats) when the head's z is zeroed (module docstring, steps 1-2)."""
+    loss delta (nats) when the head's z is zeroed (module docstring). `first_sequence`: the
+    batch's first sequence's index in the run (it seeds the draws)."""
     if not ctx.lm.attention_layers:
         return []  # no heads (a state-space model): nothing to screen
     alphas = path_points(opts.screen_steps)
-    grads = residual_gradients(ctx.lm, ctx.tokens, ctx.resid[0], alphas, opts)
+    grads = residual_gradients(
+        ctx.lm,
+        ctx.tokens,
+        ctx.resid[0],
+        alphas,
+        opts,
+        samples=opts.screen_samples,
+        first_sequence=first_sequence,
+    )
     return estimates_from_gradients(ctx, grads, opts)
 
 
 def estimates_from_gradients(
-    ctx: BatchContext, grads: list[Tensor], opts: EngineOptions
+    ctx: BatchContext, grads: Gradients, opts: EngineOptions
 ) -> list[Float[Tensor, "head batch"]]:
-    """(r_h - r) . grad per attention block, head and sequence, over the evaluated positions'
-    count: r_h the exact residual after the block with head h's z zeroed."""
+    """Per attention block, head and sequence, over the evaluated positions' count:
+    (r_h - r) . mean gradient, plus half the mean over draws of ((r_h - r) . sampled
+    gradient)^2 (the Gauss-Newton curvature along r_h - r); r_h the exact residual after the
+    block with head h's z zeroed."""
     lm = ctx.lm
     b, t = ctx.tokens.shape
     out = []
-    for layer, grad in zip(lm.attention_layers, grads, strict=True):
+    for index, layer in enumerate(lm.attention_layers):
+        grad = grads.mean[index]
+        sampled = grads.sampled[index] if grads.sampled else None
         heads = lm.layers[layer].heads
         assert heads is not None
         chunk = head_group_size(lm, b, t, opts, heads.n_heads)
@@ -155,7 +273,11 @@ def estimates_from_gradients(
             group = list(range(first, min(heads.n_heads, first + chunk)))
             after = ablated_block_output(ctx, layer, group).unflatten(0, (len(group), b))
             delta = after.float() - ctx.resid[layer + 1].float()[None]
-            per_group.append((delta * grad[None]).sum(dim=(2, 3)) / (t - 2))  # [g, b]
+            estimate = (delta * grad[None]).sum(dim=(2, 3))  # [g, b]
+            if sampled is not None:
+                along = torch.einsum("gbpd,mbpd->gmb", delta, sampled)
+                estimate = estimate + 0.5 * along.square().mean(1)
+            per_group.append(estimate / (t - 2))
         out.append(torch.cat(per_group, 0))
     return out
 
@@ -182,11 +304,11 @@ class HeadsScreenFamily(FamilyBase):
         return opts.screen_top_k if lm.attention_layers else 0
 
     def on_batch(self, ctx: BatchContext, acc: MeanAccumulator, opts: EngineOptions) -> None:
-        estimates = screen_loss_delta(ctx, opts)  # per attention block: [H, b]
+        assert acc.batch is not None  # the engine's start_batch for this batch
+        estimates = screen_loss_delta(ctx, opts, acc.batch[0])  # per attention block: [H, b]
         for layer, estimate in zip(ctx.lm.attention_layers, estimates, strict=True):
             acc.add_many([("loss_delta", layer, h) for h in range(estimate.shape[0])], estimate)
         if opts.screen_top_k and estimates:
-            assert acc.batch is not None  # the engine's start_batch for this batch
             _SEEN.setdefault(acc, []).append((acc.batch[0], ctx.tokens))
         ctx.tick(1)
 

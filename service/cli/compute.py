@@ -109,6 +109,13 @@ from service.settings import get_settings
     help="heads_screen: points of the integrated gradient (default 1; part of the run)",
 )
 @click.option(
+    "--screen-samples",
+    type=int,
+    default=None,
+    help="heads_screen: target draws of the curvature term (default 8; 0 = first order; "
+    "part of the run)",
+)
+@click.option(
     "--screen-top-k",
     type=int,
     default=None,
@@ -138,6 +145,7 @@ def compute(
     lens_steps: int | None,
     lens_train_sequences: int | None,
     screen_steps: int | None,
+    screen_samples: int | None,
     screen_top_k: int | None,
     out_path: str | None,
     store: bool,
@@ -170,7 +178,11 @@ def compute(
                 "memory_budget_mb": memory_budget_mb,
             },
             {"lens": lens_key, "steps": lens_steps, "train_sequences": lens_train_sequences},
-            {"screen_steps": screen_steps, "screen_top_k": screen_top_k},
+            {
+                "screen_steps": screen_steps,
+                "screen_samples": screen_samples,
+                "screen_top_k": screen_top_k,
+            },
         )
         if store:  # fail before hours of compute if the results could not be stored
             check_store_writable(get_settings())

@@ -24,11 +24,29 @@ from compute.metrics.heads_screen import screen_loss_delta
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
 
-def reference_estimate(
-        lm: Any, tokens: torch.Tensor, steps: int) -> dict[tuple[int, int], list[float]]:
-    """Per (layer, head), per sequence: mean over alpha in {0, 1/S, .., (S-1)/S} of
-    (resid after block l with head h zeroed - clean resid after block l) . d loss / d resid
-    after block l, on the model whose every head is scaled by 1 - alpha; divided by T-2."""
+def resid_after(lm: Any, one: torch.Tensor, layer: int, alpha: float) -> tuple[Any, Any]:
+    """(the residual after block `layer`, the final residual) of one sequence, every head's z
+    scaled by 1 - alpha, in one autograd graph from a leaf embedding."""
+    x = lm.embed(one).detach().requires_grad_()
+    point = None
+    for block in range(lm.n_layers):
+        mask = None
+        if block in lm.attention_layers:
+            mask = torch.full((1, lm.layers[block].heads.n_heads), 1.0 - alpha)
+        x = lm.run_block(block, x, head_mask=mask).resid
+        if block == layer:
+            point = x
+    return point, x
+
+
+def reference_estimate(lm: Any, tokens: torch.Tensor, steps: int,
+                       samples: int = 0) -> dict[tuple[int, int], list[float]]:
+    """Per (layer, head), per sequence, with d = resid after block l with head h zeroed minus
+    the clean one: mean over alpha in {0, 1/S, .., (S-1)/S} of d . d loss / d resid after
+    block l, on the model whose every head is scaled by 1 - alpha; plus, over `samples` target
+    sets y drawn at each position from the clean model's softmax (sequence i's uniforms from
+    torch.Generator seeded i, [T-2, samples], inverse transform), half the mean of
+    (d . d sum log p(y) / d resid)^2; all divided by T-2."""
     t = tokens.shape[1]
     out: dict[tuple[int, int], list[float]] = {}
     for seq in range(tokens.shape[0]):
@@ -37,32 +55,41 @@ def reference_estimate(
             clean = [lm.embed(one)]
             for layer in range(lm.n_layers):
                 clean.append(lm.run_block(layer, clean[-1]).resid)
+            probs = lm.logits(clean[-1][0, 1:-1]).double().softmax(-1)
+        uniforms = torch.rand(t - 2, samples, generator=torch.Generator().manual_seed(seq))
+        drawn = []
+        for j in range(samples):
+            ys = []
+            for pos in range(t - 2):
+                cdf = probs[pos].cumsum(0)
+                ys.append(min(int((cdf < uniforms[pos, j] * cdf[-1]).sum()), probs.shape[1] - 1))
+            drawn.append(torch.tensor(ys))
         for layer in lm.attention_layers:
             n_heads = lm.layers[layer].heads.n_heads
             grads = []
             for i in range(steps):
-                alpha = i / steps
-                x = lm.embed(one).detach().requires_grad_()
-                point = None
-                for block in range(lm.n_layers):
-                    mask = None
-                    if block in lm.attention_layers:
-                        mask = torch.full((1, lm.layers[block].heads.n_heads), 1.0 - alpha)
-                    x = lm.run_block(block, x, head_mask=mask).resid
-                    if block == layer:
-                        point = x
+                point, x = resid_after(lm, one, layer, i / steps)
                 logits = lm.logits(x[0, 1:-1]).float()
                 loss = F.cross_entropy(logits, one[0, 2:], reduction="sum")
                 (grad,) = torch.autograd.grad(loss, point)
                 grads.append(grad)
             mean_grad = torch.stack(grads).mean(0)
+            sampled = []
+            for ys in drawn:
+                point, x = resid_after(lm, one, layer, 0.0)
+                log_probs = lm.logits(x[0, 1:-1]).float().log_softmax(-1)
+                (grad,) = torch.autograd.grad(log_probs[torch.arange(t - 2), ys].sum(), point)
+                sampled.append(grad)
             for head in range(n_heads):
                 mask = torch.ones(1, n_heads)
                 mask[0, head] = 0.0
                 with torch.no_grad():
                     zeroed = lm.run_block(layer, clean[layer], head_mask=mask).resid
-                value = ((zeroed - clean[layer + 1]) * mean_grad).sum() / (t - 2)
-                out.setdefault((layer, head), []).append(float(value))
+                d = zeroed - clean[layer + 1]
+                value = (d * mean_grad).sum()
+                if sampled:
+                    value = value + 0.5 * sum(float((d * g).sum()) ** 2 for g in sampled) / samples
+                out.setdefault((layer, head), []).append(float(value) / (t - 2))
     return out
 
 
@@ -80,16 +107,17 @@ def _screen(lm: Any, tokens: torch.Tensor, opts: EngineOptions) -> list[torch.Te
         return screen_loss_delta(ctx, opts)
 
 
-@pytest.mark.parametrize("steps", [1, 3])
+@pytest.mark.parametrize(("steps", "samples"), [(1, 0), (3, 0), (1, 3), (2, 2)])
 @pytest.mark.parametrize("fast", [True, False])
 @pytest.mark.parametrize("arch", list(ARCHS))
 def test_estimate_equals_the_slow_reference(
-        arch: str, fast: bool, steps: int, tiny_factories: dict[str, Callable[..., Any]]) -> None:
+        arch: str, fast: bool, steps: int, samples: int,
+        tiny_factories: dict[str, Callable[..., Any]]) -> None:
     lm = tiny_factories["random"](seed=5, n_layers=3, **ARCHS[arch])
     lm._ctx["fast_path"] = fast
     tokens = tiny_factories["tokens"](2, 12, lm.d_vocab_real, lm.bos_token_id, seed=3)
-    estimate = _screen(lm, tokens, EngineOptions(screen_steps=steps))
-    reference = reference_estimate(lm, tokens, steps)
+    estimate = _screen(lm, tokens, EngineOptions(screen_steps=steps, screen_samples=samples))
+    reference = reference_estimate(lm, tokens, steps, samples)
     for index, layer in enumerate(lm.attention_layers):
         for head in range(lm.n_heads):
             assert estimate[index][head].tolist() == pytest.approx(
@@ -110,8 +138,8 @@ def test_estimate_equals_the_slow_reference_through_a_norm_after_attention(
     lm = tiny_factories["checkpoint"](tiny_gemma3)
     assert not lm.head_writes_are_linear(lm.attention_layers[0])
     tokens = tiny_factories["tokens"](2, 12, lm.d_vocab_real, lm.bos_token_id, seed=3)
-    estimate = _screen(lm, tokens, EngineOptions(screen_steps=2))
-    reference = reference_estimate(lm, tokens, 2)
+    estimate = _screen(lm, tokens, EngineOptions(screen_steps=2, screen_samples=2))
+    reference = reference_estimate(lm, tokens, 2, 2)
     for index, layer in enumerate(lm.attention_layers):
         for head in range(lm.layers[layer].heads.n_heads):
             assert estimate[index][head].tolist() == pytest.approx(
@@ -132,7 +160,7 @@ def test_the_integral_reaches_the_exact_ablation_on_one_head(
     exact = loss_delta.view(3, -1).mean(-1)  # per sequence
     errors = {}
     for steps in (1, 8, 64):
-        estimate = _screen(lm, tokens, EngineOptions(screen_steps=steps))[0][0]
+        estimate = _screen(lm, tokens, EngineOptions(screen_steps=steps, screen_samples=0))[0][0]
         errors[steps] = (estimate - exact).abs().max().item()
     assert errors[1] > 1e-3 * exact.abs().max().item(), errors  # there is curvature to see
     assert errors[8] < errors[1] / 4, errors
@@ -234,3 +262,54 @@ def test_a_head_that_matters_only_through_the_norm_after_attention_is_found(
     assert value("heads_screen.loss_delta") > 0.5 * exact
     assert PLANTED in ranked("heads_screen.ablation_loss_delta")
     assert value("heads_screen.ablation_loss_delta") == pytest.approx(exact, rel=1e-5)
+
+
+def test_the_curvature_term_estimates_the_gauss_newton_form(
+        tiny_factories: dict[str, Callable[..., Any]]) -> None:
+    """With many draws, the curvature term (the estimate with draws minus the one without) is
+    half the Gauss-Newton form of the loss along d = r_h - r: the sum over positions of the
+    variance under p of the logits' derivative along d, here by central finite differences of
+    the model's own logits (no autograd, no draws). 200 draws: relative noise ~10%."""
+    lm = tiny_factories["random"](seed=8, n_layers=2)
+    tokens = tiny_factories["tokens"](2, 12, lm.d_vocab_real, lm.bos_token_id, seed=5)
+    t, samples, eps = tokens.shape[1], 200, 1e-3
+    first = _screen(lm, tokens, EngineOptions(screen_samples=0))
+    both = _screen(lm, tokens, EngineOptions(screen_samples=samples))
+    with torch.no_grad():
+        clean = [lm.embed(tokens)]
+        for layer in range(lm.n_layers):
+            clean.append(lm.run_block(layer, clean[-1]).resid)
+        probs = lm.logits(clean[-1][:, 1:-1]).double().softmax(-1)
+
+        def logits_from(layer: int, r: torch.Tensor) -> torch.Tensor:
+            for block in range(layer + 1, lm.n_layers):
+                r = lm.run_block(block, r).resid
+            return lm.logits(r[:, 1:-1]).double()
+
+        for layer in range(lm.n_layers):
+            for head in range(lm.n_heads):
+                mask = torch.ones(tokens.shape[0], lm.n_heads)
+                mask[:, head] = 0.0
+                d = lm.run_block(layer, clean[layer], head_mask=mask).resid - clean[layer + 1]
+                slope = (logits_from(layer, clean[layer + 1] + eps * d)
+                         - logits_from(layer, clean[layer + 1] - eps * d)) / (2 * eps)
+                mean = (probs * slope).sum(-1, keepdim=True)
+                gauss_newton = (probs * (slope - mean) ** 2).sum(dim=(1, 2))  # per sequence
+                curvature = (both[layer][head] - first[layer][head]).double() * (t - 2)
+                assert curvature.tolist() == pytest.approx(
+                    (0.5 * gauss_newton).tolist(), rel=0.35, abs=1e-6), (layer, head)
+
+
+def test_draws_through_a_logit_soft_cap_equal_the_slow_reference(
+        tiny_factories: dict[str, Callable[..., Any]]) -> None:
+    """Logits that are not x W_U + b_U (a soft-cap): each draw's gradient is a backward through
+    the unembedding instead of W_U[:, y] - W_U p."""
+    lm = tiny_factories["random"](seed=5, n_layers=2, output_logits_soft_cap=2.0)
+    assert not lm.logits_are_linear
+    tokens = tiny_factories["tokens"](2, 12, lm.d_vocab_real, lm.bos_token_id, seed=3)
+    estimate = _screen(lm, tokens, EngineOptions(screen_samples=3))
+    reference = reference_estimate(lm, tokens, 1, 3)
+    for index, layer in enumerate(lm.attention_layers):
+        for head in range(lm.n_heads):
+            assert estimate[index][head].tolist() == pytest.approx(
+                reference[(layer, head)], rel=1e-3, abs=1e-6), (layer, head)
