@@ -2,43 +2,55 @@
 
 `heads.ablation_loss_delta` zeroes one head's z and reruns everything after it (H x L
 downstream passes, each with its unembedding); `heads_atp` linearises the whole model around
-the clean pass at the head's z. This screen keeps what is cheap to compute exactly exact and
-linearises only what is expensive:
+the clean pass at the head's z. This screen keeps exact what is cheap to compute exactly,
+takes what follows to second order, and then measures the heads it ranks highest:
 
 1. **The block, exactly.** For block l and head h, the residual after the block with h's z
-   zeroed, r_h = `heads.ablated_block_output` (the same function the exact family uses): the
-   head's term removed from the attention write, then whatever the block does after it — the
-   MLP that reads the changed residual and, on models with a norm after attention (Gemma 2/3,
+   zeroed, r_h = `heads.ablated_block_output` (the function the exact family uses): the head's
+   term removed from the attention write, then whatever the block does after it — the MLP
+   that reads the changed residual and, on models with a norm after attention (Gemma 2/3,
    OLMo 2/3), that norm, which rescales the remaining heads' writes when one is zeroed. On the
    fused blocks this is one MLP per head; on blocks whose write is not linear in z, one block.
-   AtP differentiates through that norm at the clean point and sees none of the rescaling:
-   docs/performance.md measured its Spearman at 0.31 on Gemma 3 270M for that reason.
 
-2. **What follows, to first order, integrated along a path.** With F_l the summed next-token
-   loss over the evaluated positions as a function of the residual after block l,
+2. **What follows, to second order.** With F_l the summed next-token loss over the evaluated
+   positions as a function of the residual after block l and d = r_h - r, the loss delta is
+   the integral of dF_l/dr . d along the head's own line from r to r_h (integrated gradients).
+   Taking the integrand linear in the position on the line gives
 
-       loss(h zeroed) - loss  ~  (r_h - r) . (1/S) sum_i dF_l/dr at path point alpha_i
+       F_l(r_h) - F_l(r)  ~  g . d  +  1/2 d' H d
 
-   alpha_i = (i-1)/S, i = 1..S (`EngineOptions.screen_steps`): the points where every head of
-   every block has its z scaled by 1 - alpha_i, the path from the clean heads' outputs to zero
-   that EAP-IG (Hanna et al. 2024) integrates along for all components at once. S = 1 is the
-   gradient at the clean model. One forward with gradients and one backward per point gives
-   dF_l/dr for every block at once. Divided by the sequence's T-2 evaluated positions, the
-   estimate is of the sequence's mean loss delta, as the exact number is.
+   g = dF_l/dr at the clean model (one backward for every block at once), H approximated by
+   the Gauss-Newton matrix J' (diag p - p p') J (J the logits' Jacobian, p the model's
+   distribution), whose form along d is estimated from `screen_samples` = m sets of targets y
+   drawn at every position from p: d' G d = E_y[(d . d(sum log p(y))/dr)^2], the positions'
+   cross terms having mean zero. One backward per draw serves every head; the draws are
+   seeded per sequence (`SCREEN_SEED` + its index in the run). Divided by the sequence's T-2
+   evaluated positions, the estimate is of the sequence's mean loss delta, as the exact number
+   is.
+
+   Why second order: a trained model sits near a minimum of its loss along the directions its
+   heads write, so the first-order term of an important head is often near zero while the
+   loss rises quadratically along its line. Measured on Gemma 3 270M (one sequence, the
+   integrand at 8 points of the line of heads 7.1, 5.1, 7.0, 3.0): the first-order terms
+   0.093, 0.005, 0.000, 0.029 nats against exact deltas 0.546, 0.152, 0.212, 0.150, the
+   integrand growing about linearly along the line; g . d + 1/2 d' G d (G exact, by finite
+   differences) for head 7.1: 0.535. Per-head integrated gradients with S points would cost S
+   downstream passes per head — S times the exact ablation it estimates.
+
+   `screen_steps` (default 1) instead averages g over S points of the path on which every
+   head of every block has its z scaled by 1 - alpha, alpha = 0, 1/S, .., (S-1)/S (EAP-IG's
+   path, Hanna et al. 2024, for all components at once), S forwards with gradients shared by
+   all heads. Measured, it ranked worse (docs/performance.md, "The head screen against exact
+   ablation": Spearman 0.75 at S = 1 to 0.35 at S = 8 on SmolLM2-135M), and on Gemma 3 it
+   changes nothing: a norm after attention undoes a common scale of a block's heads. It is
+   kept as a setting, off by default.
 
 3. **The top k, exactly.** After every batch is screened, the k heads with the largest mean
-   estimate (`EngineOptions.screen_top_k`) are ablated exactly by `heads.head_ablations` — the
+   estimate (`screen_top_k`) are ablated exactly by `heads.head_ablations` — the
    implementation of `heads.ablation_*`, called, not copied — on every batch again (its clean
-   pass recomputed from the tokens the screen saw): `heads_screen.ablation_loss_delta` and
+   pass recomputed from the tokens the screen kept): `heads_screen.ablation_loss_delta` and
    `heads_screen.ablation_kl` are those heads' exact numbers, so the heads a user acts on are
    measured, not estimated.
-
-Why a path shared by all heads and not one per head: integrating dF_l along head h's own
-straight line from r to r_h costs S downstream passes with gradients per head — S times the
-exact ablation it estimates. The shared path costs S passes for every head together. It is not
-the integral along each head's own line (it is where the model has every head scaled at once),
-so its accuracy for one head's ablation is a question of measurement, and the measurement
-(docs/performance.md, "The head screen against exact ablation") decided the default S.
 
 AtP*'s fixes (Kramár et al. 2024), where they apply: the QK fix computes exactly the part of a
 patch that passes through a softmax it would otherwise linearise; zeroing z changes no pattern
