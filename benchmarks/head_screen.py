@@ -113,11 +113,14 @@ def time_families(args: argparse.Namespace) -> None:
     """Whole-process wall time of each family's `strata compute` (float32, engine defaults), one
     after the other; with --keep the outputs are written there (the screen's validation reads
     them), else to a temporary folder."""
+    import resource
+
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     out: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.keep or Path(tmp)
         for family in args.families.split(","):
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
             start = time.perf_counter()
             subprocess.run(
                 [sys.executable, "-m", "service.cli", "compute", "--model", args.model,
@@ -127,10 +130,16 @@ def time_families(args: argparse.Namespace) -> None:
                 check=True, env=env, cwd=ROOT,
             )
             out[family] = time.perf_counter() - start
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            # CPU seconds of the process: on a machine shared with other work, the measure
+            # that does not depend on what else ran (the processes use the threads they get)
+            out[f"{family}_cpu_s"] = (after.ru_utime - before.ru_utime) + (
+                after.ru_stime - before.ru_stime)
     if "heads" in out:
-        for family in out:
+        for family in args.families.split(","):
             if family != "heads":
-                out[f"{family}/heads"] = out[family] / out["heads"]
+                out[f"{family}/heads wall"] = out[family] / out["heads"]
+                out[f"{family}/heads cpu"] = out[f"{family}_cpu_s"] / out["heads_cpu_s"]
     print(json.dumps(out, indent=1))
 
 
@@ -154,6 +163,13 @@ def validate_files(args: argparse.Namespace) -> None:
     result["top_k_values_max_abs_diff"] = float(
         (held["value"] - held["value_topk"]).abs().max() or 0.0) if len(held) else None
     result["n_sequences"] = int(screen_run["n"].max())
+    screen = heads_of(screen_run, "heads_screen.loss_delta").sort("value", descending=True)
+    order = [f"{a}.{b}" for a, b in zip(screen["layer"], screen["head"], strict=True)]
+    wanted = {f"{a}.{b}" for a, b in zip(exact_top["layer"], exact_top["head"], strict=True)}
+    # the k the exact top 10 would have needed: the deepest screen rank among them
+    result["k_for_exact_top10"] = max(order.index(n) for n in wanted) + 1
+    result["exact_top10_in_screen_top_k"] = {
+        k: len(wanted & set(order[:k])) for k in (10, 15, 20, 30)}
     print(json.dumps(result, indent=1))
 
 
