@@ -86,7 +86,15 @@ def run_flops(config: RunConfig, dims: ModelDims, *, parallel: bool = False) -> 
     counted as one sequence: its length is not known here; `run_notes` says so)."""
     seq_len = config.tokens.seq_len or min(128, dims.n_ctx)
     n_sequences = config.tokens.n_sequences or 1
-    per_sequence = family_flops(dims, seq_len, config.families, parallel=parallel)
+    per_sequence = family_flops(
+        dims,
+        seq_len,
+        config.families,
+        parallel=parallel,
+        screen_steps=config.options.screen_steps,
+        screen_samples=config.options.screen_samples,
+        screen_top_k=config.options.screen_top_k,
+    )
     total = sum(per_sequence.values()) * n_sequences
     if "neurons" in config.families:
         total += neurons_flops(dims)
