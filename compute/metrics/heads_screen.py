@@ -313,7 +313,8 @@ class HeadsScreenFamily(FamilyBase):
         return 1
 
     def units_at_finish(self, lm: LoadedModel, opts: EngineOptions) -> int:
-        return opts.screen_top_k if lm.attention_layers else 0
+        kinds = [lm.layers[layer].heads for layer in lm.attention_layers]
+        return min(opts.screen_top_k, sum(k.n_heads for k in kinds if k is not None))
 
     def on_batch(self, ctx: BatchContext, acc: MeanAccumulator, opts: EngineOptions) -> None:
         assert acc.batch is not None  # the engine's start_batch for this batch

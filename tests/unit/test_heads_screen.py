@@ -313,3 +313,23 @@ def test_draws_through_a_logit_soft_cap_equal_the_slow_reference(
         for head in range(lm.n_heads):
             assert estimate[index][head].tolist() == pytest.approx(
                 reference[(layer, head)], rel=1e-3, abs=1e-6), (layer, head)
+
+
+def test_batching_does_not_change_the_numbers(
+        tiny_factories: dict[str, Callable[..., Any]]) -> None:
+    """The draws are seeded per sequence: one batch of 5 sequences, batches of 2 + 2 + 1 and
+    batches of 1 give the same estimates and the same exact top k."""
+    lm = tiny_factories["random"](seed=3, n_layers=2)
+    tokens = tiny_factories["tokens"](5, 14, lm.d_vocab_real, lm.bos_token_id, seed=2)
+
+    def rows(batch: int) -> dict[tuple[Any, ...], float]:
+        opts = EngineOptions(batch_size=batch, screen_samples=4, screen_top_k=3)
+        return {(r.metric, r.layer, r.head): r.value
+                for r in sweep(lm, tokens, ["heads_screen"], opts).records}
+
+    whole = rows(5)
+    assert len([k for k in whole if k[0] == "heads_screen.ablation_loss_delta"]) == 3
+    for other in (rows(2), rows(1)):
+        assert set(other) == set(whole)
+        for key, value in whole.items():
+            assert other[key] == pytest.approx(value, rel=1e-4, abs=1e-7), key
