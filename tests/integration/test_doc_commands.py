@@ -58,6 +58,8 @@ MARKED = {
     ".venv/bin/strata serve &",
     ".venv/bin/strata models add zoo:demo-4l",
     '.venv/bin/strata models add "$(bash scripts/fetch_smollm2.sh)"',
+    # docs/study-pruning.md: each real model's pruning run, minutes of CPU per model
+    "strata compute --model ~/.cache/strata/models/<file>.gguf --metrics pruning,pruning_drops",
     # docs/study-gemma3.md's and docs/study-two-families.md's: the study's service and Gemma 3's
     # 46-minute default run
     '.venv/bin/strata models add "$(bash scripts/fetch_gemma3.sh)"',
