@@ -11,7 +11,7 @@ by its mean attention from position n+i (the second r_i) to position i+1, over i
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 from jaxtyping import Float
@@ -80,11 +80,30 @@ def head_ablations(
     """The exact ablation of each head of `group` (block `layer`), per head and evaluated token
     of the batch (batch-major): (KL(P || Q) in bits, loss(Q) - loss(P) in nats). The one
     implementation of `heads.ablation_*`; the head screen's exact top k (`heads_screen`) calls
-    it."""
+    it through `add_head_ablations`."""
     after = ablated_block_output(ctx, layer, group)
     final = ctx.run_from(layer + 1, after)
     q = ctx.compare(final, f"head ablation at layer {layer}")
     return q.kl, q.loss - ctx.ref.loss[None, :]
+
+
+def head_groups(ctx: BatchContext, heads: list[int], opts: EngineOptions) -> Iterator[list[int]]:
+    """`heads` of one block in the groups run together on the batch (`head_group_size`)."""
+    chunk = head_group_size(ctx.lm, ctx.tokens.shape[0], ctx.tokens.shape[1], opts, len(heads))
+    for start in range(0, len(heads), chunk):
+        yield heads[start : start + chunk]
+
+
+def add_head_ablations(
+    ctx: BatchContext, acc: MeanAccumulator, layer: int, heads: list[int], opts: EngineOptions
+) -> None:
+    """`ablation_kl` and `ablation_loss_delta` of each of `heads` (block `layer`) on the batch,
+    added to `acc` under (metric, layer, head): what `heads` records for every head and
+    `heads_screen` for its top k."""
+    for group in head_groups(ctx, heads, opts):
+        kl, loss_delta = head_ablations(ctx, layer, group)
+        acc.add_many([("ablation_kl", layer, h) for h in group], kl)
+        acc.add_many([("ablation_loss_delta", layer, h) for h in group], loss_delta)
 
 
 # Head variants run together on a CPU: about this many tokens (variants x batch tokens) per
@@ -126,13 +145,7 @@ class HeadsFamily(FamilyBase):
         for layer in lm.attention_layers:  # the attention blocks only: no rows elsewhere
             head_kind = lm.layers[layer].heads
             assert head_kind is not None
-            heads = head_kind.n_heads
-            chunk = head_group_size(lm, ctx.tokens.shape[0], ctx.tokens.shape[1], opts, heads)
-            for first in range(0, heads, chunk):
-                group = list(range(first, min(heads, first + chunk)))
-                kl, loss_delta = head_ablations(ctx, layer, group)
-                acc.add_many([("ablation_kl", layer, h) for h in group], kl)
-                acc.add_many([("ablation_loss_delta", layer, h) for h in group], loss_delta)
+            add_head_ablations(ctx, acc, layer, list(range(head_kind.n_heads)), opts)
             ctx.tick(1)
 
     def finish(

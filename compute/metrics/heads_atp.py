@@ -53,13 +53,18 @@ def loss_gradient(
     return grad
 
 
-def graph_sequences(lm: LoadedModel, seq_len: int, opts: EngineOptions) -> int:
+def graph_sequences(
+    lm: LoadedModel, seq_len: int, opts: EngineOptions, per_sequence: int | None = None
+) -> int:
     """Sequences differentiated through at once: as many as the batch's memory budget
-    (`compute.memory.batch_budget_bytes`) holds at `graph_bytes_per_sequence`. The batch's own
-    size is chosen without the graph (every other family would pay for it); the screen takes
-    the batch in parts instead, which gives the same numbers: sequences are independent."""
+    (`compute.memory.batch_budget_bytes`) holds at `per_sequence` bytes each (by default
+    `graph_bytes_per_sequence`; `heads_screen` gives its own, with the gradients it keeps).
+    The batch's own size is chosen without the graph (every other family would pay for it);
+    the screen takes the batch in parts instead, which gives the same numbers: sequences are
+    independent."""
     budget = batch_budget_bytes(lm.n_params, lm.dtype_bytes, lm.device, opts.memory_budget_mb)
-    per_sequence = graph_bytes_per_sequence(ModelDims.of(lm), seq_len, lm.dtype_bytes)
+    if per_sequence is None:
+        per_sequence = graph_bytes_per_sequence(ModelDims.of(lm), seq_len, lm.dtype_bytes)
     return max(1, budget // per_sequence)
 
 

@@ -70,10 +70,10 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from compute.memory import ModelDims, batch_budget_bytes, screen_bytes_per_sequence
+from compute.memory import ModelDims, screen_bytes_per_sequence
 from compute.metrics.base import BatchContext, EngineOptions, FamilyBase, FamilyOutput
-from compute.metrics.heads import ablated_block_output, head_ablations, head_group_size
-from compute.metrics.heads_atp import loss_gradient
+from compute.metrics.heads import ablated_block_output, add_head_ablations, head_groups
+from compute.metrics.heads_atp import graph_sequences, loss_gradient
 from compute.models import LoadedModel
 from compute.reduce import MeanAccumulator
 
@@ -117,11 +117,10 @@ def residual_gradients(
     """`Gradients` of the batch (sequence indices from `first_sequence`, which seed the draws),
     as many sequences at a time as the batch's memory budget holds at
     `compute.memory.screen_bytes_per_sequence`."""
-    budget = batch_budget_bytes(lm.n_params, lm.dtype_bytes, lm.device, opts.memory_budget_mb)
     per_sequence = screen_bytes_per_sequence(
         ModelDims.of(lm), tokens.shape[1], lm.dtype_bytes, samples
     )
-    part = max(1, budget // per_sequence)  # as heads_atp's graph_sequences, with the gradients
+    part = graph_sequences(lm, tokens.shape[1], opts, per_sequence)
     done = [
         _gradients_part(
             lm,
@@ -177,7 +176,7 @@ def sampled_gradients(
             y = torch.searchsorted(cdf, uniforms[block].double() * cdf[:, -1:])
             y = y.clamp(max=lm.d_vocab - 1)
             if linear:
-                w_u = lm._unembed()[0]
+                w_u = lm.w_u()
                 expected = lm.pulled_back(p.to(w_u.dtype), 0, lm.d_vocab)[0]  # W_U p
             del p, cdf
         for j in range(m):
@@ -279,10 +278,8 @@ def estimates_from_gradients(
         sampled = grads.sampled[index] if grads.sampled else None
         heads = lm.layers[layer].heads
         assert heads is not None
-        chunk = head_group_size(lm, b, t, opts, heads.n_heads)
         per_group = []
-        for first in range(0, heads.n_heads, chunk):
-            group = list(range(first, min(heads.n_heads, first + chunk)))
+        for group in head_groups(ctx, list(range(heads.n_heads)), opts):
             after = ablated_block_output(ctx, layer, group).unflatten(0, (len(group), b))
             delta = after.float() - ctx.resid[layer + 1].float()[None]
             estimate = (delta * grad[None]).sum(dim=(2, 3))  # [g, b]
@@ -341,12 +338,7 @@ class HeadsScreenFamily(FamilyBase):
             ctx = _clean_context(lm, tokens, opts)
             acc.start_batch(first, tokens.shape[0])
             for layer, heads in by_layer.items():
-                chunk = head_group_size(lm, tokens.shape[0], tokens.shape[1], opts, len(heads))
-                for start in range(0, len(heads), chunk):
-                    group = heads[start : start + chunk]
-                    kl, loss_delta = head_ablations(ctx, layer, group)
-                    acc.add_many([("ablation_kl", layer, h) for h in group], kl)
-                    acc.add_many([("ablation_loss_delta", layer, h) for h in group], loss_delta)
+                add_head_ablations(ctx, acc, layer, heads, opts)
                 if index == len(seen) - 1:
                     tick(len(heads))
             del ctx

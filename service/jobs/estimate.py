@@ -19,6 +19,7 @@ loaded); where they are unknown the estimate is `null` with the reason.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -105,6 +106,7 @@ def run_flops(config: RunConfig, dims: ModelDims, *, parallel: bool = False) -> 
     return total, n_sequences
 
 
+@functools.cache
 def uneven_architectures() -> frozenset[str]:
     """Hugging Face classes of the architecture matrix whose blocks are not all attention plus one
     dense MLP (state-space, linear-attention and convolution mixers, blocks without an MLP,
