@@ -23,7 +23,6 @@ import numpy as np
 import pytest
 
 from compute.run import RunResult
-from tests.integration.api_server import arrow_body
 from tests.integration.synthetic import variant
 from tests.integration.test_dashboard import (
     SCREENSHOT,
@@ -35,7 +34,7 @@ from tests.integration.test_dashboard import (
     select_models,
     wait_for,
 )
-from tests.integration.web_harness import FAMILY, KEY, Service, service_env, zoo_result
+from tests.integration.web_harness import FAMILY, Service, service_env, zoo_result
 from tests.serving import start_service
 
 WIDTH = 1400  # the width the issue measured at
@@ -76,12 +75,7 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
             renamed(result, GPT2, "transformer_lens"),
             renamed(result, QWEN, "transformer_lens"),
         ):
-            answer = web.client.post(
-                f"{V1}/runs/ingest",
-                content=arrow_body(run),
-                headers={"X-API-Key": KEY, "Content-Type": "application/vnd.apache.arrow.stream"},
-            )
-            assert answer.status_code == 201, answer.text
+            web.ingest(run)
         yield web
     finally:
         web.stop()

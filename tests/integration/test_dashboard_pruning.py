@@ -18,7 +18,6 @@ from selenium.webdriver.support.ui import Select
 from compute.models import resolve_model_spec
 from compute.run import RunConfig, RunResult, compute_run
 from compute.tokens import TokenSpec
-from tests.integration.api_server import arrow_body
 from tests.integration.test_dashboard import (
     By_css,
     chrome,
@@ -29,7 +28,7 @@ from tests.integration.test_dashboard import (
     select_models,
     wait_for,
 )
-from tests.integration.web_harness import KEY, Service, service_env
+from tests.integration.web_harness import Service, service_env
 from tests.serving import start_service
 
 MODEL = "planted-pruning"
@@ -75,12 +74,7 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     web = Service(served.base, served.proc, served.log, tmp, {MODEL: result})
     try:
         for run in (result, _without_pruning(result)):
-            answer = web.client.post(
-                "/api/v1/runs/ingest",
-                content=arrow_body(run),
-                headers={"X-API-Key": KEY, "Content-Type": "application/vnd.apache.arrow.stream"},
-            )
-            assert answer.status_code == 201, answer.text
+            web.ingest(run)
         yield web
     finally:
         web.stop()

@@ -55,6 +55,13 @@ class Service:
                 self.proc.wait()
         self.client.close()
 
+    def ingest(self, result: RunResult) -> None:
+        """Deliver a computed run over HTTP (POST /api/v1/runs/ingest), as a worker would."""
+        response = self.client.post(
+            "/api/v1/runs/ingest", content=arrow_body(result),
+            headers={"X-API-Key": KEY, "Content-Type": "application/vnd.apache.arrow.stream"})
+        assert response.status_code == 201, response.text
+
 
 def zoo_result(name: str, tokens: Path) -> RunResult:
     """Every family of a shipped zoo model on a few sequences (a few seconds on a CPU)."""
@@ -96,8 +103,5 @@ def start_web_service() -> Service:
     served = start_service(env, log=tmp / "serve.log", inherit=False, forked=True)
     service = Service(served.base, served.proc, served.log, tmp, results)
     for result in [*results.values(), anchor]:
-        response = service.client.post(
-            "/api/v1/runs/ingest", content=arrow_body(result),
-            headers={"X-API-Key": KEY, "Content-Type": "application/vnd.apache.arrow.stream"})
-        assert response.status_code == 201, response.text
+        service.ingest(result)
     return service
