@@ -28,7 +28,7 @@ result for the members it was given). A configuration whose only job was cancell
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Protocol
 
 from pydantic import ValidationError
@@ -42,7 +42,7 @@ from service.jobs.parts import JobView, NewJob, mark_succeeded
 from service.settings import Settings
 from service.store import families, job_rows
 from service.store.db import Store
-from service.store.errors import FamilyError
+from service.store.errors import FamilyError, FamilyNotFoundError
 from service.store.stability import (
     STABILITY_FAMILY,
     StabilityResult,
@@ -229,9 +229,21 @@ class FamilyJobs:
                 stored = job_rows.succeeded_run(session, new.config_hash, new.metric_version)
             superseded = latest is not None and latest.error == SUPERSEDED
             known = (latest is not None and not superseded) or stored is not None
-            if known:
+            if known or self._edited_since(name, edited_at):
+                # an edit landed while this ran: `new` may be of the members before it, and the
+                # reconciliation that edit scheduled queues the family once it has settled
                 continue
             job, created = self.jobs.create(new, reason)
-            if created and job.state == "queued":
+            # An edit between the check and the job: cancelled here, or by that edit's own
+            # `supersede` (it runs after its members are written, and cancels what is queued)
+            if created and job.state == "queued" and job.id not in self.supersede(name):
                 queued.append(job.id)
         return queued
+
+    def _edited_since(self, name: str, edited_at: datetime) -> bool:
+        """Whether family `name` was edited (or deleted) after `edited_at`."""
+        with self.jobs.store.read() as conn, Session(bind=conn) as session:
+            try:
+                return families.load(session, name).edited_at != edited_at
+            except FamilyNotFoundError:
+                return True

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from compute.zoo.paths import zoo_path
+from service.store import families
 from service.worker.cache import ModelCache
 from service.worker.stability import stability_body
 from tests.integration.test_job_states import ARROW, V1, Jobs, open_jobs
@@ -327,6 +328,37 @@ def member_names(job: dict[str, Any], jobs: Jobs) -> list[str]:
     names = {m["spec"]["name"]: m["name"]
              for m in jobs.http.get(f"{V1}/models", params={"limit": 100}).json()["items"]}
     return sorted(names.get(m["name"], m["name"]) for m in job["config"]["members"])
+
+
+def test_an_edit_landing_while_a_reconciliation_plans_queues_nothing_for_the_old_members(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The race behind a job for members a family no longer had (seen once in the suite): a
+    reconciliation read the family and planned its job just before an edit landed. It queues
+    nothing for the members before the edit; the next reconciliation queues the members after
+    it."""
+    with open_jobs(tmp_path, family_settle_s=0) as jobs:
+        jobs.worker_alive("cpu")
+        for source in ("zoo:tiny-4l-s0", "zoo:tiny-4l-s1",
+                       refit_copy(tmp_path, "tiny-4l-s2")):
+            assert jobs.http.post(f"{V1}/models", json={"source": source}).status_code == 201
+        assert make(jobs, name="t4", members=["tiny-4l-s0", "tiny-4l-s1"]).status_code == 201
+        owner = jobs.service.families
+        plan = owner.plan
+
+        def plan_then_edit(name: str) -> Any:
+            planned = plan(name)
+            monkeypatch.setattr(owner, "plan", plan)  # once
+            families.add_members(jobs.store, name, ["tiny-4l-s2"])  # lands now
+            return planned
+
+        monkeypatch.setattr(owner, "plan", plan_then_edit)
+        # the families' part of a reconciliation (JobService.reconcile's, with reconciling on)
+        owner.reconcile("reconcile")
+        assert [j["state"] for j in family_jobs(jobs, "t4")] == []
+        owner.reconcile("reconcile")
+        [job] = family_jobs(jobs, "t4")
+        assert job["state"] == "queued"
+        assert member_names(job, jobs) == ["tiny-4l-s0", "tiny-4l-s1", "tiny-4l-s2"]
 
 
 def test_edits_coalesce_into_one_job_per_settled_membership_and_supersede_queued_ones(
