@@ -13,6 +13,7 @@ import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import pyarrow as pa
 import torch
@@ -40,7 +41,7 @@ from compute.metrics.base import (
 )
 from compute.models import LoadedModel, SplitModel
 from compute.records import Record
-from compute.reduce import LogitChunks, MeanAccumulator, keeps_probs, reference_distribution
+from compute.reduce import LogitChunks, keeps_probs, reference_distribution
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,16 @@ def auto_batch_size(
 FUSE_MIN_FLOPS = 10e12
 
 
+def flop_settings(opts: EngineOptions) -> dict[str, Any]:
+    """The run's options that change what `compute.flops` counts."""
+    return {
+        "screen_steps": opts.screen_steps,
+        "screen_samples": opts.screen_samples,
+        "screen_top_k": opts.screen_top_k,
+        "drop_widths": opts.drop_widths,
+    }
+
+
 def fuse_reductions(
     lm: LoadedModel, n_seq: int, seq_len: int, families: list[Family], opts: EngineOptions
 ) -> bool:
@@ -140,7 +151,9 @@ def fuse_reductions(
     if lm.device != "cpu":
         return False  # not measured on an accelerator, where whole rows are one block
     names = [f.name for f in families]
-    per_sequence = family_flops(ModelDims.of(lm), seq_len, names, parallel=lm.parallel)
+    per_sequence = family_flops(
+        ModelDims.of(lm), seq_len, names, parallel=lm.parallel, **flop_settings(opts)
+    )
     return sum(per_sequence.values()) * n_seq >= FUSE_MIN_FLOPS
 
 
@@ -183,6 +196,7 @@ def sweep(
         units,
         parallel=lm.parallel,
         induction=(min(opts.induction_n, (lm.n_ctx - 1) // 2), opts.induction_sequences),
+        **flop_settings(opts),
     )
     chunks = logit_chunks(lm, opts)
     if fuse_reductions(lm, n_seq, seq_len, families, opts):
@@ -190,7 +204,7 @@ def sweep(
     needs_patterns = any(f.needs_patterns for f in families)
     needs_z = any(f.needs_z for f in families)
     names = frozenset(f.name for f in families)
-    accs = {f.name: MeanAccumulator(lm.device, n_seq) for f in families}
+    accs = {f.name: f.accumulator(lm.device, n_seq) for f in families}
     state = {"done": 0.0, "tokens": 0}
     spent = dict.fromkeys(["clean_pass", *(f.name for f in families)], 0.0)
     start = time.perf_counter()

@@ -92,8 +92,11 @@ def family_flops(
     screen_steps: int = DEFAULT_SCREEN_STEPS,
     screen_samples: int = DEFAULT_SCREEN_SAMPLES,
     screen_top_k: int = DEFAULT_SCREEN_TOP_K,
+    drop_widths: Iterable[int] | None = None,
 ) -> dict[str, float]:
     """FLOPs per sequence of each family beyond the clean pass, plus `clean` (the shared pass).
+    The `screen_*` settings and `drop_widths` are the run's options of the same names (the
+    defaults when None).
 
     Sharing between families is charged to the first in registry order (intervention before
     logit_lens and similarity), matching what the engine computes.
@@ -130,6 +133,7 @@ def family_flops(
             seq_len,
             with_intervention="intervention" in names,
             with_lens="logit_lens" in names,
+            widths=drop_widths,
         ) + (0.0 if "pruning" in names else pruning_flops(dims, seq_len))
     for name in ("attention", "norms", "neurons"):
         if name in names:
@@ -175,13 +179,15 @@ def pruning_drops_flops(
     widths: Iterable[int] | None = None,
 ) -> float:
     """The n-block drops (`compute.metrics.pruning_drops`): for each width n and start l, blocks
-    l+n .. L-1 and one unembedding; width 1 is the intervention family's drop when it runs."""
-    from compute.metrics.pruning_drops import drop_widths
+    l+n .. L-1 and one unembedding; width 1 is the intervention family's drop when it runs.
+    `widths`: the run's `drop_widths` (the default when None), capped at L/2 as the family caps
+    them."""
+    from compute.metrics.pruning_drops import DROP_WIDTHS, drop_widths
 
     a, m, u = block_parts(dims, seq_len)
     b, n_layers = a + m, dims.n_layers
     total = 0.0
-    for n in drop_widths(n_layers) if widths is None else widths:
+    for n in drop_widths(n_layers, DROP_WIDTHS if widths is None else tuple(widths)):
         if n == 1 and with_intervention:
             continue
         starts = n_layers - n + 1
@@ -208,6 +214,10 @@ def unit_weights(
     *,
     parallel: bool = False,
     induction: tuple[int, int] = (64, 32),
+    screen_steps: int = DEFAULT_SCREEN_STEPS,
+    screen_samples: int = DEFAULT_SCREEN_SAMPLES,
+    screen_top_k: int = DEFAULT_SCREEN_TOP_K,
+    drop_widths: Iterable[int] | None = None,
 ) -> dict[str, tuple[float, float]]:
     """Per family, what one of its progress units weighs: (a unit of a batch, a unit of its
     finish), scaled so that the weighted units of the whole sweep add up to its plain count.
@@ -219,8 +229,18 @@ def unit_weights(
     (`family_flops` per batch over its units; neurons and induction from their own formulas) a
     progress fraction is a fraction of the work. `units`: family -> (units per batch, units
     at finish). A unit with no FLOP formula (the tuned lens's) weighs the sweep's mean unit;
-    one counted as free (similarity beside intervention, whose swaps it shares) weighs 0."""
-    per_sequence = family_flops(dims, seq_len, list(units), parallel=parallel)
+    one counted as free (similarity beside intervention, whose swaps it shares) weighs 0. The
+    `screen_*` settings and `drop_widths` are the run's (`family_flops`)."""
+    per_sequence = family_flops(
+        dims,
+        seq_len,
+        list(units),
+        parallel=parallel,
+        screen_steps=screen_steps,
+        screen_samples=screen_samples,
+        screen_top_k=screen_top_k,
+        drop_widths=drop_widths,
+    )
     cost: dict[str, tuple[float | None, float | None]] = {}
     for name, (per_batch, at_finish) in units.items():
         # None: no formula (the sweep's mean unit); 0.0: counted as free (work shared with
@@ -235,7 +255,9 @@ def unit_weights(
             finish_cost = induction_flops(dims, *induction) / at_finish
         elif name == "heads_screen" and per_batch:
             # the screen per batch, its exact top k (a unit a head, over every batch) at finish
-            screen = heads_screen_flops(dims, seq_len, DEFAULT_SCREEN_STEPS, 0, parallel=parallel)
+            screen = heads_screen_flops(
+                dims, seq_len, screen_steps, 0, samples=screen_samples, parallel=parallel
+            )
             batch_cost = screen * batch / per_batch
             if at_finish:
                 exact = per_sequence[name] - screen

@@ -376,6 +376,11 @@ class FamilyBase:
     def units_at_finish(self, lm: LoadedModel, opts: EngineOptions) -> int:
         return 0
 
+    def accumulator(self, device: torch.device | str, n_sequences: int) -> MeanAccumulator:
+        """The family's state for one run: its running means (a family that keeps more
+        between `on_batch` and `finish` returns a subclass holding it)."""
+        return MeanAccumulator(device, n_sequences)
+
     def on_batch(self, ctx: BatchContext, acc: MeanAccumulator, opts: EngineOptions) -> None:
         return None
 
@@ -401,6 +406,7 @@ class Family(Protocol):
 
     def units_per_batch(self, lm: LoadedModel) -> int: ...
     def units_at_finish(self, lm: LoadedModel, opts: EngineOptions) -> int: ...
+    def accumulator(self, device: torch.device | str, n_sequences: int) -> MeanAccumulator: ...
     def on_batch(self, ctx: BatchContext, acc: MeanAccumulator, opts: EngineOptions) -> None: ...
     def finish(
         self,

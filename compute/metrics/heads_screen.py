@@ -62,7 +62,6 @@ backward passes and is not implemented: the exact top k is the screen's safeguar
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -77,11 +76,15 @@ from compute.metrics.heads_atp import graph_sequences, loss_gradient
 from compute.models import LoadedModel
 from compute.reduce import MeanAccumulator
 
-# The batches the screen saw, per run (its accumulator): the exact top k runs on them again in
-# `finish`, when the screen's ranking over every batch is known.
-_SEEN: weakref.WeakKeyDictionary[MeanAccumulator, list[tuple[int, Tensor]]] = (
-    weakref.WeakKeyDictionary()
-)
+
+class ScreenAccumulator(MeanAccumulator):
+    """The screen's state for one run: its running means, and the batches it saw (first
+    sequence, tokens), on which the exact top k runs again in `finish`, once the screen's
+    ranking over every batch is known."""
+
+    def __init__(self, device: torch.device | str = "cpu", n_sequences: int = 0) -> None:
+        super().__init__(device, n_sequences)
+        self.seen: list[tuple[int, Tensor]] = []
 
 
 # The draws of the curvature term are seeded per sequence: SCREEN_SEED + its index in the run.
@@ -313,13 +316,17 @@ class HeadsScreenFamily(FamilyBase):
         kinds = [lm.layers[layer].heads for layer in lm.attention_layers]
         return min(opts.screen_top_k, sum(k.n_heads for k in kinds if k is not None))
 
+    def accumulator(self, device: torch.device | str, n_sequences: int) -> ScreenAccumulator:
+        return ScreenAccumulator(device, n_sequences)
+
     def on_batch(self, ctx: BatchContext, acc: MeanAccumulator, opts: EngineOptions) -> None:
+        assert isinstance(acc, ScreenAccumulator)  # made by `accumulator`, for this run
         assert acc.batch is not None  # the engine's start_batch for this batch
         estimates = screen_loss_delta(ctx, opts, acc.batch[0])  # per attention block: [H, b]
         for layer, estimate in zip(ctx.lm.attention_layers, estimates, strict=True):
             acc.add_many([("loss_delta", layer, h) for h in range(estimate.shape[0])], estimate)
         if opts.screen_top_k and estimates:
-            _SEEN.setdefault(acc, []).append((acc.batch[0], ctx.tokens))
+            acc.seen.append((acc.batch[0], ctx.tokens))
         ctx.tick(1)
 
     def finish(
@@ -329,7 +336,8 @@ class HeadsScreenFamily(FamilyBase):
         opts: EngineOptions,
         tick: Callable[[int], None],
     ) -> FamilyOutput:
-        seen = _SEEN.pop(acc, [])
+        assert isinstance(acc, ScreenAccumulator)
+        seen, acc.seen = acc.seen, []
         chosen = top_heads(acc, opts.screen_top_k) if seen else []
         by_layer: dict[int, list[int]] = {}
         for layer, head in sorted(chosen):

@@ -95,6 +95,7 @@ def run_flops(config: RunConfig, dims: ModelDims, *, parallel: bool = False) -> 
         screen_steps=config.options.screen_steps,
         screen_samples=config.options.screen_samples,
         screen_top_k=config.options.screen_top_k,
+        drop_widths=config.options.drop_widths,
     )
     total = sum(per_sequence.values()) * n_sequences
     if "neurons" in config.families:

@@ -291,6 +291,50 @@ def test_progress_is_a_fraction_of_the_work(
     assert first_heads > 3 * first_intervention / per_batch["intervention"] * per_batch["heads"]
 
 
+def test_progress_weighs_the_screen_and_the_drops_at_the_runs_own_settings(
+        tiny_factories: dict[str, Callable[..., Any]]) -> None:
+    """Progress weights (`compute.flops.unit_weights`, as the sweep calls it) count the head
+    screen's and the n-block drops' work at the run's settings — the screen's draws and top k,
+    the drop widths — not at the defaults: a batch of each weighs what its FLOPs at those
+    settings are, relative to a batch of intervention."""
+    from compute.engine import flop_settings
+    from compute.flops import (
+        heads_screen_flops,
+        pruning_drops_flops,
+        pruning_flops,
+        unit_weights,
+    )
+
+    lm = tiny_factories["random"](seed=7, n_layers=6, d_vocab=4000)
+    seq_len, batch, n_batches = 12, 2, 3
+    dims = ModelDims.of(lm)
+    names = ["intervention", "heads_screen", "pruning_drops"]
+    opts = EngineOptions(screen_samples=0, screen_top_k=2, drop_widths=(3,), **OPTS)
+    units = {f.name: (f.units_per_batch(lm), f.units_at_finish(lm, opts))
+             for f in families_named(names)}
+    per_seq = family_flops(dims, seq_len, names, parallel=lm.parallel)  # at the defaults
+
+    def batch_work(weights: dict[str, tuple[float, float]], name: str) -> float:
+        return weights[name][0] * units[name][0]
+
+    got = unit_weights(dims, seq_len, batch, n_batches, units, parallel=lm.parallel,
+                       **flop_settings(opts))
+    at_defaults = unit_weights(dims, seq_len, batch, n_batches, units, parallel=lm.parallel)
+    screen = heads_screen_flops(dims, seq_len, 1, 0, samples=0, parallel=lm.parallel)
+    # the drops at width 3 (width 1 is intervention's), and the predictors they are scored with
+    drops = pruning_drops_flops(dims, seq_len, with_intervention=True, widths=(3,)) + \
+        pruning_flops(dims, seq_len)
+    intervention = batch_work(got, "intervention")
+    assert batch_work(got, "heads_screen") / intervention == pytest.approx(
+        screen / per_seq["intervention"], rel=1e-9)
+    assert batch_work(got, "pruning_drops") / intervention == pytest.approx(
+        drops / per_seq["intervention"], rel=1e-9)
+    # the defaults (8 draws; widths 1..3 here) would have weighed both differently
+    for name in ("heads_screen", "pruning_drops"):
+        ratio = batch_work(at_defaults, name) / batch_work(at_defaults, "intervention")
+        assert ratio > 1.5 * batch_work(got, name) / intervention
+
+
 def test_a_wide_vocabulary_compares_unchanged_logits_to_zero_kl(
         tiny_factories: dict[str, Callable[..., Any]]) -> None:
     """With P kept as W_U p the reference holds one row block's whole logits, so its rows are
