@@ -61,6 +61,11 @@ def plan(model: str, n: int, run_id: int | None, as_json: bool, url: str | None)
         f"(measured: n = {', '.join(map(str, answer['widths']))}); run {run['id']} "
         f"({run['selected_by']}, {run['n_sequences']} sequences)"
     )
+    if answer["costs_from"] != "pruning_drops":
+        click.echo(
+            f"  costs from the {answer['costs_from']} family's single-block drops (no run with "
+            "pruning_drops; wider budgets need it)"
+        )
     for row in answer["rows"]:
         blocks = "-" if row["blocks"] is None else ",".join(map(str, row["blocks"]))
         click.echo(

@@ -81,7 +81,10 @@ class PruningPlan(msgspec.Struct):
     """A model's pruning plan for a budget of `n` blocks. `widths` the budgets measured in the
     run read (`pruning_drops` widths); `run` the run of the measured drops (and of the scores),
     `predictor_run` the run of the `pruning` predictors (null: none; then the predictors'
-    choices have no blocks). `scores`: every stored rank correlation of the run (all widths)."""
+    choices have no blocks). `scores`: every stored rank correlation of the run (all widths).
+    `costs_from`: the family whose measured drops the costs are, `pruning_drops`, or, for n = 1
+    on a model with no run of it, `intervention` (its `drop` kind: the same single-block drop,
+    which `pruning_drops` reuses for width 1; no scores then)."""
 
     model: ModelRef
     n: int
@@ -91,6 +94,7 @@ class PruningPlan(msgspec.Struct):
     predictor_run: RunRef | None
     scores: list[PruningScore]
     rows: list[PruningChoice]
+    costs_from: str
 
 
 class ScoredModel(msgspec.Struct):

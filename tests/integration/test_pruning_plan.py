@@ -113,8 +113,21 @@ def _settings(db: Path) -> Settings:
     )
 
 
+SINGLE = "single-drops"  # a model whose only run computed intervention and pruning
+
+
 @pytest.fixture(scope="module")
-def service(computed: RunResult, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+def single(computed: RunResult) -> RunResult:
+    """The planted model's intervention and pruning families on the same tokens, as a
+    default run gives them, under another model name (no pruning_drops)."""
+    config = computed.config.model_copy(update={"families": ("intervention", "pruning")})
+    return _renamed(compute_run(config), SINGLE, ("intervention", "pruning"), None)
+
+
+@pytest.fixture(scope="module")
+def service(
+    computed: RunResult, single: RunResult, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Service]:
     db = tmp_path_factory.mktemp("pruning") / "strata.duckdb"
     table = computed.records
     records = {
@@ -140,6 +153,7 @@ def service(computed: RunResult, tmp_path_factory: pytest.TempPathFactory) -> It
                 store, _renamed(computed, "two-runs", ("pruning", "pruning_drops"), None)
             ).run_id,
             "newer": ingest_result(store, _narrowed(computed, "two-runs")).run_id,
+            "single": ingest_result(store, single).run_id,
         }
         with TestClient(create_app(_settings(db), store)) as client:
             yield Service(client, runs, records)
@@ -293,6 +307,54 @@ def test_drops_without_the_predictors_say_so(service: Service) -> None:
         assert rows[name]["kl"] is None
         assert "--metrics pruning,pruning_drops" in rows[name]["note"]
     assert service.plan("drops-only", n=2).json()["predictor_run"] is None
+
+
+def test_a_model_with_single_drops_only_has_the_plan_for_one_block(
+        service: Service, single: RunResult) -> None:
+    """No run with pruning_drops, one with intervention: the plan for n = 1 reads the
+    intervention family's drops (the same measurement as pruning_drops.kl_1: equal here, on the
+    same tokens, to float rounding), says so, and measures every choice; n = 2 is refused with
+    how to compute the drops."""
+    table = single.records
+    rows = zip(*(table.column(c).to_pylist()
+                 for c in ("metric", "component", "layer", "value", "stderr")), strict=True)
+    drop = {(m, layer): (v, se) for m, c, layer, v, se in rows if c == "drop"}
+    kl = {layer: v for (m, layer), (v, _) in drop.items() if m == "intervention.kl"}
+    for layer, value in kl.items():  # the same single drops as the n-block family's width 1
+        assert value == pytest.approx(service.records[("pruning_drops.kl_1", layer)][0],
+                                      rel=1e-6, abs=1e-9)
+    best = min(kl, key=lambda layer: (kl[layer], layer))
+    answer = service.plan(SINGLE, n=1)
+    body = answer.json()
+    assert body["costs_from"] == "intervention"
+    assert body["widths"] == [1]
+    assert body["scores"] == []
+    assert body["run"]["id"] == service.runs["single"]
+    assert body["predictor_run"]["id"] == service.runs["single"]
+    rows = _by_choice(answer)
+    assert rows["measured"]["blocks"] == [best]
+    assert rows["measured"]["kl"] == pytest.approx(kl[best])
+    records = {(m, layer): v for m, layer, v in zip(
+        *(table.column(c).to_pylist() for c in ("metric", "layer", "value")), strict=True)}
+    bi = {layer: v for (m, layer), v in records.items() if m == "pruning.block_influence"}
+    lowest = min(bi, key=lambda layer: (bi[layer], layer))
+    row = rows["block_influence"]
+    assert row["blocks"] == [lowest]
+    assert row["measured"] is True
+    v, se = drop[("intervention.kl", lowest)]
+    assert (row["kl"], row["kl_stderr"]) == (pytest.approx(v), pytest.approx(se))
+    agree = drop[("intervention.top1_agreement", lowest)][0]
+    assert row["top1_agreement"] == pytest.approx(agree)
+    assert row["loss_delta"] == pytest.approx(drop[("intervention.loss_delta", lowest)][0])
+    assert row["kl_excess"] == pytest.approx(v - kl[best])
+    wider = service.plan(SINGLE, n=2)
+    assert wider.status_code == 404, wider.text
+    assert "serve a budget of n = 1 only" in wider.text
+    assert "--metrics pruning,pruning_drops" in wider.text
+    own = service.plan(SINGLE, n=1, run_id=service.runs["single"])
+    assert own.status_code == 200, own.text
+    assert own.json()["costs_from"] == "intervention"
+    assert service.plan(MODEL, n=1).json()["costs_from"] == "pruning_drops"
 
 
 @pytest.mark.parametrize(

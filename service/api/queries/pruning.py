@@ -17,6 +17,12 @@ For a budget n it gives four choices (`service.schemas.pruning.PruningChoice`):
 
 Each measured choice's cost is read at its first block from `pruning_drops.kl_<n>`,
 `top1_agreement_<n>` and `loss_delta_<n>`, each with its stderr over sequences.
+
+A model with no run of `pruning_drops` still has a plan for n = 1 when a run of it computed
+`intervention` (every default run does): dropping one block is that family's `drop` kind, the
+same measurement (`pruning_drops` itself reuses it for width 1: docs/metrics.md), so the costs
+are `intervention.kl`, `top1_agreement` and `loss_delta` of component `drop`, and the plan says
+so (`costs_from`). Wider budgets need the measured n-block drops.
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ from service.schemas.pruning import (
 from service.schemas.results import columns
 
 DROPS = "pruning_drops"
+SINGLE = "intervention"  # its `drop` kind is the width-1 drop (the plan's fallback for n = 1)
 PREDICTOR_FAMILY = "pruning"
 COSTS = ("kl", "top1_agreement", "loss_delta")
 TIE_RULE = (
@@ -139,27 +146,38 @@ def _empty_scores() -> pl.DataFrame:
 
 
 def _drops_pick(
-    snap: Snapshot, model: ModelEntry, run_id: int | None, metric_version: str | None
-) -> Pick:
+    snap: Snapshot, model: ModelEntry, run_id: int | None, metric_version: str | None, n: int
+) -> tuple[Pick, str]:
+    """The run whose measured drops give the costs, and its family: `pruning_drops`, or for
+    n = 1 `intervention` when no run of `pruning_drops` is there (module docstring)."""
     version = metric_version or METRIC_VERSION
     if run_id is not None:
         run = checked_run(snap, model, run_id, None)
-        if DROPS not in run.families:
+        family = DROPS if DROPS in run.families else SINGLE if n == 1 else None
+        if family is None or family not in run.families:
             raise UnprocessableHttpError(
                 f"run {run_id} did not compute {DROPS} (it computed "
-                f"{', '.join(sorted(run.families))}): a pruning plan needs the measured drops; "
-                + _how(model)
+                f"{', '.join(sorted(run.families))}): a pruning plan needs the measured drops "
+                f"({SINGLE}'s single drops serve n = 1 only); " + _how(model)
             )
-        canonical = snap.canonical(model.id, family=DROPS, metric_version=run.metric_version)
+        canonical = snap.canonical(model.id, family=family, metric_version=run.metric_version)
         ok = canonical is not None and canonical.canonical and canonical.run == run
-        return Pick(run, "run_id", ok)
+        return Pick(run, "run_id", ok), family
     pick = snap.canonical(model.id, family=DROPS, metric_version=version)
-    if pick is None:
-        raise NotFoundHttpError(
-            f"model {model.name!r} (id {model.id}) has no succeeded run with {DROPS} under metric "
-            f"version {version}: no pruning results to plan from; " + _how(model)
-        )
-    return pick
+    if pick is not None:
+        return pick, DROPS
+    single = snap.canonical(model.id, family=SINGLE, metric_version=version) if n == 1 else None
+    if single is not None:
+        return single, SINGLE
+    also = (
+        f" (its {SINGLE} runs serve a budget of n = 1 only)"
+        if snap.canonical(model.id, family=SINGLE, metric_version=version) is not None
+        else ""
+    )
+    raise NotFoundHttpError(
+        f"model {model.name!r} (id {model.id}) has no succeeded run with {DROPS} under metric "
+        f"version {version}: no measured drops of n={n} blocks to plan from{also}; " + _how(model)
+    )
 
 
 def _predictor_pick(snap: Snapshot, model: ModelEntry, drops: Pick) -> Pick | None:
@@ -346,7 +364,7 @@ def pruning_plan(
 ) -> Answer:
     """The model's pruning plan for a budget of `n` blocks (module docstring)."""
     model = snap.model(model_ref_, model_id)
-    drops = _drops_pick(snap, model, run_id, metric_version)
+    drops, costs_from = _drops_pick(snap, model, run_id, metric_version, n)
     predictors = _predictor_pick(snap, model, drops)
     runs = [drops.run] + ([predictors.run] if predictors and predictors.run != drops.run else [])
     picks = [drops] + ([predictors] if predictors and predictors.run != drops.run else [])
@@ -369,10 +387,20 @@ def pruning_plan(
         None if predictors is None else run_ref(predictors),
         [],
         [],
+        costs_from,
     )
 
+    def drop_rows() -> pl.DataFrame:
+        """The cost rows, named as `pruning_drops`'s (the single drops' under width 1)."""
+        if costs_from == DROPS:
+            return reader.rows([drops.run], cost_metrics + score_metrics(model))
+        single = reader.rows([drops.run], [f"{SINGLE}.{m}" for m in COSTS], component="drop")
+        return single.with_columns(
+            pl.col("metric").str.replace(rf"^{SINGLE}\.(.*)$", f"{DROPS}.${{1}}_1")
+        )
+
     def load() -> pl.DataFrame:
-        frame = reader.rows([drops.run], cost_metrics + score_metrics(model))
+        frame = drop_rows()
         if predictors is not None:
             frame = pl.concat(
                 [frame, reader.rows([predictors.run], predictor_metrics)], how="vertical_relaxed"
@@ -385,7 +413,11 @@ def pruning_plan(
 
     # Checked before the answer is encoded (a 422, not an error inside encoding): the widths
     # the run measured, from its (cached) rows.
-    widths = _widths(reader.rows([drops.run], [f"{DROPS}.kl_{w}" for w in range(1, top + 1)]))
+    widths = (
+        _widths(reader.rows([drops.run], [f"{DROPS}.kl_{w}" for w in range(1, top + 1)]))
+        if costs_from == DROPS
+        else [1]
+    )
     context.widths = widths
     if n not in widths:
         raise UnprocessableHttpError(
@@ -419,7 +451,8 @@ def pruning_scores(
     picks: dict[int, Pick | None] = {}
     for m in entries:
         if m.id in chosen:
-            picks[m.id] = _drops_pick(snap, m, chosen[m.id], metric_version)
+            # scores exist only beside the n-block drops: no single-drop fallback (n = 0)
+            picks[m.id] = _drops_pick(snap, m, chosen[m.id], metric_version, 0)[0]
         else:
             picks[m.id] = snap.canonical(
                 m.id, family=DROPS, metric_version=metric_version or METRIC_VERSION

@@ -132,12 +132,14 @@ const plusMinus = (value, stderr) => (value === null || value === undefined ? "â
 
 /* The plan for one selected model with pruning_drops, for the chosen budget n: the measured
  * best, Block Influence's and Gromov's choices with their measured costs, and the predictors'
- * rank correlations with the measured drops (GET /models/{id}/pruning-plan). */
+ * rank correlations with the measured drops (GET /models/{id}/pruning-plan). A model with
+ * intervention but no pruning_drops has the plan for n = 1 (its single-block drops). */
 export async function drawPruningPlan(panel) {
   const ticket = panel.ticket;
   const { model, budget } = panel.extra;
   const candidates = state.selectedModels()
-    .filter((m) => state.runFor(m, "pruning_drops") !== undefined);
+    .filter((m) => state.runFor(m, "pruning_drops") !== undefined
+      || state.runFor(m, "intervention") !== undefined);
   const current = Number(model.value);
   model.replaceChildren(...candidates.map((m) => el("option", { value: m.id, text: m.name })));
   const m = candidates.find((c) => c.id === current) || candidates[0];
@@ -154,10 +156,11 @@ export async function drawPruningPlan(panel) {
   }
   model.value = String(m.id);
   const top = Math.max(1, Math.floor((m.n_layers || 2) / 2));
-  const n = budget.value === "" ? 1 : Math.min(Number(budget.value), top);
+  const drops = state.runFor(m, "pruning_drops") !== undefined;
+  const n = !drops || budget.value === "" ? 1 : Math.min(Number(budget.value), top);
   // the run a person chose for the model (kept: it never changes), else the canonical one
   const chosen = state.chosenRun(m.id) === undefined ? undefined
-    : state.runFor(m, "pruning_drops");
+    : state.runFor(m, drops ? "pruning_drops" : "intervention");
   const target = url(`/models/${m.id}/pruning-plan`, { n, run_id: chosen });
   const answer = await get(target, chosen !== undefined);
   if (ticket !== panel.ticket) return null;
@@ -192,7 +195,14 @@ export async function drawPruningPlan(panel) {
     el("table", { class: "pruning-choices" }, el("thead", {}, head), el("tbody", {}, ...rows)),
     el("table", { class: "pruning-scores" }, el("thead", {}, scoreHead),
       el("tbody", {}, ...scoreRows)));
+  const notes = [];
+  if (answer.costs_from !== "pruning_drops") {
+    notes.push(`n = 1 from the ${answer.costs_from} family's single-block drops; wider budgets `
+      + `need pruning_drops (strata jobs submit --model ${m.name} --metrics pruning,pruning_drops)`);
+  }
+  if (!answer.predictor_run) {
+    notes.push("no pruning run: Block Influence and Gromov choices need the pruning family");
+  }
   return { state: "drawn", links: [[`${m.name} pruning plan n=${answer.n}`, target]],
-    note: answer.predictor_run ? "" : "no pruning run: Block Influence and Gromov choices need "
-      + "the pruning family" };
+    note: notes.join("; ") };
 }
