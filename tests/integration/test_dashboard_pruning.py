@@ -33,6 +33,7 @@ from tests.serving import start_service
 
 MODEL = "planted-pruning"
 BARE = "planted-no-pruning"
+SINGLE = "planted-single-drops"  # intervention and pruning, no pruning_drops
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -70,10 +71,15 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
             families=("pruning", "pruning_drops"),
         )
     )
+    single = compute_run(result.config.model_copy(update={"families": ("intervention", "pruning")}))
+    config = single.config.model_copy(
+        update={"model": single.config.model.model_copy(update={"name": SINGLE})}
+    )
+    single = dataclasses.replace(single, config=config, config_hash=config.config_hash())
     served = start_service(env, log=tmp / "serve.log", inherit=False, forked=True)
     web = Service(served.base, served.proc, served.log, tmp, {MODEL: result})
     try:
-        for run in (result, _without_pruning(result)):
+        for run in (result, _without_pruning(result), single):
             web.ingest(run)
         yield web
     finally:
@@ -156,3 +162,22 @@ def test_a_model_without_the_families_says_how_to_compute_them(page: Any) -> Non
     )
     assert "--metrics pruning,pruning_drops" in text
     assert BARE in text
+
+
+def test_a_model_with_single_drops_only_shows_the_plan_for_one_block(
+        page: Any, service: Service) -> None:
+    """No run with pruning_drops, a default-like run with intervention: the panel draws the
+    plan for n = 1 from the single-block drops, offers no wider budget, and says where the
+    costs come from and how to get the wider ones."""
+    select_models(page, [SINGLE])
+    drawn(page, "pruning")
+    plan = service.client.get(f"/api/v1/models/{SINGLE}/pruning-plan", params={"n": 1}).json()
+    assert plan["costs_from"] == "intervention"
+    rows = _table(page, "pruning-choices")
+    assert [r[1] for r in rows] == [", ".join(map(str, r["blocks"])) for r in plan["rows"]]
+    budget = Select(page.find_element(By_css(), "section[data-panel='pruning'] select.pruning-n"))
+    assert [o.get_attribute("value") for o in budget.options] == ["1"]
+    note = page.execute_script(
+        "return document.querySelector(\"section[data-panel='pruning'] .note\").textContent")
+    assert "intervention family's single-block drops" in note
+    assert f"--model {SINGLE} --metrics pruning,pruning_drops" in note
