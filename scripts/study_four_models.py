@@ -48,6 +48,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import polars as pl  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
 
 from compute.bootstrap import KEY, bootstrap_over_sequences, sequence_matrix  # noqa: E402
 from compute.stages import infer_stages  # noqa: E402
@@ -124,12 +125,36 @@ def sensitivity_middle(n_layers: int) -> tuple[list[int], list[int]]:
     return drop, [b for b in drop if b + 1 in drop]
 
 
+NEURONS_RUN = "neurons-float32"  # results/<slug>/<this>.parquet: the neurons family alone
+
+
+def run_model(path: Path) -> dict[str, Any]:
+    """The model a `strata compute --out` file was computed from (its checkpoint's checksum,
+    dtype and weight processing), from the file's own metadata."""
+    meta = pq.read_schema(path).metadata or {}
+    model = json.loads(meta[b"strata"])["config"]["model"]
+    return {k: model[k] for k in ("revision", "dtype", "processing", "quantization", "source")}
+
+
 def load_run(model: Model) -> tuple[pl.DataFrame, pl.DataFrame] | None:
+    """The model's stored run: its records and per-sequence means. A run without `neurons`
+    takes them from `results/<slug>/neurons-float32.parquet` when that is there: a run of the
+    neurons family alone on the same checkpoint and dtype. The family reads only the weights
+    (every neuron's output row against the unembedding; docs/metrics.md, neurons.*), so its
+    records do not depend on the tokens, and the stage rule reads them as counts per layer."""
     base = ROOT / "results" / model.slug / model.run
     records, means = Path(f"{base}.parquet"), Path(f"{base}.sequence_means.parquet")
     if not (records.is_file() and means.is_file()):
         return None
-    return pl.read_parquet(records), pl.read_parquet(means)
+    frame = pl.read_parquet(records)
+    extra = ROOT / "results" / model.slug / f"{NEURONS_RUN}.parquet"
+    if frame.filter(pl.col("metric").str.starts_with("neurons.")).is_empty() and extra.is_file():
+        ours, theirs = (run_model(path) for path in (records, extra))
+        if ours != theirs:
+            raise SystemExit(f"{extra}: not the model of {records} ({theirs} != {ours})")
+        neurons = pl.read_parquet(extra).filter(pl.col("metric").str.starts_with("neurons."))
+        frame = pl.concat([frame, neurons.select(frame.columns)], how="vertical_relaxed")
+    return frame, pl.read_parquet(means)
 
 
 class Reader:
@@ -522,7 +547,7 @@ def main() -> None:
     holm(tests)
     for t in tests:
         t["verdict"] = verdict(t)
-    out = {"tests": tests, "models": per_model}
+    out = {"tests": tests, "models": per_model, "universality": universality(per_model)}
     if depth is not None:
         out["depth"] = {
             "common_sequences": depth["common_sequences"],
@@ -580,6 +605,30 @@ def claims_markdown(out: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+OUT_OF_SAMPLE = ("Gemma 3 270M", "Qwen2.5-Coder-0.5B-Instruct", "Qwen2.5-Coder-1.5B-Instruct")
+
+
+def universality(per_model: dict[str, Any]) -> dict[str, Any]:
+    """The registered universality verdict over the three out-of-sample models: supported if
+    all three are supported, not supported if any is not supported, inconclusive otherwise;
+    while a model is untested and none is "not supported", it is not decided ("not tested")."""
+    verdicts = {
+        m: (per_model.get(m, {}).get("stages") or {}).get("verdict", "not tested")
+        for m in OUT_OF_SAMPLE
+    }
+    found = list(verdicts.values())
+    if "not supported" in found:
+        verdict = "not supported"
+    elif all(v == "supported" for v in found):
+        verdict = "supported"
+    elif "not tested" in found:
+        verdict = "not tested"
+    else:
+        verdict = "inconclusive"
+    tested = sum(v != "not tested" for v in found)
+    return {"verdict": verdict, "models": verdicts, "tested": tested}
+
+
 def stages_markdown(out: dict[str, Any]) -> str:
     lines = [
         "| model | scoring | boundary | clear | block | relative depth | clear in "
@@ -605,6 +654,12 @@ def stages_markdown(out: dict[str, Any]) -> str:
             f"| {label} | | **verdict** | | | | | | **{e['stages']['verdict']}** "
             f"({e['stages']['counted']} of 3) |"
         )
+    u = out["universality"]
+    lines += [
+        "",
+        f"**Universality** (the registered rule over the three out-of-sample models, "
+        f"{u['tested']} of 3 tested): **{u['verdict']}**.",
+    ]
     return "\n".join(lines) + "\n"
 
 

@@ -69,3 +69,55 @@ def test_holm_steps_down_over_all_34_and_skips_untested(study):
     ]
     tests[0]["estimate"] = -0.3
     assert study.verdict(tests[0]) == "not supported"
+
+
+@pytest.mark.parametrize(
+    ("verdicts", "expected"),
+    # the registration: supported if all three out-of-sample models are, not supported if any
+    # is not, inconclusive otherwise (undecided while one is untested and none is "not")
+    [
+        (("supported", "supported", "supported"), "supported"),
+        (("supported", "not supported", "not tested"), "not supported"),
+        (("inconclusive", "supported", "supported"), "inconclusive"),
+        (("inconclusive", "supported", "not tested"), "not tested"),
+    ],
+)
+def test_universality_is_the_registered_rule(study, verdicts, expected):
+    models = ("Gemma 3 270M", "Qwen2.5-Coder-0.5B-Instruct", "Qwen2.5-Coder-1.5B-Instruct")
+    per_model = {
+        m: {"stages": {"verdict": v}} if v != "not tested" else {}
+        for m, v in zip(models, verdicts, strict=True)
+    }
+    per_model["SmolLM2-135M-Instruct"] = {"stages": {"verdict": "not supported"}}  # in sample
+    got = study.universality(per_model)
+    assert got["verdict"] == expected
+    assert got["tested"] == sum(v != "not tested" for v in verdicts)
+
+
+def test_a_neurons_run_of_another_checkpoint_is_refused(study, tmp_path, monkeypatch):
+    """The stage rule may read a run's neuron counts from a run of the neurons family alone,
+    only if it is of the same checkpoint, dtype and weight processing."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def write(path, revision, metric):
+        model = {"revision": revision, "dtype": "float32", "processing": {}, "quantization": "Q",
+                 "source": "gguf"}
+        table = pa.table({"metric": [metric], "layer": [0], "value": [1.0]})
+        table = table.replace_schema_metadata({"strata": json.dumps({"config": {"model": model}})})
+        pq.write_table(table, path)
+
+    folder = tmp_path / "results" / "m"
+    folder.mkdir(parents=True)
+    write(folder / "run.parquet", "sha256:a", "intervention.kl")
+    write(folder / "run.sequence_means.parquet", "sha256:a", "intervention.kl")
+    write(folder / "neurons-float32.parquet", "sha256:b", "neurons.n_prediction_cal")
+    monkeypatch.setattr(study, "ROOT", tmp_path)
+    model = study.Model("M", "m", "run", 4, "Q", "confirmatory")
+    with pytest.raises(SystemExit, match="not the model"):
+        study.load_run(model)
+    write(folder / "neurons-float32.parquet", "sha256:a", "neurons.n_prediction_cal")
+    records, _ = study.load_run(model)
+    assert sorted(records["metric"].to_list()) == ["intervention.kl", "neurons.n_prediction_cal"]
