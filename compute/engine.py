@@ -13,7 +13,6 @@ import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import pyarrow as pa
 import torch
@@ -21,7 +20,7 @@ from jaxtyping import Int
 from torch import Tensor
 
 from compute.errors import TokenSpecError, UnsupportedArchitectureError
-from compute.flops import family_flops, unit_weights
+from compute.flops import family_flops, flop_settings, unit_weights
 from compute.memory import (
     ModelDims,
     allocator_for_sweeping,
@@ -129,16 +128,6 @@ def auto_batch_size(
 # (seconds with Inductor's on-disk cache), and an eager [512, 1024] block's seven passes (cast,
 # amax, argmax, subtract, exp, sum, two row dot products) cost as much as its bfloat16 matmul.
 FUSE_MIN_FLOPS = 10e12
-
-
-def flop_settings(opts: EngineOptions) -> dict[str, Any]:
-    """The run's options that change what `compute.flops` counts."""
-    return {
-        "screen_steps": opts.screen_steps,
-        "screen_samples": opts.screen_samples,
-        "screen_top_k": opts.screen_top_k,
-        "drop_widths": opts.drop_widths,
-    }
 
 
 def fuse_reductions(

@@ -50,12 +50,14 @@ their intervention is (L^2 - 1) B + (2L - 1) U.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from compute.memory import ModelDims
 from compute.metrics.base import (
     DEFAULT_SCREEN_SAMPLES,
     DEFAULT_SCREEN_STEPS,
     DEFAULT_SCREEN_TOP_K,
+    EngineOptions,
 )
 
 
@@ -81,6 +83,16 @@ def intervention_flops(
     drop_mlp = tail * b + n * u if has_mlp else 0.0
     swap = (n * (n + 1) / 2 - 1) * b + (n - 1) * u
     return drop + drop_attn + drop_mlp + swap
+
+
+def flop_settings(opts: EngineOptions) -> dict[str, Any]:
+    """A run's options that change what `family_flops` and `unit_weights` count."""
+    return {
+        "screen_steps": opts.screen_steps,
+        "screen_samples": opts.screen_samples,
+        "screen_top_k": opts.screen_top_k,
+        "drop_widths": opts.drop_widths,
+    }
 
 
 def family_flops(

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import msgspec
 
-from compute.flops import family_flops, induction_flops, neurons_flops
+from compute.flops import family_flops, flop_settings, induction_flops, neurons_flops
 from compute.memory import (
     DTYPE_BYTES,
     ModelDims,
@@ -92,10 +92,7 @@ def run_flops(config: RunConfig, dims: ModelDims, *, parallel: bool = False) -> 
         seq_len,
         config.families,
         parallel=parallel,
-        screen_steps=config.options.screen_steps,
-        screen_samples=config.options.screen_samples,
-        screen_top_k=config.options.screen_top_k,
-        drop_widths=config.options.drop_widths,
+        **flop_settings(config.options),
     )
     total = sum(per_sequence.values()) * n_sequences
     if "neurons" in config.families:

@@ -297,8 +297,8 @@ def test_progress_weighs_the_screen_and_the_drops_at_the_runs_own_settings(
     screen's and the n-block drops' work at the run's settings — the screen's draws and top k,
     the drop widths — not at the defaults: a batch of each weighs what its FLOPs at those
     settings are, relative to a batch of intervention."""
-    from compute.engine import flop_settings
     from compute.flops import (
+        flop_settings,
         heads_screen_flops,
         pruning_drops_flops,
         pruning_flops,
