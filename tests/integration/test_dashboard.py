@@ -642,13 +642,15 @@ def test_cancel_a_job_from_the_page(page: Any, service: Service) -> None:
 
 
 def test_the_page_waits_out_the_rate_limit_and_says_so(browser: Any, tmp_path: Path) -> None:
-    """A service with a tight read limit (40/second): 120 reads through the page's own client
+    """A service with a tight read limit (15/second): 120 reads through the page's own client
     all succeed, the ones refused with 429 sent again after their Retry-After, while the
-    status line says the page is waiting; nothing else goes wrong."""
+    status line says the page is waiting; nothing else goes wrong. (At 40/second a loaded
+    2-core machine served the 120 reads at 30 a second, under the limit, and none was refused:
+    the limit is below what a busy machine serves, so the refusals this tests happen.)"""
     from tests.integration.web_harness import service_env
     from tests.serving import start_service
 
-    env = {**service_env(tmp_path / "strata.duckdb"), "STRATA_API__READ_RATE_LIMIT": "40/second"}
+    env = {**service_env(tmp_path / "strata.duckdb"), "STRATA_API__READ_RATE_LIMIT": "15/second"}
     served = start_service(env, log=tmp_path / "serve.log", args=["--no-local-worker"],
                            inherit=False, forked=True)
     try:
