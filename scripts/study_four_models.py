@@ -75,7 +75,7 @@ class Model:
 
 MODELS = (
     Model("SmolLM2-135M-Instruct", "smollm2", "default-run-float32", 30, "Q4_1", "re-scored"),
-    Model("Gemma 3 270M", "gemma3", "run-float32", 18, "Q4_K_M", "re-scored"),
+    Model("Gemma 3 270M", "gemma3", "run-float32-n32", 18, "Q4_K_M", "re-scored"),
     Model(
         "Qwen2.5-Coder-0.5B-Instruct",
         "qwen2.5-coder-0.5b",
