@@ -38,6 +38,13 @@ class _ConsoleFilter(logging.Filter):
         return record.name.split(".")[0] == "strata" or record.levelno >= logging.ERROR
 
 
+# Seconds an idle keep-alive connection stays open. Longer than HTTP clients keep theirs idle
+# (httpx: 5 s): at uvicorn's default, also 5 s, both ends expire together, and a request a client
+# sends on its pooled connection as the server closes it is reset ("Connection reset by peer",
+# seen in the suite). A client then opens a new connection before the server closes the old.
+KEEP_ALIVE_S = 65
+
+
 def configure_logging(settings: Settings, log_level: str) -> Path:
     """Every log record goes to `<data_dir>/logs/api.log` (third-party libraries at their own
     level: TransformerLens's model loading, kombu's and Celery's warnings, uvicorn's access
@@ -166,6 +173,7 @@ def run_service(
             access_log=access_log,
             workers=1,
             log_config=None,
+            timeout_keep_alive=KEEP_ALIVE_S,
         )
     finally:
         if processes is not None:

@@ -44,7 +44,7 @@ from compute.run import NEURON_TOKENS_SCHEMA, RunConfig, RunResult, compute_run,
 from compute.tokens import TokenSpec
 from compute.zoo.paths import zoo_path
 from service.exports import FORMATS
-from service.serve import build_app
+from service.serve import KEEP_ALIVE_S, build_app
 from service.settings import Settings
 from service.store import Store
 from service.store.migrate import ensure_current
@@ -209,7 +209,7 @@ def start_api(run_result: RunResult) -> Api:
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(build_app(settings, store), host="127.0.0.1",
                                            port=port, log_config=None, access_log=False,
-                                           lifespan="on"))
+                                           lifespan="on", timeout_keep_alive=KEEP_ALIVE_S))
     thread = threading.Thread(target=server.run, name="api-server", daemon=True)
     thread.start()
     base = f"http://127.0.0.1:{port}"
