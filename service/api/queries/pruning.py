@@ -166,14 +166,10 @@ def _drops_pick(
     pick = snap.canonical(model.id, family=DROPS, metric_version=version)
     if pick is not None:
         return pick, DROPS
-    single = snap.canonical(model.id, family=SINGLE, metric_version=version) if n == 1 else None
-    if single is not None:
+    single = snap.canonical(model.id, family=SINGLE, metric_version=version)
+    if single is not None and n == 1:
         return single, SINGLE
-    also = (
-        f" (its {SINGLE} runs serve a budget of n = 1 only)"
-        if snap.canonical(model.id, family=SINGLE, metric_version=version) is not None
-        else ""
-    )
+    also = f" (its {SINGLE} runs serve a budget of n = 1 only)" if single is not None else ""
     raise NotFoundHttpError(
         f"model {model.name!r} (id {model.id}) has no succeeded run with {DROPS} under metric "
         f"version {version}: no measured drops of n={n} blocks to plan from{also}; " + _how(model)
