@@ -7,16 +7,14 @@ console stays free of errors."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
-import pyarrow.compute as pc
 import pytest
 from selenium.webdriver.support.ui import Select
 
 from compute.models import resolve_model_spec
-from compute.run import RunConfig, RunResult, compute_run
+from compute.run import RunConfig, compute_run
 from compute.tokens import TokenSpec
 from tests.integration.test_dashboard import (
     By_css,
@@ -28,6 +26,7 @@ from tests.integration.test_dashboard import (
     select_models,
     wait_for,
 )
+from tests.integration.test_pruning_plan import _renamed
 from tests.integration.web_harness import Service, service_env
 from tests.serving import start_service
 
@@ -42,24 +41,6 @@ def _browser() -> None:
     require_browser()
 
 
-def _without_pruning(result: RunResult) -> RunResult:
-    """The same run under another name with only the `pruning` predictors (no drops)."""
-    config = result.config
-    config = config.model_copy(
-        update={"model": config.model.model_copy(update={"name": BARE}), "families": ("pruning",)}
-    )
-    keep = "pruning."
-    return dataclasses.replace(
-        result,
-        config=config,
-        config_hash=config.config_hash(),
-        records=result.records.filter(pc.starts_with(result.records.column("metric"), keep)),
-        sequence_means=result.sequence_means.filter(
-            pc.starts_with(result.sequence_means.column("metric"), keep)
-        ),
-    )
-
-
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     tmp = tmp_path_factory.mktemp("pruning-web")
@@ -71,15 +52,16 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
             families=("pruning", "pruning_drops"),
         )
     )
-    single = compute_run(result.config.model_copy(update={"families": ("intervention", "pruning")}))
-    config = single.config.model_copy(
-        update={"model": single.config.model.model_copy(update={"name": SINGLE})}
-    )
-    single = dataclasses.replace(single, config=config, config_hash=config.config_hash())
+    families = ("intervention", "pruning")
+    single = compute_run(result.config.model_copy(update={"families": families}))
     served = start_service(env, log=tmp / "serve.log", inherit=False, forked=True)
     web = Service(served.base, served.proc, served.log, tmp, {MODEL: result})
     try:
-        for run in (result, _without_pruning(result), single):
+        for run in (
+            result,
+            _renamed(result, BARE, ("pruning",), "pruning."),  # the predictors, no drops
+            _renamed(single, SINGLE, families, None),
+        ):
             web.ingest(run)
         yield web
     finally:
