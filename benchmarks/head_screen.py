@@ -240,6 +240,75 @@ def variants(args: argparse.Namespace) -> None:
     print(json.dumps({k: round(v, 1) for k, v in seconds.items()}))
 
 
+def per_sequence(args: argparse.Namespace) -> None:
+    """Per sequence and head, on the tokens `strata compute` would use (the built-in corpus,
+    seed 0): the screen's two terms at its defaults (`first`: (r_h - r) . g; `curvature`: half
+    the mean over the draws of ((r_h - r) . s)^2; each over the T-2 evaluated positions) and
+    the exact `heads.ablation_loss_delta` (`exact`, nats) and `heads.ablation_kl` (`exact_kl`,
+    bits), each from the implementation the families call. The data the screen's calibration
+    is chosen and checked on (`calibrate`)."""
+    import torch
+
+    from compute.engine import clean_pass
+    from compute.metrics.base import EngineOptions, logit_chunks
+    from compute.metrics.heads import ablated_block_output, head_ablations, head_groups
+    from compute.metrics.heads_screen import path_points, residual_gradients
+    from compute.models import Processing, load_model, resolve_model_spec
+    from compute.tokens import TokenSpec, load_tokens, resolve_token_spec
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    start = time.perf_counter()
+    lm = load_model(resolve_model_spec(args.model, dtype="float32", processing=Processing()))
+    spec = resolve_token_spec(
+        TokenSpec(source="builtin", n_sequences=args.n_sequences, seq_len=args.seq_len, seed=0)
+    )
+    tokens = load_tokens(
+        spec, lm.tokenizer, bos_token_id=lm.bos_token_id, d_vocab=lm.d_vocab, n_ctx=lm.n_ctx
+    )
+    opts = EngineOptions()
+    rows: list[dict[str, Any]] = []
+    seconds = {"load": time.perf_counter() - start, "screen": 0.0, "exact": 0.0}
+
+    def emit(name: str, layer: int, group: list[int], first: int, value: Any) -> None:
+        for gi, h in enumerate(group):
+            for i in range(value.shape[1]):
+                rows.append({"estimator": name, "layer": layer, "head": h,
+                             "sequence": first + i, "value": float(value[gi, i])})
+
+    with torch.inference_mode():
+        for first in range(0, tokens.shape[0], args.batch):
+            chunk = tokens[first : first + args.batch]
+            b, t = chunk.shape
+            ctx = clean_pass(lm, chunk, False, logit_chunks(lm, opts), lambda _: None,
+                             capture_z=True)
+            mark = time.perf_counter()
+            grads = residual_gradients(lm, chunk, ctx.resid[0], path_points(1), opts,
+                                       samples=opts.screen_samples, first_sequence=first)
+            for index, layer in enumerate(lm.attention_layers):
+                heads = lm.layers[layer].heads
+                assert heads is not None
+                for group in head_groups(ctx, list(range(heads.n_heads)), opts):
+                    after = ablated_block_output(ctx, layer, group).unflatten(0, (len(group), b))
+                    delta = after.float() - ctx.resid[layer + 1].float()[None]
+                    first_order = (delta * grads.mean[index][None]).sum(dim=(2, 3)) / (t - 2)
+                    along = torch.einsum("gbpd,mbpd->gmb", delta, grads.sampled[index])
+                    emit("first", layer, group, first, first_order)
+                    emit("curvature", layer, group, first, 0.5 * along.square().mean(1) / (t - 2))
+            seconds["screen"] += time.perf_counter() - mark
+            mark = time.perf_counter()
+            for layer in lm.attention_layers:
+                heads = lm.layers[layer].heads
+                assert heads is not None
+                for group in head_groups(ctx, list(range(heads.n_heads)), opts):
+                    kl, loss_delta = head_ablations(ctx, layer, group)
+                    emit("exact", layer, group, first, loss_delta.view(len(group), b, -1).mean(-1))
+                    emit("exact_kl", layer, group, first, kl.view(len(group), b, -1).mean(-1))
+            seconds["exact"] += time.perf_counter() - mark
+            print(f"batch at {first} done, {time.perf_counter() - start:.0f} s", flush=True)
+    pl.DataFrame(rows).write_parquet(args.out)
+    print(json.dumps({k: round(v, 1) for k, v in seconds.items()}))
+
+
 def analyse(args: argparse.Namespace) -> None:
     """Each estimator of a `variants` file against exact per-head numbers (an exported run)."""
     terms = pl.read_parquet(args.variants)
@@ -297,12 +366,19 @@ def main() -> None:
     w.add_argument("--points", type=int, default=8)
     w.add_argument("--batch", type=int, default=4)
     w.add_argument("--out", type=Path, required=True)
+    q = sub.add_parser("per-sequence")
+    q.add_argument("--model", required=True)
+    q.add_argument("--n-sequences", type=int, default=32)
+    q.add_argument("--seq-len", type=int, default=128)
+    q.add_argument("--batch", type=int, default=4)
+    q.add_argument("--out", type=Path, required=True)
     a = sub.add_parser("analyse")
     a.add_argument("--variants", type=Path, required=True)
     a.add_argument("--exact-from", type=Path, required=True)
     args = parser.parse_args()
     commands = {"validate": validate, "time": time_families, "variants": variants,
-                "analyse": analyse, "validate-files": validate_files}
+                "analyse": analyse, "validate-files": validate_files,
+                "per-sequence": per_sequence}
     commands[args.command](args)
 
 
