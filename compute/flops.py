@@ -33,6 +33,8 @@ other reductions are memory-bound elementwise work and count as zero. Per sequen
                                                            L H B); the exact top k at a mean
                                                            depth, on a clean pass made again
                                                            (parallel blocks: no M per head)
+                  [+ once per run, the calibration: c sequences of heads' per-sequence cost
+                  without induction, and a clean pass of them: c (heads + L B + U)]
     attention, norms   0 beyond the clean pass;  neurons: 2 L d_mlp d V (weights only, once)
     pruning       2 (T-1) (L+1)^2 d                        one Gram matrix of the L+1 residual
                                                            points per evaluated and last token
@@ -54,6 +56,7 @@ from typing import Any
 
 from compute.memory import ModelDims
 from compute.metrics.base import (
+    DEFAULT_SCREEN_CALIBRATION,
     DEFAULT_SCREEN_SAMPLES,
     DEFAULT_SCREEN_STEPS,
     DEFAULT_SCREEN_TOP_K,
@@ -91,6 +94,7 @@ def flop_settings(opts: EngineOptions) -> dict[str, Any]:
         "screen_steps": opts.screen_steps,
         "screen_samples": opts.screen_samples,
         "screen_top_k": opts.screen_top_k,
+        "screen_calibration": opts.screen_calibration,
         "drop_widths": opts.drop_widths,
     }
 
@@ -104,11 +108,13 @@ def family_flops(
     screen_steps: int = DEFAULT_SCREEN_STEPS,
     screen_samples: int = DEFAULT_SCREEN_SAMPLES,
     screen_top_k: int = DEFAULT_SCREEN_TOP_K,
+    screen_calibration: int = DEFAULT_SCREEN_CALIBRATION,
     drop_widths: Iterable[int] | None = None,
 ) -> dict[str, float]:
     """FLOPs per sequence of each family beyond the clean pass, plus `clean` (the shared pass).
     The `screen_*` settings and `drop_widths` are the run's options of the same names (the
-    defaults when None).
+    defaults when None); `screen_calibration` costs once per run, not per sequence
+    (`screen_calibration_flops`), and is not counted here.
 
     Sharing between families is charged to the first in registry order (intervention before
     logit_lens and similarity), matching what the engine computes.
@@ -176,6 +182,19 @@ def heads_screen_flops(
     return (steps * 2 + samples) * (n * b + u) + local + exact
 
 
+def screen_calibration_flops(
+    dims: ModelDims, seq_len: int, calibration: int, *, parallel: bool = False
+) -> float:
+    """Once per run: every head ablated exactly on the run's first c = `screen_calibration`
+    sequences (`compute.metrics.heads_screen.calibrate`), on their clean pass made again."""
+    if not calibration:
+        return 0.0
+    a, m, u = block_parts(dims, seq_len)
+    b, n = a + m, dims.n_layers
+    heads = family_flops(dims, seq_len, ["heads"], parallel=parallel)["heads"]
+    return calibration * (heads + n * b + u)
+
+
 def pruning_flops(dims: ModelDims, seq_len: int) -> float:
     """The predictors (`compute.metrics.pruning`): a Gram matrix of the L+1 residual points per
     evaluated and last token. `pruning_drops` computes them too (to score them), shared."""
@@ -229,6 +248,7 @@ def unit_weights(
     screen_steps: int = DEFAULT_SCREEN_STEPS,
     screen_samples: int = DEFAULT_SCREEN_SAMPLES,
     screen_top_k: int = DEFAULT_SCREEN_TOP_K,
+    screen_calibration: int = DEFAULT_SCREEN_CALIBRATION,
     drop_widths: Iterable[int] | None = None,
 ) -> dict[str, tuple[float, float]]:
     """Per family, what one of its progress units weighs: (a unit of a batch, a unit of its
@@ -273,7 +293,10 @@ def unit_weights(
             batch_cost = screen * batch / per_batch
             if at_finish:
                 exact = per_sequence[name] - screen
-                finish_cost = exact * batch * n_batches / at_finish
+                calibration = screen_calibration_flops(
+                    dims, seq_len, screen_calibration, parallel=parallel
+                )
+                finish_cost = (exact * batch * n_batches + calibration) / at_finish
         cost[name] = (batch_cost, finish_cost)
     counts = {
         name: (per_batch * n_batches, at_finish) for name, (per_batch, at_finish) in units.items()

@@ -83,6 +83,9 @@ class RunConfig(BaseModel):
             data["options"].pop("screen_steps", None)
             data["options"].pop("screen_samples", None)
             data["options"].pop("screen_top_k", None)
+            data["options"].pop("screen_calibration", None)
+        elif data["options"].get("screen_calibration") == 0:  # screens from before it existed
+            data["options"].pop("screen_calibration")
         data["families"] = sorted(data["families"])
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
 

@@ -42,6 +42,7 @@ DEFAULT_DROP_WIDTHS = (1, 2, 3, 4)
 DEFAULT_SCREEN_STEPS = 1
 DEFAULT_SCREEN_SAMPLES = 8
 DEFAULT_SCREEN_TOP_K = 10
+DEFAULT_SCREEN_CALIBRATION = 2
 
 
 class EngineOptions(BaseModel):
@@ -109,6 +110,13 @@ class EngineOptions(BaseModel):
         DEFAULT_SCREEN_TOP_K,
         ge=0,
         description="heads_screen: the screen's top k heads, then ablated exactly",
+    )
+    screen_calibration: int = Field(
+        DEFAULT_SCREEN_CALIBRATION,
+        ge=0,
+        le=64,
+        description="heads_screen: the run's first c sequences on which every head is ablated "
+        "exactly, to correct each head's estimate by its error there; 0 = the estimate alone",
     )
 
     @field_validator("drop_widths")

@@ -45,8 +45,17 @@ takes what follows to second order, and then measures the heads it ranks highest
    changes nothing: a norm after attention undoes a common scale of a block's heads. It is
    kept as a setting, off by default.
 
-3. **The top k, exactly.** After every batch is screened, the k heads with the largest mean
-   estimate (`screen_top_k`) are ablated exactly by `heads.head_ablations` — the
+3. **Calibrated by exact ablation on a few sequences.** Every head is ablated exactly on the
+   run's first c = `screen_calibration` sequences, and each head's estimate is corrected by its
+   mean error there: value = mean over the N sequences of the estimate + mean over the c of
+   (exact - estimate), a difference estimator (two-phase sampling; the estimate serves as a
+   control variate for the exact number). It is unbiased for the head's mean exact loss delta
+   over the run whatever the estimate's bias, where the second-order estimate is biased by
+   construction: its Gauss-Newton term is never negative, so it overestimates heads whose
+   block output changes much while the loss barely does. Costs c sequences of exact `heads`.
+
+4. **The top k, exactly.** After every batch is screened, the k heads with the largest
+   (calibrated) estimate (`screen_top_k`) are ablated exactly by `heads.head_ablations` — the
    implementation of `heads.ablation_*`, called, not copied — on every batch again (its clean
    pass recomputed from the tokens the screen kept): `heads_screen.ablation_loss_delta` and
    `heads_screen.ablation_kl` are those heads' exact numbers, so the heads a user acts on are
@@ -57,14 +66,17 @@ patch that passes through a softmax it would otherwise linearise; zeroing z chan
 of its own block, and step 1 is the same idea for the nonlinear parts this intervention does
 pass through locally (the norm after attention, the block's MLP). GradDrop (one backward per
 block with that block's gradient path dropped, against cancellation between paths) costs L
-backward passes and is not implemented: the exact top k is the screen's safeguard instead.
+backward passes and is not implemented: the calibration and the exact top k are the screen's
+safeguards instead.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from jaxtyping import Float
 from torch import Tensor
@@ -74,17 +86,28 @@ from compute.metrics.base import BatchContext, EngineOptions, FamilyBase, Family
 from compute.metrics.heads import ablated_block_output, add_head_ablations, head_groups
 from compute.metrics.heads_atp import graph_sequences, loss_gradient
 from compute.models import LoadedModel
+from compute.records import Record
 from compute.reduce import MeanAccumulator
 
 
 class ScreenAccumulator(MeanAccumulator):
     """The screen's state for one run: its running means, and the batches it saw (first
-    sequence, tokens), on which the exact top k runs again in `finish`, once the screen's
-    ranking over every batch is known."""
+    sequence, tokens), on which the calibration and the exact top k run in `finish`, once the
+    screen's estimates over every batch are known."""
 
     def __init__(self, device: torch.device | str = "cpu", n_sequences: int = 0) -> None:
         super().__init__(device, n_sequences)
         self.seen: list[tuple[int, Tensor]] = []
+
+
+@dataclass
+class Calibrated:
+    """Per head (layer, head): the calibrated estimate of its mean loss delta and its standard
+    error (None where it cannot be estimated: fewer than two calibration sequences)."""
+
+    value: dict[tuple[int, int], float]
+    stderr: dict[tuple[int, int], float | None]
+    n: int
 
 
 # The draws of the curvature term are seeded per sequence: SCREEN_SEED + its index in the run.
@@ -294,14 +317,76 @@ def estimates_from_gradients(
     return out
 
 
-def top_heads(acc: MeanAccumulator, k: int) -> list[tuple[int, int]]:
-    """The k (layer, head) of largest mean screen estimate (ties: the lower layer, head)."""
-    scored = [
-        (-stat.value, int(str(key[1])), int(str(key[2])))
-        for key, stat in acc.results().items()
-        if key[0] == "loss_delta"
-    ]
+def top_heads(
+    acc: MeanAccumulator, k: int, calibrated: Calibrated | None = None
+) -> list[tuple[int, int]]:
+    """The k (layer, head) of largest estimate — the calibrated one where there is one, else
+    the screen's mean (ties: the lower layer, head)."""
+    if calibrated is not None:
+        scored = [(-value, layer, head) for (layer, head), value in calibrated.value.items()]
+    else:
+        scored = [
+            (-stat.value, int(str(key[1])), int(str(key[2])))
+            for key, stat in acc.results().items()
+            if key[0] == "loss_delta"
+        ]
     return [(layer, head) for _, layer, head in sorted(scored)[:k]]
+
+
+def calibration_tokens(seen: list[tuple[int, Tensor]], c: int) -> Tensor:
+    """The run's first c sequences (fewer if the run has fewer), from the batches it kept."""
+    rows = [tokens[: max(0, c - first)] for first, tokens in sorted(seen, key=lambda x: x[0])]
+    return torch.cat([r for r in rows if r.shape[0]], 0)
+
+
+def calibrate(
+    lm: LoadedModel,
+    acc: MeanAccumulator,
+    seen: list[tuple[int, Tensor]],
+    opts: EngineOptions,
+    tick: Callable[[int], None],
+) -> Calibrated:
+    """Every head ablated exactly (`heads.head_ablations`, through `add_head_ablations`) on the
+    run's first c = `screen_calibration` sequences, and each head's estimate corrected by its
+    mean error there (a difference estimator; module docstring, step 3):
+
+        value_h = mean over all N sequences of s_h  +  mean over the c of (e_h - s_h)
+
+    s the screen's per-sequence estimate, e the exact loss delta. Unbiased for the head's mean
+    exact loss delta over the run's sequences when the c are a sample of them (the built-in
+    corpus draws its windows at random); its variance is Var(s)/N + Var(e - s)/c, less the
+    covariance of the two means (the c are among the N), which the stderr leaves out: it is
+    conservative when screen and error move together and at most slightly low otherwise."""
+    tokens = calibration_tokens(seen, opts.screen_calibration)
+    c = tokens.shape[0]
+    exact = MeanAccumulator(lm.device, c)
+    ctx = _clean_context(lm, tokens, opts)
+    exact.start_batch(0, c)
+    for layer in lm.attention_layers:
+        heads = lm.layers[layer].heads
+        assert heads is not None
+        add_head_ablations(ctx, exact, layer, list(range(heads.n_heads)), opts)
+        tick(1)
+    del ctx
+    e_keys, e_means, _ = exact.sequence_means()  # [c, keys]
+    s_keys, s_means, s_has = acc.sequence_means()  # [N, keys]
+    s_slot = {key: i for i, key in enumerate(s_keys) if key[0] == "loss_delta"}
+    value: dict[tuple[int, int], float] = {}
+    stderr: dict[tuple[int, int], float | None] = {}
+    for j, key in enumerate(e_keys):
+        if key[0] != "ablation_loss_delta":
+            continue
+        layer, head = int(str(key[1])), int(str(key[2]))
+        i = s_slot[("loss_delta", layer, head)]
+        screen = s_means[s_has[:, i], i]
+        error = e_means[:, j] - s_means[:c, i]
+        value[(layer, head)] = float(screen.mean() + error.mean())
+        stderr[(layer, head)] = (
+            float(np.sqrt(screen.var(ddof=1) / len(screen) + error.var(ddof=1) / c))
+            if c > 1 and len(screen) > 1
+            else None
+        )
+    return Calibrated(value, stderr, n=int(s_has.any(axis=1).sum()))
 
 
 class HeadsScreenFamily(FamilyBase):
@@ -313,8 +398,10 @@ class HeadsScreenFamily(FamilyBase):
         return 1
 
     def units_at_finish(self, lm: LoadedModel, opts: EngineOptions) -> int:
+        """A unit per head of the exact top k, and per attention block of the calibration."""
         kinds = [lm.layers[layer].heads for layer in lm.attention_layers]
-        return min(opts.screen_top_k, sum(k.n_heads for k in kinds if k is not None))
+        top_k = min(opts.screen_top_k, sum(k.n_heads for k in kinds if k is not None))
+        return top_k + (len(kinds) if opts.screen_calibration else 0)
 
     def accumulator(self, device: torch.device | str, n_sequences: int) -> ScreenAccumulator:
         return ScreenAccumulator(device, n_sequences)
@@ -325,7 +412,7 @@ class HeadsScreenFamily(FamilyBase):
         estimates = screen_loss_delta(ctx, opts, acc.batch[0])  # per attention block: [H, b]
         for layer, estimate in zip(ctx.lm.attention_layers, estimates, strict=True):
             acc.add_many([("loss_delta", layer, h) for h in range(estimate.shape[0])], estimate)
-        if opts.screen_top_k and estimates:
+        if (opts.screen_top_k or opts.screen_calibration) and estimates:
             acc.seen.append((acc.batch[0], ctx.tokens))
         ctx.tick(1)
 
@@ -338,7 +425,10 @@ class HeadsScreenFamily(FamilyBase):
     ) -> FamilyOutput:
         assert isinstance(acc, ScreenAccumulator)
         seen, acc.seen = acc.seen, []
-        chosen = top_heads(acc, opts.screen_top_k) if seen else []
+        calibrated = (
+            calibrate(lm, acc, seen, opts, tick) if seen and opts.screen_calibration else None
+        )
+        chosen = top_heads(acc, opts.screen_top_k, calibrated) if seen else []
         by_layer: dict[int, list[int]] = {}
         for layer, head in sorted(chosen):
             by_layer.setdefault(layer, []).append(head)
@@ -350,7 +440,23 @@ class HeadsScreenFamily(FamilyBase):
                 if index == len(seen) - 1:
                     tick(len(heads))
             del ctx
-        return super().finish(lm, acc, opts, tick)
+        out = super().finish(lm, acc, opts, tick)
+        if calibrated is None:
+            return out
+        records = [
+            Record.of(
+                r.metric,
+                calibrated.value[(r.layer, r.head)],
+                r.n,
+                layer=r.layer,
+                head=r.head,
+                stderr=calibrated.stderr[(r.layer, r.head)],
+            )
+            if r.metric == "heads_screen.loss_delta" and r.layer is not None and r.head is not None
+            else r
+            for r in out.records
+        ]
+        return dataclasses.replace(out, records=records)
 
 
 def _clean_context(lm: LoadedModel, tokens: Tensor, opts: EngineOptions) -> BatchContext:

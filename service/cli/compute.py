@@ -121,6 +121,14 @@ from service.settings import get_settings
     default=None,
     help="heads_screen: the screen's top k heads ablated exactly (default 10; part of the run)",
 )
+@click.option(
+    "--screen-calibration",
+    type=int,
+    default=None,
+    help="heads_screen: the run's first c sequences on which every head is ablated exactly, "
+    "to correct each estimate by its error there (default 2; 0 = the estimate alone; part of "
+    "the run)",
+)
 @out_option
 @click.option(
     "--store", is_flag=True, help="also write the run into the results store (STRATA_DATABASE)"
@@ -147,6 +155,7 @@ def compute(
     screen_steps: int | None,
     screen_samples: int | None,
     screen_top_k: int | None,
+    screen_calibration: int | None,
     out_path: str | None,
     store: bool,
     quiet: bool,
@@ -182,6 +191,7 @@ def compute(
                 "screen_steps": screen_steps,
                 "screen_samples": screen_samples,
                 "screen_top_k": screen_top_k,
+                "screen_calibration": screen_calibration,
             },
         )
         if store:  # fail before hours of compute if the results could not be stored

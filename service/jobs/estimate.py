@@ -27,7 +27,13 @@ from pathlib import Path
 
 import msgspec
 
-from compute.flops import family_flops, flop_settings, induction_flops, neurons_flops
+from compute.flops import (
+    family_flops,
+    flop_settings,
+    induction_flops,
+    neurons_flops,
+    screen_calibration_flops,
+)
 from compute.memory import (
     DTYPE_BYTES,
     ModelDims,
@@ -97,6 +103,13 @@ def run_flops(config: RunConfig, dims: ModelDims, *, parallel: bool = False) -> 
     total = sum(per_sequence.values()) * n_sequences
     if "neurons" in config.families:
         total += neurons_flops(dims)
+    if "heads_screen" in config.families:
+        total += screen_calibration_flops(
+            dims,
+            seq_len,
+            min(config.options.screen_calibration, n_sequences),
+            parallel=parallel,
+        )
     if "heads" in config.families:
         total += induction_flops(
             dims, config.options.induction_n, config.options.induction_sequences

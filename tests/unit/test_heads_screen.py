@@ -333,3 +333,96 @@ def test_batching_does_not_change_the_numbers(
         assert set(other) == set(whole)
         for key, value in whole.items():
             assert other[key] == pytest.approx(value, rel=1e-4, abs=1e-7), key
+
+
+# --------------------------------------------------------------------------- calibration
+def _per_sequence_screen(lm: Any, tokens: torch.Tensor, opts: EngineOptions) -> torch.Tensor:
+    """[layers, heads, sequences]: the screen's estimate of each sequence alone, its draws
+    seeded by the sequence's index in the run as a run seeds them."""
+    out = []
+    for i in range(tokens.shape[0]):
+        with torch.inference_mode():
+            ctx = clean_pass(lm, tokens[i : i + 1], False, logit_chunks(lm, opts),
+                             lambda _: None, capture_z=True)
+            out.append(torch.stack([e[:, 0] for e in screen_loss_delta(ctx, opts, i)]))
+    return torch.stack(out, -1).double()
+
+
+def _per_sequence_exact(lm: Any, tokens: torch.Tensor) -> torch.Tensor:
+    """[layers, heads, sequences]: `heads.ablation_loss_delta` of each sequence alone."""
+    out = torch.zeros(lm.n_layers, lm.n_heads, tokens.shape[0], dtype=torch.float64)
+    for i in range(tokens.shape[0]):
+        for r in sweep(lm, tokens[i : i + 1], ["heads"], EngineOptions()).records:
+            if r.metric == "heads.ablation_loss_delta":
+                out[r.layer, r.head, i] = r.value
+    return out
+
+
+@pytest.mark.parametrize("c", [1, 3])
+def test_the_calibrated_estimate_equals_the_slow_reference(
+        c: int, tiny_factories: dict[str, Callable[..., Any]]) -> None:
+    """loss_delta = mean over all N sequences of the screen + mean over the first c of (exact -
+    screen), each sequence computed alone; stderr sqrt(Var(s)/N + Var(e - s)/c), none at c = 1;
+    and the top k are the k largest of it."""
+    lm = tiny_factories["random"](seed=8, n_layers=3)
+    tokens = tiny_factories["tokens"](5, 14, lm.d_vocab_real, lm.bos_token_id, seed=6)
+    opts = EngineOptions(batch_size=2, screen_samples=3, screen_top_k=3, screen_calibration=c)
+    records = sweep(lm, tokens, ["heads_screen"], opts).records
+    screen = _per_sequence_screen(lm, tokens, opts)
+    exact = _per_sequence_exact(lm, tokens[:c])
+    error = exact - screen[..., :c]
+    want = screen.mean(-1) + error.mean(-1)
+    got = {(r.layer, r.head): r for r in records if r.metric == "heads_screen.loss_delta"}
+    assert len(got) == lm.n_layers * lm.n_heads
+    for (layer, head), r in got.items():
+        assert r.value == pytest.approx(float(want[layer, head]), rel=1e-4, abs=1e-7)
+        assert r.n == 5
+        if c == 1:
+            assert r.stderr is None
+        else:
+            var = screen[layer, head].var() / 5 + error[layer, head].var() / c
+            assert r.stderr == pytest.approx(float(var.sqrt()), rel=1e-3, abs=1e-8)
+    order = sorted(got, key=lambda k: (-got[k].value, k))
+    exact_rows = {(r.layer, r.head) for r in records
+                  if r.metric == "heads_screen.ablation_loss_delta"}
+    assert exact_rows == set(order[:3])
+
+
+def test_calibrated_on_every_sequence_the_screen_is_the_exact_ablation(
+        tiny_factories: dict[str, Callable[..., Any]]) -> None:
+    """With c = N the correction replaces the estimate by the exact mean: every head's
+    loss_delta is `heads.ablation_loss_delta`, whatever the screen estimated (here first order
+    alone, far from it on a random model)."""
+    lm = tiny_factories["random"](seed=9, n_layers=3)
+    tokens = tiny_factories["tokens"](4, 12, lm.d_vocab_real, lm.bos_token_id, seed=1)
+    opts = EngineOptions(batch_size=3, screen_samples=0, screen_top_k=0, screen_calibration=4)
+    records = sweep(lm, tokens, ["heads", "heads_screen"], opts).records
+    exact = {(r.layer, r.head): r.value for r in records
+             if r.metric == "heads.ablation_loss_delta"}
+    screen = {(r.layer, r.head): r.value for r in records
+              if r.metric == "heads_screen.loss_delta"}
+    assert screen.keys() == exact.keys()
+    for key, value in exact.items():
+        assert screen[key] == pytest.approx(value, rel=1e-4, abs=1e-7), key
+    uncalibrated = sweep(lm, tokens, ["heads_screen"],
+                         EngineOptions(batch_size=3, screen_samples=0, screen_top_k=0,
+                                       screen_calibration=0)).records
+    assert max(abs(r.value - exact[(r.layer, r.head)]) for r in uncalibrated) > 1e-3
+
+
+def test_the_calibration_is_part_of_a_screens_identity_only() -> None:
+    """c is part of a heads_screen run's identity; a run without the screen, and a screen at
+    c = 0 (as every screen was before the calibration), keep the hashes they had."""
+    from compute.models import ModelSpec
+    from compute.run import RunConfig
+    from compute.tokens import TokenSpec
+
+    def config(families: tuple[str, ...], c: int) -> RunConfig:
+        return RunConfig(model=ModelSpec(source="zoo", name="tiny-2l-s0"),
+                         tokens=TokenSpec(source="builtin", n_sequences=2, seq_len=8),
+                         families=families, options=EngineOptions(screen_calibration=c))
+
+    assert config(("norms",), 0).config_hash() == config(("norms",), 2).config_hash()
+    assert config(("heads_screen",), 2).config_hash() != config(("heads_screen",), 3).config_hash()
+    assert '"screen_calibration":2' in config(("heads_screen",), 2).canonical_json()
+    assert "screen_calibration" not in config(("heads_screen",), 0).canonical_json()
