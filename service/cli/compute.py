@@ -126,7 +126,7 @@ from service.settings import get_settings
     type=int,
     default=None,
     help="heads_screen: the run's first c sequences on which every head is ablated exactly, "
-    "to correct each estimate by its error there (default 2; 0 = the estimate alone; part of "
+    "to correct each estimate by its error there (default 0: the estimate alone; part of "
     "the run)",
 )
 @out_option
