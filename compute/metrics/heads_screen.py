@@ -336,10 +336,14 @@ def top_heads(
     return [(layer, head) for _, layer, head in sorted(scored)[:k]]
 
 
-def calibration_tokens(seen: list[tuple[int, Tensor]], c: int) -> Tensor:
-    """The run's first c sequences (fewer if the run has fewer), from the batches it kept."""
-    rows = [tokens[: max(0, c - first)] for first, tokens in sorted(seen, key=lambda x: x[0])]
-    return torch.cat([r for r in rows if r.shape[0]], 0)
+def calibration_batches(seen: list[tuple[int, Tensor]], c: int) -> list[tuple[int, Tensor]]:
+    """The run's first c sequences (fewer if the run has fewer), as the batches the run cut
+    them in (first sequence, tokens): batches sized for the run's memory budget."""
+    return [
+        (first, tokens[: c - first])
+        for first, tokens in sorted(seen, key=lambda x: x[0])
+        if first < c
+    ]
 
 
 def calibrate(
@@ -360,17 +364,19 @@ def calibrate(
     corpus draws its windows at random); its variance is Var(s)/N + Var(e - s)/c, less the
     covariance of the two means (the c are among the N), which the stderr leaves out: it is
     conservative when screen and error move together and at most slightly low otherwise."""
-    tokens = calibration_tokens(seen, opts.screen_calibration)
-    c = tokens.shape[0]
+    batches = calibration_batches(seen, opts.screen_calibration)
+    c = sum(tokens.shape[0] for _, tokens in batches)
     exact = MeanAccumulator(lm.device, c)
-    ctx = _clean_context(lm, tokens, opts)
-    exact.start_batch(0, c)
-    for layer in lm.attention_layers:
-        heads = lm.layers[layer].heads
-        assert heads is not None
-        add_head_ablations(ctx, exact, layer, list(range(heads.n_heads)), opts)
-        tick(1)
-    del ctx
+    for index, (first, tokens) in enumerate(batches):
+        ctx = _clean_context(lm, tokens, opts)
+        exact.start_batch(first, tokens.shape[0])
+        for layer in lm.attention_layers:
+            heads = lm.layers[layer].heads
+            assert heads is not None
+            add_head_ablations(ctx, exact, layer, list(range(heads.n_heads)), opts)
+            if index == len(batches) - 1:
+                tick(1)
+        del ctx
     e_keys, e_means, _ = exact.sequence_means()  # [c, keys]
     s_keys, s_means, s_has = acc.sequence_means()  # [N, keys]
     s_slot = {key: i for i, key in enumerate(s_keys) if key[0] == "loss_delta"}

@@ -318,12 +318,13 @@ def test_draws_through_a_logit_soft_cap_equal_the_slow_reference(
 def test_batching_does_not_change_the_numbers(
         tiny_factories: dict[str, Callable[..., Any]]) -> None:
     """The draws are seeded per sequence: one batch of 5 sequences, batches of 2 + 2 + 1 and
-    batches of 1 give the same estimates and the same exact top k."""
+    batches of 1 give the same estimates, calibrated on 3 sequences, and the same exact top k."""
     lm = tiny_factories["random"](seed=3, n_layers=2)
     tokens = tiny_factories["tokens"](5, 14, lm.d_vocab_real, lm.bos_token_id, seed=2)
 
     def rows(batch: int) -> dict[tuple[Any, ...], float]:
-        opts = EngineOptions(batch_size=batch, screen_samples=4, screen_top_k=3)
+        opts = EngineOptions(batch_size=batch, screen_samples=4, screen_top_k=3,
+                             screen_calibration=3)
         return {(r.metric, r.layer, r.head): r.value
                 for r in sweep(lm, tokens, ["heads_screen"], opts).records}
 
