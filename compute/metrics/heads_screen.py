@@ -441,7 +441,7 @@ class HeadsScreenFamily(FamilyBase):
         by_layer: dict[int, list[int]] = {}
         for layer, head in sorted(chosen):
             by_layer.setdefault(layer, []).append(head)
-        for index, (first, tokens) in enumerate(seen):
+        for index, (first, tokens) in enumerate(seen if by_layer else []):
             ctx = _clean_context(lm, tokens, opts)
             acc.start_batch(first, tokens.shape[0])
             for layer, heads in by_layer.items():

@@ -91,6 +91,26 @@ def test_engine_does_the_counted_work(arch: str, families: list[str],
 
 
 @pytest.mark.parametrize("arch", list(ARCHS))
+def test_the_screens_calibration_does_the_counted_work(
+        arch: str, tiny_factories: dict[str, Callable[..., Any]]) -> None:
+    """The calibration's forward work (every head ablated exactly on the first c sequences, on
+    their clean pass made again) is `screen_calibration_flops`: the counted difference between a
+    screen with c = 2 and one without (k = 0: the same screen otherwise)."""
+    from compute.flops import screen_calibration_flops
+
+    lm = tiny_factories["random"](seed=3, n_layers=3, **ARCHS[arch])
+    tokens = tiny_factories["tokens"](3, 12, lm.d_vocab_real, lm.bos_token_id, seed=2)
+    counted = []
+    for c in (0, 2):
+        counter = Counter(lm)
+        sweep(lm, tokens, ["heads_screen"],
+              EngineOptions(batch_size=2, screen_top_k=0, screen_calibration=c, **OPTS))
+        counted.append(counter.flops)
+    expected = screen_calibration_flops(ModelDims.of(lm), 12, 2, parallel=lm.parallel)
+    assert counted[1] - counted[0] == pytest.approx(expected, rel=1e-9)
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
 def test_fast_blocks_give_the_hooked_blocks_records(
         arch: str, tiny_factories: dict[str, Callable[..., Any]]) -> None:
     """Every family through the fast forward and through TransformerLens's hooked blocks."""
