@@ -361,9 +361,9 @@ def calibrate(
 
     s the screen's per-sequence estimate, e the exact loss delta. Unbiased for the head's mean
     exact loss delta over the run's sequences when the c are a sample of them (the built-in
-    corpus draws its windows at random); its variance is Var(s)/N + Var(e - s)/c, less the
-    covariance of the two means (the c are among the N), which the stderr leaves out: it is
-    conservative when screen and error move together and at most slightly low otherwise."""
+    corpus draws its windows at random). Its variance, the c being among the N, is
+    Var(s)/N + Var(e - s)/c + 2 Cov(s, e - s)/N: the stderr is its square root, Var(s) over the
+    N sequences, the other two over the c (none for c < 2; at least 0)."""
     batches = calibration_batches(seen, opts.screen_calibration)
     c = sum(tokens.shape[0] for _, tokens in batches)
     exact = MeanAccumulator(lm.device, c)
@@ -390,11 +390,14 @@ def calibrate(
         screen = s_means[s_has[:, i], i]
         error = e_means[:, j] - s_means[:c, i]
         value[(layer, head)] = float(screen.mean() + error.mean())
-        stderr[(layer, head)] = (
-            float(np.sqrt(screen.var(ddof=1) / len(screen) + error.var(ddof=1) / c))
-            if c > 1 and len(screen) > 1
-            else None
-        )
+        if c > 1 and len(screen) > 1:
+            both = np.cov(s_means[:c, i], error)  # ddof 1
+            variance = (
+                screen.var(ddof=1) / len(screen) + both[1, 1] / c + 2 * both[0, 1] / len(screen)
+            )
+            stderr[(layer, head)] = float(np.sqrt(max(variance, 0.0)))
+        else:
+            stderr[(layer, head)] = None
     return Calibrated(value, stderr, n=int(s_has.any(axis=1).sum()))
 
 

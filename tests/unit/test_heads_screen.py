@@ -363,7 +363,8 @@ def _per_sequence_exact(lm: Any, tokens: torch.Tensor) -> torch.Tensor:
 def test_the_calibrated_estimate_equals_the_slow_reference(
         c: int, tiny_factories: dict[str, Callable[..., Any]]) -> None:
     """loss_delta = mean over all N sequences of the screen + mean over the first c of (exact -
-    screen), each sequence computed alone; stderr sqrt(Var(s)/N + Var(e - s)/c), none at c = 1;
+    screen), each sequence computed alone; stderr sqrt(Var(s)/N + Var(e - s)/c + 2 Cov(s, e - s)/N),
+    none at c = 1;
     and the top k are the k largest of it."""
     lm = tiny_factories["random"](seed=8, n_layers=3)
     tokens = tiny_factories["tokens"](5, 14, lm.d_vocab_real, lm.bos_token_id, seed=6)
@@ -381,8 +382,10 @@ def test_the_calibrated_estimate_equals_the_slow_reference(
         if c == 1:
             assert r.stderr is None
         else:
-            var = screen[layer, head].var() / 5 + error[layer, head].var() / c
-            assert r.stderr == pytest.approx(float(var.sqrt()), rel=1e-3, abs=1e-8)
+            s_c, err = screen[layer, head, :c], error[layer, head]
+            cov = ((s_c - s_c.mean()) * (err - err.mean())).sum() / (c - 1)
+            var = screen[layer, head].var() / 5 + err.var() / c + 2 * cov / 5
+            assert r.stderr == pytest.approx(float(var.clamp(min=0).sqrt()), rel=1e-3, abs=1e-8)
     order = sorted(got, key=lambda k: (-got[k].value, k))
     exact_rows = {(r.layer, r.head) for r in records
                   if r.metric == "heads_screen.ablation_loss_delta"}
