@@ -309,6 +309,57 @@ def per_sequence(args: argparse.Namespace) -> None:
     print(json.dumps({k: round(v, 1) for k, v in seconds.items()}))
 
 
+def calibration(args: argparse.Namespace) -> None:
+    """The screen with and without its calibration, from a `per-sequence` file: per c, what
+    `heads_screen.loss_delta` would be (the mean estimate plus the mean error on the first c
+    sequences, as the family computes it) scored against the exact mean over all the file's
+    sequences; then the exploratory figures of docs/performance.md ("The calibration")."""
+    frame = pl.read_parquet(args.per_sequence)
+
+    def matrix(name: str) -> np.ndarray:
+        rows = frame.filter(pl.col("estimator") == name).sort("layer", "head", "sequence")
+        return rows["value"].to_numpy().reshape(-1, rows["sequence"].n_unique())
+
+    first, exact = matrix("first"), matrix("exact")
+    screen = first + matrix("curvature")
+    n = exact.shape[1]
+    truth = exact.mean(1)
+    top = set(np.argsort(-truth)[:TOP].tolist())
+
+    def score(estimate: np.ndarray) -> dict[str, Any]:
+        order = np.argsort(-estimate).tolist()
+        return {"spearman": round(float(scipy.stats.spearmanr(estimate, truth)[0]), 3),
+                "pearson": round(float(scipy.stats.pearsonr(estimate, truth)[0]), 3),
+                "exact_top10_in_top10": len(top & set(order[:TOP])),
+                "k_for_exact_top10": max(order.index(i) for i in top) + 1}
+
+    def calibrated(c: int) -> np.ndarray:
+        return screen.mean(1) + (exact[:, :c] - screen[:, :c]).mean(1)
+
+    out: dict[str, Any] = {"heads": exact.shape[0], "sequences": n, "c=0": score(screen.mean(1))}
+    out.update({f"c={c}": score(calibrated(c)) for c in args.c if 0 < c < n})
+    clear = np.abs(truth) > 2 * exact.std(1, ddof=1) / np.sqrt(n)
+    out["exploratory"] = {
+        "first order alone": score(first.mean(1)),
+        "heads whose exact mean is more than 2 stderr from 0": int(clear.sum()),
+        "spearman over those heads, per c": {
+            f"c={c}": round(float(scipy.stats.spearmanr(
+                (calibrated(c) if c else screen.mean(1))[clear], truth[clear])[0]), 3)
+            for c in [0, *args.c] if c < n},
+        "exact against itself, first half of the sequences against the second (spearman)":
+            round(float(scipy.stats.spearmanr(exact[:, : n // 2].mean(1),
+                                              exact[:, n // 2 :].mean(1))[0]), 3),
+        "per sequence, spearman over heads of estimate and exact (median)": round(float(
+            np.median([scipy.stats.spearmanr(screen[:, i], exact[:, i])[0] for i in range(n)])),
+            3),
+        "median over heads of the sd over sequences: exact, exact - estimate": [
+            round(float(np.median(exact.std(1, ddof=1))), 4),
+            round(float(np.median((exact - screen).std(1, ddof=1))), 4)],
+        "sd over heads of the exact means": round(float(truth.std()), 4),
+    }
+    print(json.dumps(out, indent=1))
+
+
 def analyse(args: argparse.Namespace) -> None:
     """Each estimator of a `variants` file against exact per-head numbers (an exported run)."""
     terms = pl.read_parquet(args.variants)
@@ -372,13 +423,16 @@ def main() -> None:
     q.add_argument("--seq-len", type=int, default=128)
     q.add_argument("--batch", type=int, default=4)
     q.add_argument("--out", type=Path, required=True)
+    k = sub.add_parser("calibration")
+    k.add_argument("--per-sequence", type=Path, required=True)
+    k.add_argument("--c", type=int, nargs="*", default=[1, 2, 4])
     a = sub.add_parser("analyse")
     a.add_argument("--variants", type=Path, required=True)
     a.add_argument("--exact-from", type=Path, required=True)
     args = parser.parse_args()
     commands = {"validate": validate, "time": time_families, "variants": variants,
                 "analyse": analyse, "validate-files": validate_files,
-                "per-sequence": per_sequence}
+                "per-sequence": per_sequence, "calibration": calibration}
     commands[args.command](args)
 
 
