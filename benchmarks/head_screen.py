@@ -245,7 +245,7 @@ def per_sequence(args: argparse.Namespace) -> None:
     seed 0): the screen's two terms at its defaults (`first`: (r_h - r) . g; `curvature`: half
     the mean over the draws of ((r_h - r) . s)^2; each over the T-2 evaluated positions) and
     the exact `heads.ablation_loss_delta` (`exact`, nats) and `heads.ablation_kl` (`exact_kl`,
-    bits), each from the implementation the families call. The data the screen's calibration
+    nats), each from the implementation the families call. The data the screen's calibration
     is chosen and checked on (`calibrate`)."""
     import torch
 
@@ -356,6 +356,19 @@ def calibration(args: argparse.Namespace) -> None:
             round(float(np.median(exact.std(1, ddof=1))), 4),
             round(float(np.median((exact - screen).std(1, ddof=1))), 4)],
         "sd over heads of the exact means": round(float(truth.std()), 4),
+        # What the calibration trades: it removes each head's error mean_N(e - s) and adds
+        # the noise of estimating it from c sequences, sd(e - s) sqrt(1/c - 1/N) per head.
+        "sd over heads of the screen's error mean_N(exact - estimate): all heads, the others":
+            [round(float((truth - screen.mean(1)).std()), 4),
+             round(float((truth - screen.mean(1))[~clear].std()), 4)],
+        "median over heads of |mean_N(exact - estimate)|: all heads, the others":
+            [round(float(np.median(np.abs(truth - screen.mean(1)))), 4),
+             round(float(np.median(np.abs(truth - screen.mean(1))[~clear])), 4)],
+        "median over heads of the calibration's noise at c = 2, all heads, the others": [
+            round(float(np.median((exact - screen).std(1, ddof=1)) * np.sqrt(1 / 2 - 1 / n)), 4),
+            round(float(np.median((exact - screen)[~clear].std(1, ddof=1))
+                        * np.sqrt(1 / 2 - 1 / n)), 4)],
+        "sd over heads of the exact means, the others": round(float(truth[~clear].std()), 4),
     }
     print(json.dumps(out, indent=1))
 

@@ -78,7 +78,7 @@ def head_ablations(
     ctx: BatchContext, layer: int, group: list[int]
 ) -> tuple[Float[Tensor, "group n"], Float[Tensor, "group n"]]:
     """The exact ablation of each head of `group` (block `layer`), per head and evaluated token
-    of the batch (batch-major): (KL(P || Q) in bits, loss(Q) - loss(P) in nats). The one
+    of the batch (batch-major): (KL(P || Q) and loss(Q) - loss(P), both in nats). The one
     implementation of `heads.ablation_*`; the head screen's exact top k (`heads_screen`) calls
     it through `add_head_ablations`."""
     after = ablated_block_output(ctx, layer, group)

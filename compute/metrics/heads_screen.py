@@ -54,8 +54,9 @@ takes what follows to second order, and then measures the heads it ranks highest
    construction: its Gauss-Newton term is never negative, so it overestimates heads whose
    block output changes much while the loss barely does. Costs c sequences of exact `heads`.
    Off by default (c = 0): at the registered default c = 2 it lowered Spearman against exact
-   `heads` on SmolLM2-135M (0.797 to 0.731) and Gemma 3 270M (0.840 to 0.833), a head's exact
-   number varying between sequences more than the screen's error does (docs/performance.md).
+   `heads` on SmolLM2-135M (0.797 to 0.731) and Gemma 3 270M (0.840 to 0.833): the screen's
+   error is large on a few heads and small on most, and two sequences' estimate of it adds more
+   noise to most heads than it removes (docs/performance.md).
 
 4. **The top k, exactly.** After every batch is screened, the k heads with the largest
    (calibrated) estimate (`screen_top_k`) are ablated exactly by `heads.head_ablations` — the
@@ -110,7 +111,6 @@ class Calibrated:
 
     value: dict[tuple[int, int], float]
     stderr: dict[tuple[int, int], float | None]
-    n: int
 
 
 # The draws of the curvature term are seeded per sequence: SCREEN_SEED + its index in the run.
@@ -398,7 +398,7 @@ def calibrate(
             stderr[(layer, head)] = float(np.sqrt(max(variance, 0.0)))
         else:
             stderr[(layer, head)] = None
-    return Calibrated(value, stderr, n=int(s_has.any(axis=1).sum()))
+    return Calibrated(value, stderr)
 
 
 class HeadsScreenFamily(FamilyBase):

@@ -395,8 +395,8 @@ def test_the_calibrated_estimate_equals_the_slow_reference(
 def test_calibrated_on_every_sequence_the_screen_is_the_exact_ablation(
         tiny_factories: dict[str, Callable[..., Any]]) -> None:
     """With c = N the correction replaces the estimate by the exact mean: every head's
-    loss_delta is `heads.ablation_loss_delta`, whatever the screen estimated (here first order
-    alone, far from it on a random model)."""
+    loss_delta is `heads.ablation_loss_delta` and its stderr that one's, whatever the screen
+    estimated (here first order alone, far from it on a random model)."""
     lm = tiny_factories["random"](seed=9, n_layers=3)
     tokens = tiny_factories["tokens"](4, 12, lm.d_vocab_real, lm.bos_token_id, seed=1)
     opts = EngineOptions(batch_size=3, screen_samples=0, screen_top_k=0, screen_calibration=4)
@@ -408,6 +408,12 @@ def test_calibrated_on_every_sequence_the_screen_is_the_exact_ablation(
     assert screen.keys() == exact.keys()
     for key, value in exact.items():
         assert screen[key] == pytest.approx(value, rel=1e-4, abs=1e-7), key
+    # ... and its stderr is theirs: Var(s)/N + Var(e - s)/N + 2 Cov(s, e - s)/N = Var(e)/N
+    exact_se = {(r.layer, r.head): r.stderr for r in records
+                if r.metric == "heads.ablation_loss_delta"}
+    for r in records:
+        if r.metric == "heads_screen.loss_delta":
+            assert r.stderr == pytest.approx(exact_se[(r.layer, r.head)], rel=1e-3, abs=1e-9)
     uncalibrated = sweep(lm, tokens, ["heads_screen"],
                          EngineOptions(batch_size=3, screen_samples=0, screen_top_k=0,
                                        screen_calibration=0)).records
