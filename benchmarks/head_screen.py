@@ -173,6 +173,36 @@ def validate_files(args: argparse.Namespace) -> None:
     print(json.dumps(result, indent=1))
 
 
+def _model_and_tokens(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The model in float32 (one torch thread per OMP_NUM_THREADS) and the tokens `strata
+    compute` would use: the built-in corpus, seed 0, `--n-sequences` x `--seq-len`."""
+    import torch
+
+    from compute.models import Processing, load_model, resolve_model_spec
+    from compute.tokens import TokenSpec, load_tokens, resolve_token_spec
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    lm = load_model(resolve_model_spec(args.model, dtype="float32", processing=Processing()))
+    spec = resolve_token_spec(
+        TokenSpec(source="builtin", n_sequences=args.n_sequences, seq_len=args.seq_len, seed=0)
+    )
+    tokens = load_tokens(
+        spec, lm.tokenizer, bos_token_id=lm.bos_token_id, d_vocab=lm.d_vocab, n_ctx=lm.n_ctx
+    )
+    return lm, tokens
+
+
+def _clean_batches(lm: Any, tokens: Any, batch: int, opts: Any) -> Any:
+    """(first sequence, tokens, clean pass with z) of each batch of `batch` sequences."""
+    from compute.engine import clean_pass
+    from compute.metrics.base import logit_chunks
+
+    for first in range(0, tokens.shape[0], batch):
+        chunk = tokens[first : first + batch]
+        yield first, chunk, clean_pass(lm, chunk, False, logit_chunks(lm, opts), lambda _: None,
+                                       capture_z=True)
+
+
 def variants(args: argparse.Namespace) -> None:
     """Per sequence and head, the screen's terms at each path point and AtP, on the tokens
     `strata compute` would use (the built-in corpus, seed 0): the measurement that chose the
@@ -181,33 +211,20 @@ def variants(args: argparse.Namespace) -> None:
     j / S, which for S dividing `points` are among them."""
     import torch
 
-    from compute.engine import clean_pass
-    from compute.metrics.base import EngineOptions, logit_chunks
+    from compute.metrics.base import EngineOptions
     from compute.metrics.heads import ablated_block_output, head_group_size
     from compute.metrics.heads_atp import atp_loss_delta
     from compute.metrics.heads_screen import path_points, residual_gradients
-    from compute.models import Processing, load_model, resolve_model_spec
-    from compute.tokens import TokenSpec, load_tokens, resolve_token_spec
 
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     start = time.perf_counter()
-    lm = load_model(resolve_model_spec(args.model, dtype="float32", processing=Processing()))
-    spec = resolve_token_spec(
-        TokenSpec(source="builtin", n_sequences=args.n_sequences, seq_len=args.seq_len, seed=0)
-    )
-    tokens = load_tokens(
-        spec, lm.tokenizer, bos_token_id=lm.bos_token_id, d_vocab=lm.d_vocab, n_ctx=lm.n_ctx
-    )
+    lm, tokens = _model_and_tokens(args)
     opts = EngineOptions()
     alphas = path_points(args.points)
     rows: list[dict[str, Any]] = []
     seconds = {"load": time.perf_counter() - start, "atp": 0.0, "gradients": 0.0, "deltas": 0.0}
     with torch.inference_mode():
-        for first in range(0, tokens.shape[0], args.batch):
-            chunk = tokens[first : first + args.batch]
+        for first, chunk, ctx in _clean_batches(lm, tokens, args.batch, opts):
             b, t = chunk.shape
-            ctx = clean_pass(lm, chunk, False, logit_chunks(lm, opts), lambda _: None,
-                             capture_z=True)
             mark = time.perf_counter()
             for layer, est in zip(lm.attention_layers, atp_loss_delta(ctx, opts), strict=True):
                 for h in range(est.shape[0]):
@@ -228,7 +245,7 @@ def variants(args: argparse.Namespace) -> None:
                     after = ablated_block_output(ctx, layer, group).unflatten(0, (len(group), b))
                     delta = after.float() - ctx.resid[layer + 1].float()[None]
                     for alpha, per_point in zip(alphas, grads, strict=True):
-                        est = (delta * per_point[index][None]).sum(dim=(2, 3)) / (t - 2)
+                        est = (delta * per_point.mean[index][None]).sum(dim=(2, 3)) / (t - 2)
                         for gi, h in enumerate(group):
                             for i in range(b):
                                 rows.append({"estimator": f"alpha={alpha:.4f}", "layer": layer,
@@ -249,22 +266,12 @@ def per_sequence(args: argparse.Namespace) -> None:
     is chosen and checked on (`calibrate`)."""
     import torch
 
-    from compute.engine import clean_pass
-    from compute.metrics.base import EngineOptions, logit_chunks
+    from compute.metrics.base import EngineOptions
     from compute.metrics.heads import ablated_block_output, head_ablations, head_groups
     from compute.metrics.heads_screen import path_points, residual_gradients
-    from compute.models import Processing, load_model, resolve_model_spec
-    from compute.tokens import TokenSpec, load_tokens, resolve_token_spec
 
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     start = time.perf_counter()
-    lm = load_model(resolve_model_spec(args.model, dtype="float32", processing=Processing()))
-    spec = resolve_token_spec(
-        TokenSpec(source="builtin", n_sequences=args.n_sequences, seq_len=args.seq_len, seed=0)
-    )
-    tokens = load_tokens(
-        spec, lm.tokenizer, bos_token_id=lm.bos_token_id, d_vocab=lm.d_vocab, n_ctx=lm.n_ctx
-    )
+    lm, tokens = _model_and_tokens(args)
     opts = EngineOptions()
     rows: list[dict[str, Any]] = []
     seconds = {"load": time.perf_counter() - start, "screen": 0.0, "exact": 0.0}
@@ -276,11 +283,8 @@ def per_sequence(args: argparse.Namespace) -> None:
                              "sequence": first + i, "value": float(value[gi, i])})
 
     with torch.inference_mode():
-        for first in range(0, tokens.shape[0], args.batch):
-            chunk = tokens[first : first + args.batch]
+        for first, chunk, ctx in _clean_batches(lm, tokens, args.batch, opts):
             b, t = chunk.shape
-            ctx = clean_pass(lm, chunk, False, logit_chunks(lm, opts), lambda _: None,
-                             capture_z=True)
             mark = time.perf_counter()
             grads = residual_gradients(lm, chunk, ctx.resid[0], path_points(1), opts,
                                        samples=opts.screen_samples, first_sequence=first)
