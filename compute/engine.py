@@ -185,8 +185,7 @@ def sweep(
         units,
         parallel=lm.parallel,
         induction=(min(opts.induction_n, (lm.n_ctx - 1) // 2), opts.induction_sequences),
-        # the calibration runs on at most the run's sequences
-        **{**flop_settings(opts), "screen_calibration": min(opts.screen_calibration, n_seq)},
+        **flop_settings(opts, n_seq),
     )
     chunks = logit_chunks(lm, opts)
     if fuse_reductions(lm, n_seq, seq_len, families, opts):

@@ -88,13 +88,16 @@ def intervention_flops(
     return drop + drop_attn + drop_mlp + swap
 
 
-def flop_settings(opts: EngineOptions) -> dict[str, Any]:
-    """A run's options that change what `family_flops` and `unit_weights` count."""
+def flop_settings(opts: EngineOptions, n_sequences: int | None = None) -> dict[str, Any]:
+    """A run's options that change what `family_flops` and `unit_weights` count; given the
+    run's `n_sequences`, the calibration's sequences capped at them (it runs on at most
+    those)."""
+    calibration = opts.screen_calibration
     return {
         "screen_steps": opts.screen_steps,
         "screen_samples": opts.screen_samples,
         "screen_top_k": opts.screen_top_k,
-        "screen_calibration": opts.screen_calibration,
+        "screen_calibration": calibration if n_sequences is None else min(calibration, n_sequences),
         "drop_widths": opts.drop_widths,
     }
 

@@ -336,6 +336,29 @@ def top_heads(
     return [(layer, head) for _, layer, head in sorted(scored)[:k]]
 
 
+def ablate_exactly(
+    lm: LoadedModel,
+    acc: MeanAccumulator,
+    batches: list[tuple[int, Tensor]],
+    by_layer: dict[int, list[int]],
+    opts: EngineOptions,
+    tick: Callable[[int], None],
+) -> None:
+    """The exact ablation of `by_layer`'s heads (block -> heads) on each kept batch (first
+    sequence, tokens), its clean pass made again, added to `acc`: what the calibration and the
+    exact top k measure. A progress unit per head, counted at the last batch."""
+    if not by_layer:
+        return
+    for index, (first, tokens) in enumerate(batches):
+        ctx = _clean_context(lm, tokens, opts)
+        acc.start_batch(first, tokens.shape[0])
+        for layer, heads in by_layer.items():
+            add_head_ablations(ctx, acc, layer, heads, opts)
+            if index == len(batches) - 1:
+                tick(len(heads))
+        del ctx
+
+
 def calibration_batches(seen: list[tuple[int, Tensor]], c: int) -> list[tuple[int, Tensor]]:
     """The run's first c sequences (fewer if the run has fewer), as the batches the run cut
     them in (first sequence, tokens): batches sized for the run's memory budget."""
@@ -367,16 +390,12 @@ def calibrate(
     batches = calibration_batches(seen, opts.screen_calibration)
     c = sum(tokens.shape[0] for _, tokens in batches)
     exact = MeanAccumulator(lm.device, c)
-    for index, (first, tokens) in enumerate(batches):
-        ctx = _clean_context(lm, tokens, opts)
-        exact.start_batch(first, tokens.shape[0])
-        for layer in lm.attention_layers:
-            heads = lm.layers[layer].heads
-            assert heads is not None
-            add_head_ablations(ctx, exact, layer, list(range(heads.n_heads)), opts)
-            if index == len(batches) - 1:
-                tick(1)
-        del ctx
+    every_head = {}
+    for layer in lm.attention_layers:
+        heads = lm.layers[layer].heads
+        assert heads is not None
+        every_head[layer] = list(range(heads.n_heads))
+    ablate_exactly(lm, exact, batches, every_head, opts, tick)
     e_keys, e_means, _ = exact.sequence_means()  # [c, keys]
     s_keys, s_means, s_has = acc.sequence_means()  # [N, keys]
     s_slot = {key: i for i, key in enumerate(s_keys) if key[0] == "loss_delta"}
@@ -410,10 +429,10 @@ class HeadsScreenFamily(FamilyBase):
         return 1
 
     def units_at_finish(self, lm: LoadedModel, opts: EngineOptions) -> int:
-        """A unit per head of the exact top k, and per attention block of the calibration."""
+        """A unit per head of the exact top k, and per head of the calibration."""
         kinds = [lm.layers[layer].heads for layer in lm.attention_layers]
-        top_k = min(opts.screen_top_k, sum(k.n_heads for k in kinds if k is not None))
-        return top_k + (len(kinds) if opts.screen_calibration else 0)
+        n_heads = sum(k.n_heads for k in kinds if k is not None)
+        return min(opts.screen_top_k, n_heads) + (n_heads if opts.screen_calibration else 0)
 
     def accumulator(self, device: torch.device | str, n_sequences: int) -> ScreenAccumulator:
         return ScreenAccumulator(device, n_sequences)
@@ -444,14 +463,7 @@ class HeadsScreenFamily(FamilyBase):
         by_layer: dict[int, list[int]] = {}
         for layer, head in sorted(chosen):
             by_layer.setdefault(layer, []).append(head)
-        for index, (first, tokens) in enumerate(seen if by_layer else []):
-            ctx = _clean_context(lm, tokens, opts)
-            acc.start_batch(first, tokens.shape[0])
-            for layer, heads in by_layer.items():
-                add_head_ablations(ctx, acc, layer, heads, opts)
-                if index == len(seen) - 1:
-                    tick(len(heads))
-            del ctx
+        ablate_exactly(lm, acc, seen, by_layer, opts, tick)
         out = super().finish(lm, acc, opts, tick)
         if calibrated is None:
             return out

@@ -93,22 +93,14 @@ def run_flops(config: RunConfig, dims: ModelDims, *, parallel: bool = False) -> 
     counted as one sequence: its length is not known here; `run_notes` says so)."""
     seq_len = config.tokens.seq_len or min(128, dims.n_ctx)
     n_sequences = config.tokens.n_sequences or 1
-    per_sequence = family_flops(
-        dims,
-        seq_len,
-        config.families,
-        parallel=parallel,
-        **flop_settings(config.options),
-    )
+    settings = flop_settings(config.options, n_sequences)
+    per_sequence = family_flops(dims, seq_len, config.families, parallel=parallel, **settings)
     total = sum(per_sequence.values()) * n_sequences
     if "neurons" in config.families:
         total += neurons_flops(dims)
     if "heads_screen" in config.families:
         total += screen_calibration_flops(
-            dims,
-            seq_len,
-            min(config.options.screen_calibration, n_sequences),
-            parallel=parallel,
+            dims, seq_len, settings["screen_calibration"], parallel=parallel
         )
     if "heads" in config.families:
         total += induction_flops(

@@ -369,7 +369,10 @@ def test_the_calibrated_estimate_equals_the_slow_reference(
     lm = tiny_factories["random"](seed=8, n_layers=3)
     tokens = tiny_factories["tokens"](5, 14, lm.d_vocab_real, lm.bos_token_id, seed=6)
     opts = EngineOptions(batch_size=2, screen_samples=3, screen_top_k=3, screen_calibration=c)
-    records = sweep(lm, tokens, ["heads_screen"], opts).records
+    reports: list[Any] = []
+    records = sweep(lm, tokens, ["heads_screen"], opts, progress=reports.append).records
+    # a unit per batch, per calibrated head and per top-k head: progress ends at its total
+    assert reports[-1].done == reports[-1].total == 3 + lm.n_layers * lm.n_heads + 3
     screen = _per_sequence_screen(lm, tokens, opts)
     exact = _per_sequence_exact(lm, tokens[:c])
     error = exact - screen[..., :c]
