@@ -24,7 +24,7 @@ import torch
 
 from compute.errors import ParityError, UnsupportedArchitectureError
 from compute.metrics import DEFAULT_FAMILIES
-from compute.models import Processing, load_model, resolve_model_spec
+from compute.models import LoadedModel, Processing, load_model, resolve_model_spec
 from compute.zoo.architectures import CASES, CASES_BY_NAME, SEQ_LEN, build_checkpoint
 from tests.unit.test_hf_forward import hf_log_probs, strata_log_probs
 
@@ -45,6 +45,18 @@ def checkpoint(matrix_dir: Path, name: str) -> Path:
     return path
 
 
+# Each case's model as a run loads it (the default spec), loaded once for the module's tests
+# that only read it (the module runs in one process): the load, with its Hugging Face parity
+# forward, was a third of the matrix's time when each test made its own.
+_LOADED: dict[str, LoadedModel] = {}
+
+
+def loaded(matrix_dir: Path, name: str) -> LoadedModel:
+    if name not in _LOADED:
+        _LOADED[name] = load_model(resolve_model_spec(str(checkpoint(matrix_dir, name))))
+    return _LOADED[name]
+
+
 def tokens() -> torch.Tensor:
     gen = torch.Generator().manual_seed(3)
     ids = torch.randint(1, 128, (2, SEQ_LEN), generator=gen)
@@ -56,19 +68,21 @@ def tokens() -> torch.Tensor:
 def test_clean_forward_matches_hugging_face(matrix_dir: Path, name: str) -> None:
     case = CASES_BY_NAME[name]
     path = checkpoint(matrix_dir, name)
-    lm = load_model(resolve_model_spec(str(path)))
+    lm = loaded(matrix_dir, name)
     assert lm.architecture == case.architecture
     assert lm.fast_path is (case.path == "fast"), f"{name}: the documented path is {case.path}"
     ids = tokens()
     theirs = hf_log_probs(path, ids)
     paths = [True, False] if lm.fast_path else [False]
-    for fast in paths:
-        lm._ctx["fast_path"] = fast
-        diff = (strata_log_probs(lm, ids) - theirs).abs().max().item()
-        where = "fast" if fast else "bridge"
-        assert diff <= case.tolerance, f"{name} ({where} blocks): max |Δ log p| {diff:.2e}"
+    try:
+        for fast in paths:
+            lm._ctx["fast_path"] = fast
+            diff = (strata_log_probs(lm, ids) - theirs).abs().max().item()
+            where = "fast" if fast else "bridge"
+            assert diff <= case.tolerance, f"{name} ({where} blocks): max |Δ log p| {diff:.2e}"
+    finally:  # the module's other tests read the model as loaded
+        lm._ctx.pop("fast_path")
     # The parity report measured at load says the model passed, by a number of the same size.
-    lm._ctx.pop("fast_path")
     assert lm.parity is not None
     assert lm.parity.reference == "huggingface"
     assert lm.parity.passed
@@ -90,7 +104,7 @@ def test_every_family_runs_without_nan(matrix_dir: Path, name: str) -> None:
     from compute.metrics.base import EngineOptions
 
     case = CASES_BY_NAME[name]
-    lm = load_model(resolve_model_spec(str(checkpoint(matrix_dir, name))))
+    lm = loaded(matrix_dir, name)
     kinds = lm.layers
     refused = set(lm.refused_families)
     if case.blocks is not None:
@@ -158,7 +172,7 @@ PROCESSING_RULES: dict[str, dict[str, bool]] = {
 
 @pytest.mark.parametrize("name", list(PROCESSING_RULES))
 def test_processing_follows_the_architecture(matrix_dir: Path, name: str) -> None:
-    lm = load_model(resolve_model_spec(str(checkpoint(matrix_dir, name))))
+    lm = loaded(matrix_dir, name)
     applied = lm.applied.as_dict()
     for flag, expected in PROCESSING_RULES[name].items():
         assert applied[flag] is expected, f"{name}: {flag} should be {expected}"
@@ -209,7 +223,7 @@ def test_bfloat16_load_reports_its_noise_floor(matrix_dir: Path) -> None:
     """At bfloat16 the report keeps float32's parity (measured before the cast) and adds the
     noise floor: KL(float32 || bfloat16) of Strata's own forward, small but not zero."""
     path = str(checkpoint(matrix_dir, "llama"))
-    fp32 = load_model(resolve_model_spec(path))
+    fp32 = loaded(matrix_dir, "llama")
     bf16 = load_model(resolve_model_spec(path, dtype="bfloat16"))
     assert bf16.parity is not None
     assert fp32.parity is not None
@@ -332,7 +346,7 @@ def test_interventions_and_lens_do_not_depend_on_the_processing_applied(
     path = str(checkpoint(matrix_dir, name))
     none = Processing(fold_ln=False, center_writing_weights=False, center_unembed=False,
                       fold_value_biases=False)
-    processed = load_model(resolve_model_spec(path))
+    processed = loaded(matrix_dir, name)
     raw = load_model(resolve_model_spec(path, processing=none))
     ids = tokens()[:, :20]
     families = ["intervention", "logit_lens", "attention"]
@@ -358,7 +372,7 @@ def test_each_block_adds_the_writes_it_reports(matrix_dir: Path, name: str) -> N
     its input plus the writes Strata reads: held here on the matrix's own tokens for every
     block the load's probe called additive, by running the block clean and with each write
     zeroed; and the probe calls exactly GPT-1's post-LN blocks otherwise."""
-    lm = load_model(resolve_model_spec(str(checkpoint(matrix_dir, name))))
+    lm = loaded(matrix_dir, name)
     assert [k.additive for k in lm.layers] == [name not in NOT_ADDITIVE] * lm.n_layers
     with torch.inference_mode():
         resid = lm.embed(tokens()[:, :24])
@@ -390,7 +404,7 @@ def test_head_ablation_is_the_block_rerun_with_the_head_zeroed(
     from compute.metrics.base import EngineOptions, logit_chunks
     from compute.metrics.heads import ablated_block_output
 
-    lm = load_model(resolve_model_spec(str(checkpoint(matrix_dir, name))))
+    lm = loaded(matrix_dir, name)
     if not lm.attention_layers:
         pytest.skip(f"{name}: no attention heads")
     ids = tokens()[:, :24]
@@ -419,7 +433,7 @@ def test_the_probe_finds_head_writes_the_structure_misses(matrix_dir: Path, name
     from compute.engine import clean_pass
     from compute.metrics.base import EngineOptions, logit_chunks
 
-    lm = load_model(resolve_model_spec(str(checkpoint(matrix_dir, name))))
+    lm = loaded(matrix_dir, name)
     assert not any(lm.head_writes_are_linear(layer) for layer in lm.attention_layers)
     ids = tokens()[:, :24]
     with torch.inference_mode():
@@ -450,7 +464,7 @@ def test_a_latent_attention_head_ablation_zeroes_that_heads_values(
     from compute.metrics.base import EngineOptions, logit_chunks
     from compute.metrics.heads import ablated_block_output
 
-    lm = load_model(resolve_model_spec(str(checkpoint(matrix_dir, name))))
+    lm = loaded(matrix_dir, name)
     attn = lm.model.blocks[1].attn.original_component
     heads = lm.layers[1].heads
     assert heads is not None
