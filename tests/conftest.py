@@ -18,6 +18,14 @@ from typing import Any
 
 import pytest
 
+# Bytecode is cached even where the environment says not to (PYTHONDONTWRITEBYTECODE, set on
+# the development machines): otherwise every test process rewrote the asserts of every test
+# module anew (about 4 CPU-s each, five processes a run) and every `strata` process compiled
+# the project again. Set before the test modules are collected and the test processes and
+# services start, so they inherit it; __pycache__ is ignored by git.
+sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+
 # --------------------------------------------------------------------------- tiny models
 # Shared by the engine-vs-reference tests and the invariant tests. Everything is built here,
 # deterministically, on the CPU: random TransformerLens models and Hugging Face checkpoints
