@@ -2,7 +2,7 @@
 command and reads /proc once a second for every process on the machine, then prints each kind's
 CPU (user + system) and how many processes it had.
 
-    .venv/bin/python benchmarks/suite_cpu.py -- .venv/bin/python -m pytest -q -n 4 \\
+    .venv/bin/python benchmarks/suite_cpu.py -- .venv/bin/python -m pytest -q -n 3 \\
         --dist loadgroup tests
 
 Unlike a sampling profiler (benchmarks/suite_profile.py), this counts only CPU the kernel

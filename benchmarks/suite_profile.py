@@ -2,7 +2,7 @@
 (collapsed) output of py-spy recording the README's test command with its subprocesses.
 
     /path/to/py-spy record --subprocesses --nonblocking -r 25 -f raw -o build/prof/suite.txt -- \\
-        .venv/bin/python -m pytest -q -n 4 --dist loadgroup tests
+        .venv/bin/python -m pytest -q -n 3 --dist loadgroup tests
     .venv/bin/python benchmarks/suite_profile.py build/prof/suite.txt
 
 (py-spy is not a dependency: `pip install --target /somewhere py-spy` puts it beside the
