@@ -194,13 +194,11 @@ def _model_and_tokens(args: argparse.Namespace) -> tuple[Any, Any]:
 
 def _clean_batches(lm: Any, tokens: Any, batch: int, opts: Any) -> Any:
     """(first sequence, tokens, clean pass with z) of each batch of `batch` sequences."""
-    from compute.engine import clean_pass
-    from compute.metrics.base import logit_chunks
+    from compute.metrics.heads_screen import clean_context
 
     for first in range(0, tokens.shape[0], batch):
         chunk = tokens[first : first + batch]
-        yield first, chunk, clean_pass(lm, chunk, False, logit_chunks(lm, opts), lambda _: None,
-                                       capture_z=True)
+        yield first, chunk, clean_context(lm, chunk, opts)
 
 
 def variants(args: argparse.Namespace) -> None:

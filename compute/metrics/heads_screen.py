@@ -350,7 +350,7 @@ def ablate_exactly(
     if not by_layer:
         return
     for index, (first, tokens) in enumerate(batches):
-        ctx = _clean_context(lm, tokens, opts)
+        ctx = clean_context(lm, tokens, opts)
         acc.start_batch(first, tokens.shape[0])
         for layer, heads in by_layer.items():
             add_head_ablations(ctx, acc, layer, heads, opts)
@@ -483,8 +483,9 @@ class HeadsScreenFamily(FamilyBase):
         return dataclasses.replace(out, records=records)
 
 
-def _clean_context(lm: LoadedModel, tokens: Tensor, opts: EngineOptions) -> BatchContext:
-    """The batch's clean pass again (the screen kept its tokens, not its activations)."""
+def clean_context(lm: LoadedModel, tokens: Tensor, opts: EngineOptions) -> BatchContext:
+    """The batch's clean pass again, with each head's z (the screen kept its tokens, not its
+    activations); benchmarks/head_screen.py makes its batches' passes with it too."""
     from compute.engine import clean_pass  # the engine imports the families
     from compute.metrics.base import logit_chunks
 
