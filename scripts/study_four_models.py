@@ -76,10 +76,10 @@ class Model:
 MODELS = (
     Model("SmolLM2-135M-Instruct", "smollm2", "default-run-float32", 30, "Q4_1", "re-scored"),
     Model("Gemma 3 270M", "gemma3", "run-float32-n32", 18, "Q4_K_M", "re-scored"),
-    Model(
+    Model(  # its default run: the registered 32 sequences (its 4-sequence run-float32 before)
         "Qwen2.5-Coder-0.5B-Instruct",
         "qwen2.5-coder-0.5b",
-        "run-float32",
+        "default-run-float32",
         24,
         "Q4_K_M from AWQ (quantized twice)",
         "confirmatory",
