@@ -409,3 +409,58 @@ def release_free_memory() -> None:
     libc = _glibc()
     if libc is not None:
         libc.malloc_trim(0)
+
+
+# The peak a run reached, measured: what `compute.run.RunResult.memory` reports beside its times.
+# On the host it is the kernel's high-water mark of the process's resident memory (VmHWM), which
+# Linux lets a process restart at its current size (writing 5 to /proc/self/clear_refs, since
+# 4.0): a worker that ran other jobs before, or holds models in its cache, then reports this
+# run's peak, not its lifetime's. Where that is not possible the figure is the process's
+# lifetime peak (getrusage), and `host_peak_scope` says so. On a CUDA device it is PyTorch's
+# peak of allocated memory (its caching allocator's reserve, and other processes, not included).
+_STATUS = Path("/proc/self/status")
+_CLEAR_REFS = Path("/proc/self/clear_refs")
+
+
+def reset_peak_memory(device: str) -> bool:
+    """Start a new peak here: the host's high-water mark where the kernel allows it (returns
+    whether it did) and, on CUDA, PyTorch's peak allocation on `device`."""
+    if str(device).startswith("cuda") and torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats(torch.device(device))
+    try:
+        _CLEAR_REFS.write_text("5")
+    except OSError:
+        return False
+    return _vm_hwm_kib() is not None
+
+
+def peak_memory(device: str, *, since_reset: bool) -> dict[str, Any]:
+    """The peaks since `reset_peak_memory` (MiB): `host_peak_rss_mib` with its
+    `host_peak_scope` ("run" when the reset took, else "process": its lifetime), and
+    `device_peak_allocated_mib` on CUDA (null elsewhere)."""
+    kib = _vm_hwm_kib() if since_reset else None
+    scope = "run" if kib is not None else "process"
+    if kib is None:
+        import resource
+        import sys
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB; bytes on macOS
+        kib = peak // 1024 if sys.platform == "darwin" else peak
+    cuda = None
+    if str(device).startswith("cuda") and torch.cuda.is_available():
+        cuda = round(torch.cuda.max_memory_allocated(torch.device(device)) / 2**20)
+    return {
+        "host_peak_rss_mib": round(kib / 1024),
+        "host_peak_scope": scope,
+        "device_peak_allocated_mib": cuda,
+    }
+
+
+def _vm_hwm_kib() -> int | None:
+    try:
+        for line in _STATUS.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict
 from compute.engine import Progress, ProgressFn, auto_batch_size, sweep
 from compute.lens.config import LensTraining
 from compute.lens.store import LensStore, lens_key, provide_lens
+from compute.memory import peak_memory, reset_peak_memory
 from compute.metrics import DEFAULT_FAMILIES, families_named
 from compute.metrics.base import (
     PERFORMANCE_OPTIONS,
@@ -111,6 +112,9 @@ class RunResult:
     # where wall_s went, in seconds: "load" (model and tokens), "lens_training" where the run
     # trained its lens, "clean_pass" and each family (`compute.engine.SweepResult.family_s`)
     timings_s: dict[str, float] = field(default_factory=dict)
+    # the run's peak memory, measured (`compute.memory.peak_memory`): host resident MiB and its
+    # scope, and PyTorch's peak allocation on a CUDA device
+    memory: dict[str, Any] = field(default_factory=dict)
 
 
 def sweep_units(lm: LoadedModel, tokens: torch.Tensor, config: RunConfig) -> int:
@@ -197,6 +201,7 @@ def compute_run(
     if lm is None:
         _refuse_families_before_loading(config)
     start = time.perf_counter()
+    fresh_peak = reset_peak_memory(device)
     lm = lm or load_model(config.model, device)
     token_spec = resolve_token_spec(config.tokens)
     tokens = load_tokens(
@@ -248,6 +253,7 @@ def compute_run(
             **({"lens_training": round(trained - loaded, 3)} if trains else {}),
             **result.family_s,
         },
+        memory=peak_memory(device, since_reset=fresh_peak),
     )
 
 
@@ -288,6 +294,7 @@ def result_metadata(result: RunResult) -> dict[str, Any]:
         "device": result.device,
         "wall_s": round(result.wall_s, 3),
         **({"timings_s": result.timings_s} if result.timings_s else {}),
+        **({"memory": result.memory} if result.memory else {}),
         "environment": result.environment,
         "metric_version": result.config.metric_version,
         "stderr_basis": stderr_basis(result.config.metric_version),

@@ -185,3 +185,26 @@ def _watch(url: str | None, job_id: int) -> None:
     click.echo(_describe(job))
     if job["state"] != "succeeded":
         raise SystemExit(EXIT_JOB)
+    if job.get("run_id") is not None:
+        measured = _measured(call(url, "GET", f"/api/v1/runs/{job['run_id']}"), job)
+        if measured:
+            click.echo(measured)
+
+
+def _measured(run: dict[str, Any], job: dict[str, Any]) -> str | None:
+    """What the job took, as its worker measured it, to hold beside the estimate printed before
+    it ran: its wall time and the run's peak memory (None for a run stored without them)."""
+    resources = run.get("resources")
+    if not resources:
+        return None
+    parts = []
+    if job.get("wall_s") is not None:
+        parts.append(f"{job['wall_s']:.1f} s")
+    host = resources.get("host_peak_rss_mib")
+    if host is not None:
+        scope = "" if resources.get("host_peak_scope") == "run" else " (the worker's lifetime)"
+        parts.append(f"peak resident memory {host / 1024:.2f} GiB{scope}")
+    device = resources.get("device_peak_allocated_mib")
+    if device is not None:
+        parts.append(f"peak GPU allocation {device / 1024:.2f} GiB")
+    return "  measured: " + ", ".join(parts) if parts else None

@@ -266,7 +266,12 @@ def describe(found: Estimate) -> str:
         return "cost unknown (" + "; ".join(found.notes) + ")"
     parts = [f"{found.flops / TFLOP:.3g} TFLOP"]
     if found.peak_memory_bytes is not None:
-        parts.append(f"peak memory {_bytes(found.peak_memory_bytes)}")
+        memory = f"peak memory {_bytes(found.peak_memory_bytes)}"
+        # Loading holds the checkpoint's and the processed float32 tensors beside the model: on a
+        # CPU worker that, not the sweep, is usually the process's peak, so both are named.
+        if found.load_peak_host_bytes is not None:
+            memory += f" ({_bytes(found.load_peak_host_bytes)} of host memory while loading)"
+        parts.append(memory)
     if found.seconds is not None:
         fastest = min((t for t in found.workers if t.seconds is not None), key=_seconds)
         parts.append(f"{_duration(found.seconds)} on {fastest.worker}")

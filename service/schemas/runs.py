@@ -17,6 +17,20 @@ class Timings(msgspec.Struct):
     wall_s: float | None
 
 
+class RunResources(msgspec.Struct):
+    """Where a run's time went and the peak memory it reached, as its worker measured them
+    (`compute.run`; runs stored before these were kept have none): `timings_s`, seconds by phase
+    (load, the tuned lens's training, the clean pass, each family); `host_peak_rss_mib`, the
+    process's peak resident memory since the run started (`host_peak_scope` "run") or over the
+    process's life where the kernel could not restart the mark ("process"); on a CUDA device,
+    `device_peak_allocated_mib`, PyTorch's peak allocation (null elsewhere)."""
+
+    timings_s: dict[str, float]
+    host_peak_rss_mib: int | None
+    host_peak_scope: str | None
+    device_peak_allocated_mib: int | None
+
+
 class Run(msgspec.Struct):
     id: int
     model_id: int
@@ -42,6 +56,8 @@ class Run(msgspec.Struct):
     # The tuned lens this run evaluated (runs with the tuned_lens family): `key`, `trained`
     # (false: a stored lens was reused or named) and the training budget used.
     tuned_lens: dict[str, Any] | None = None
+    # Its phases' seconds and peak memory, measured (null for runs stored before they were kept).
+    resources: RunResources | None = None
 
 
 class RunPage(msgspec.Struct):

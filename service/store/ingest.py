@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import pyarrow as pa
 import sqlalchemy as sa
@@ -38,6 +39,7 @@ from service.store.tables import (
     RESULT_COLUMNS,
     SEQUENCE_MEAN_COLUMNS,
     RunLens,
+    RunResource,
     RunRow,
     StageBoundary,
     utcnow,
@@ -111,6 +113,8 @@ def ingest_result(
         store_boundaries(session, run.id, model.id, boundaries)
         if result.lens is not None:
             session.add(lens_row(run.id, result.lens))
+        if result.timings_s or result.memory:
+            session.add(resource_row(run.id, result.timings_s, result.memory))
         session.flush()
         summary = IngestSummary(
             run.id,
@@ -163,6 +167,29 @@ def _describe(
     run.n_records = rows.n_records
 
 
+def resource_row(run_id: int, timings_s: dict[str, float], memory: dict[str, Any]) -> RunResource:
+    """The `run_resources` row of a run: its phases' seconds and measured peak memory
+    (`RunResult.timings_s`, `RunResult.memory`), checked so that a malformed delivery is a 422,
+    not a stored surprise."""
+    try:
+        timings = {str(k): float(v) for k, v in timings_s.items()}
+        host, device = memory.get("host_peak_rss_mib"), memory.get("device_peak_allocated_mib")
+        scope = memory.get("host_peak_scope")
+        host = None if host is None else int(host)
+        device = None if device is None else int(device)
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise IngestError(f"the run's timings_s or memory metadata is malformed: {exc}") from None
+    if scope not in (None, "run", "process"):
+        raise IngestError(f"memory.host_peak_scope is {scope!r}: expected 'run' or 'process'")
+    return RunResource(
+        run_id=run_id,
+        timings_s=timings,
+        host_peak_rss_mib=host,
+        host_peak_scope=scope,
+        device_peak_allocated_mib=device,
+    )
+
+
 def lens_row(run_id: int, lens: dict[str, object]) -> RunLens:
     """The `run_lenses` row of the tuned lens a run evaluated (`RunResult.lens`)."""
     key, trained = lens.get("key"), lens.get("trained")
@@ -182,6 +209,7 @@ def delete_run_rows(session: Session, run_id: int) -> None:
         raw.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
     session.execute(sa.delete(StageBoundary).where(StageBoundary.run_id == run_id))
     session.execute(sa.delete(RunLens).where(RunLens.run_id == run_id))
+    session.execute(sa.delete(RunResource).where(RunResource.run_id == run_id))
 
 
 def bulk_insert(

@@ -28,6 +28,7 @@ from service.store.tables import (
     RefitFamilyMember,
     RegisteredModelRow,
     RunLens,
+    RunResource,
     RunRow,
 )
 
@@ -161,6 +162,31 @@ def run_lenses(conn: sa.Connection, run_ids: Sequence[int]) -> dict[int, dict[st
         sa.select(RunLens.run_id, RunLens.info).where(RunLens.run_id.in_(list(run_ids)))
     ).all()
     return {int(run_id): _json(info) for run_id, info in rows}
+
+
+def run_resources(conn: sa.Connection, run_ids: Sequence[int]) -> dict[int, dict[str, Any]]:
+    """run id -> where its time went and its measured peak memory (`run_resources`); runs
+    stored before revision 0009 are absent."""
+    if not run_ids:
+        return {}
+    rows = conn.execute(
+        sa.select(
+            RunResource.run_id,
+            RunResource.timings_s,
+            RunResource.host_peak_rss_mib,
+            RunResource.host_peak_scope,
+            RunResource.device_peak_allocated_mib,
+        ).where(RunResource.run_id.in_(list(run_ids)))
+    ).all()
+    return {
+        int(run_id): {
+            "timings_s": _json(timings),
+            "host_peak_rss_mib": host,
+            "host_peak_scope": scope,
+            "device_peak_allocated_mib": device,
+        }
+        for run_id, timings, host, scope, device in rows
+    }
 
 
 def _json(value: Any) -> dict[str, Any]:

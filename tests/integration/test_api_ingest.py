@@ -51,7 +51,25 @@ def test_ingest_round_trip_with_tokens_and_stages(server: Api) -> None:
     stages = server.get(f"{V1}/models/stagey-copy/stages").json()
     assert [b["layer"] for b in stages["models"][0]["boundaries"]] == [1, 3, 4]
     listed = server.get(f"{V1}/runs/{server.runs['rand-3l']}").json()
-    assert listed["n_records"] == server.results["rand-3l"].records.num_rows
+    computed = server.results["rand-3l"]
+    assert listed["n_records"] == computed.records.num_rows
+    # where its time went and the peak memory it reached, as the computing process measured
+    resources = listed["resources"]
+    assert resources["timings_s"] == computed.timings_s
+    assert resources["host_peak_rss_mib"] == computed.memory["host_peak_rss_mib"] > 0
+    assert resources["host_peak_scope"] == computed.memory["host_peak_scope"] == "run"
+    assert resources["device_peak_allocated_mib"] is None
+    # delivered again with other figures, the run's are replaced; delivered without them (an
+    # older worker), it has none, rather than the earlier delivery's
+    memory = {"host_peak_rss_mib": 7, "host_peak_scope": "process",
+              "device_peak_allocated_mib": 3}
+    measured = dataclasses.replace(renamed, timings_s={"load": 1.5}, memory=memory)
+    assert post(server, arrow_body(measured)).status_code == 200
+    stored = server.get(f"{V1}/runs/{summary['run_id']}").json()["resources"]
+    assert stored == {"timings_s": {"load": 1.5}, **memory}
+    bare = dataclasses.replace(renamed, timings_s={}, memory={})
+    assert post(server, arrow_body(bare)).status_code == 200
+    assert server.get(f"{V1}/runs/{summary['run_id']}").json()["resources"] is None
 
 
 def test_ingest_carries_per_sequence_means_in_either_order(server: Api) -> None:
@@ -93,6 +111,12 @@ def test_refusals_store_nothing(server: Api) -> None:
         "hash of another run": FORMATS["arrow"].encode(good.records,
                                                        {**meta, "config_hash": "0" * 64}),
         "NaN values": FORMATS["arrow"].encode(bad_values, meta),
+        "memory not a number": FORMATS["arrow"].encode(
+            good.records, {**meta, "memory": {"host_peak_rss_mib": "lots"}}),
+        "memory of an unknown scope": FORMATS["arrow"].encode(
+            good.records, {**meta, "memory": {"host_peak_rss_mib": 5, "host_peak_scope": "ever"}}),
+        "timings not seconds": FORMATS["arrow"].encode(
+            good.records, {**meta, "timings_s": {"load": "slow"}}),
         "three streams": arrow_body(good) + FORMATS["arrow"].encode(good.records, None) * 2,
         "tokens of the wrong shape": arrow_body(good) + FORMATS["arrow"].encode(
             pa.table({"x": [1]}), None),

@@ -52,6 +52,11 @@ def test_compute_writes_every_format_with_the_same_rows(tmp_path: Path) -> None:
     assert timings["intervention"] > 0
     assert timings["load"] > 0
     assert sum(timings.values()) <= meta["wall_s"] + 1e-3
+    # and the peak memory it reached: the process held torch and the model's weights at least
+    memory = meta["memory"]
+    assert memory["host_peak_scope"] == "run"
+    assert memory["host_peak_rss_mib"] > 100
+    assert memory["device_peak_allocated_mib"] is None
     side = tmp_path / "r.neuron_tokens.parquet"
     assert side.exists()
     assert pl.read_parquet(side).height > 0

@@ -50,6 +50,9 @@ def test_a_submission_answers_its_flops_and_memory(tmp_path: Path) -> None:
         assert any("no worker" in note for note in estimate["notes"])
         assert "TFLOP" in estimate["summary"]
         assert "time unknown" in estimate["summary"]
+        # on a CPU worker loading is the process's peak: the one line a user reads names it
+        load_peak = estimate["load_peak_host_bytes"] / 2**20
+        assert f"({load_peak:.0f} MiB of host memory while loading)" in estimate["summary"]
         # only the answer to a submission carries it
         assert jobs.job(answer.json()["id"])["estimate"] is None
 

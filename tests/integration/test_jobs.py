@@ -6,6 +6,7 @@ ingest -> DuckDB -> HTTP, as in production."""
 from __future__ import annotations
 
 import io
+import re
 import shutil
 import subprocess
 import time
@@ -13,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import polars as pl
+import psutil
 import pytest
 
 from compute.run import METRIC_VERSION
@@ -119,6 +121,14 @@ def run_main_path(d: Deployment) -> None:
     assert again.status_code == 200
     assert again.json()["id"] == job["id"]
     assert [r["id"] for r in d.runs()] == [done["run_id"]]
+    # where the worker's time went and the peak memory it reached, stored with the run
+    resources = d.runs()[0]["resources"]
+    assert set(resources["timings_s"]) >= {"load", "clean_pass", *SMALL["metrics"]}
+    assert sum(resources["timings_s"].values()) <= done["wall_s"]
+    # a worker process holding torch and a model is hundreds of MiB, and within this machine
+    assert 100 < resources["host_peak_rss_mib"] < psutil.virtual_memory().total / 2**20
+    assert resources["host_peak_scope"] == "run"  # Linux: restarted at the run's start
+    assert resources["device_peak_allocated_mib"] is None  # a CPU worker
 
 
 RUNNING = pytest.mark.xdist_group("test_jobs-running")
@@ -378,7 +388,10 @@ def test_jobs_and_models_from_the_shell() -> None:
                            "intervention", "--n-sequences", "2", "--seq-len", "16", "--watch")
         assert submitted.returncode == 0, submitted.stderr
         job = json.loads(submitted.stdout[:submitted.stdout.rindex("}") + 1])
-        assert "succeeded" in submitted.stdout.splitlines()[-1]
+        *_, outcome, measured = submitted.stdout.splitlines()
+        assert "succeeded" in outcome
+        # then what it took, beside the estimate printed before it ran
+        assert re.fullmatch(r"  measured: [0-9.]+ s, peak resident memory [0-9.]+ GiB", measured)
         assert "job" in submitted.stderr  # the progress bar
         status = json.loads(strata(d, "jobs", "status", str(job["id"])).stdout)
         assert status["state"] == "succeeded"

@@ -58,6 +58,9 @@ class RunMetadata(msgspec.Struct):
     metric_version: str | None = None
     # the tuned lens the run evaluated: key, whether it trained it, the budget used
     tuned_lens: dict[str, Any] | None = None
+    # where its time went, by phase, and its measured peak memory (absent from older workers)
+    timings_s: dict[str, float] = {}
+    memory: dict[str, Any] = {}
 
 
 def _read_stream(source: pa.BufferReader, what: str) -> pa.Table:
@@ -131,6 +134,8 @@ def decode(body: bytes) -> RunResult:
         environment=dict(meta.environment),
         sequence_means=means,
         lens=meta.tuned_lens,
+        timings_s=dict(meta.timings_s),
+        memory=dict(meta.memory),
     )
 
 

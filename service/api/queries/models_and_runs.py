@@ -17,7 +17,7 @@ from service.schemas.models import (
     ModelPage,
     ParityReport,
 )
-from service.schemas.runs import Run, RunPage, Timings
+from service.schemas.runs import Run, RunPage, RunResources, Timings
 from service.store import Store
 from service.store import repositories as repo
 from service.store.tables import RegisteredModelRow, RunRow
@@ -130,6 +130,7 @@ def run_out(
     model_name: str,
     parity: dict[str, object] | None = None,
     lens: dict[str, Any] | None = None,
+    resources: dict[str, Any] | None = None,
 ) -> Run:
     return Run(
         id=run.id,
@@ -158,6 +159,7 @@ def run_out(
         environment=run.environment,
         parity=msgspec.convert(parity, ParityReport) if parity else None,
         tuned_lens=lens,
+        resources=msgspec.convert(resources, RunResources) if resources else None,
     )
 
 
@@ -191,12 +193,14 @@ def list_runs(
         )
         parity = repo.run_parity(conn, [r.id for r in runs])
         lenses = repo.run_lenses(conn, [r.id for r in runs])
+        resources = repo.run_resources(conn, [r.id for r in runs])
     items = [
         run_out(
             r,
             snap.models[r.model_id].name if r.model_id in snap.models else "?",
             parity.get(r.id),
             lenses.get(r.id),
+            resources.get(r.id),
         )
         for r in runs
     ]
@@ -208,7 +212,8 @@ def get_run(store: Store, snap: Snapshot, run_id: int) -> Run:
         run = repo.get_run(conn, run_id)
         parity = repo.run_parity(conn, [run_id]).get(run_id)
         lens = repo.run_lenses(conn, [run_id]).get(run_id)
+        resources = repo.run_resources(conn, [run_id]).get(run_id)
     if run is None:
         raise NotFoundHttpError(f"there is no run {run_id} (GET /api/v1/runs lists them)")
     name = snap.models[run.model_id].name if run.model_id in snap.models else "?"
-    return run_out(run, name, parity, lens)
+    return run_out(run, name, parity, lens, resources)

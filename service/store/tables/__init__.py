@@ -21,6 +21,7 @@ from service.store.tables.result import RESULT_COLUMNS, Result
 from service.store.tables.run import RUN_STATUSES, RunRow, RunStatus
 from service.store.tables.run_lens import RunLens
 from service.store.tables.run_pin import PIN_ACTIONS, RunPin
+from service.store.tables.run_resource import RunResource
 from service.store.tables.sequence_mean import SEQUENCE_MEAN_COLUMNS, SequenceMean
 from service.store.tables.stage import StageBoundary
 from service.store.tables.token_source import TokenSource
@@ -48,6 +49,7 @@ __all__ = [
     "Result",
     "RunLens",
     "RunPin",
+    "RunResource",
     "RunRow",
     "RunStatus",
     "SequenceMean",
