@@ -169,24 +169,14 @@ def _describe(
 
 def resource_row(run_id: int, timings_s: dict[str, float], memory: dict[str, Any]) -> RunResource:
     """The `run_resources` row of a run: its phases' seconds and measured peak memory
-    (`RunResult.timings_s`, `RunResult.memory`), checked so that a malformed delivery is a 422,
-    not a stored surprise."""
-    try:
-        timings = {str(k): float(v) for k, v in timings_s.items()}
-        host, device = memory.get("host_peak_rss_mib"), memory.get("device_peak_allocated_mib")
-        scope = memory.get("host_peak_scope")
-        host = None if host is None else int(host)
-        device = None if device is None else int(device)
-    except (TypeError, ValueError, AttributeError) as exc:
-        raise IngestError(f"the run's timings_s or memory metadata is malformed: {exc}") from None
-    if scope not in (None, "run", "process"):
-        raise IngestError(f"memory.host_peak_scope is {scope!r}: expected 'run' or 'process'")
+    (`RunResult.timings_s`, `RunResult.memory`; a delivery's are checked where it is decoded,
+    `service.api.queries.ingest.RunMetadata`)."""
     return RunResource(
         run_id=run_id,
-        timings_s=timings,
-        host_peak_rss_mib=host,
-        host_peak_scope=scope,
-        device_peak_allocated_mib=device,
+        timings_s=dict(timings_s),
+        host_peak_rss_mib=memory.get("host_peak_rss_mib"),
+        host_peak_scope=memory.get("host_peak_scope"),
+        device_peak_allocated_mib=memory.get("device_peak_allocated_mib"),
     )
 
 

@@ -24,7 +24,7 @@ sends each kind to its own store path.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 import pyarrow as pa
@@ -45,6 +45,14 @@ if TYPE_CHECKING:
 METADATA_KEY = b"strata"
 
 
+class RunMemory(msgspec.Struct):
+    """The peak memory a run measured (`compute.memory.peak_memory`), as delivered."""
+
+    host_peak_rss_mib: int | None = None
+    host_peak_scope: Literal["run", "process"] | None = None
+    device_peak_allocated_mib: int | None = None
+
+
 class RunMetadata(msgspec.Struct):
     """The run identity that travels beside the records (`compute.run.result_metadata`)."""
 
@@ -60,7 +68,7 @@ class RunMetadata(msgspec.Struct):
     tuned_lens: dict[str, Any] | None = None
     # where its time went, by phase, and its measured peak memory (absent from older workers)
     timings_s: dict[str, float] = {}
-    memory: dict[str, Any] = {}
+    memory: RunMemory | None = None
 
 
 def _read_stream(source: pa.BufferReader, what: str) -> pa.Table:
@@ -135,7 +143,7 @@ def decode(body: bytes) -> RunResult:
         sequence_means=means,
         lens=meta.tuned_lens,
         timings_s=dict(meta.timings_s),
-        memory=dict(meta.memory),
+        memory=msgspec.structs.asdict(meta.memory) if meta.memory is not None else {},
     )
 
 
