@@ -140,6 +140,21 @@ def load_tl_weights(bridge: Any, state: dict[str, Tensor]) -> None:
 _NOT_NATIVE = frozenset({"original_architecture", "tokenizer_name"})
 
 
+def to_dtype(bridge: Any, dtype: torch.dtype) -> None:
+    """`bridge.to(dtype)` as TransformerLens 4 does it — the config's dtype set, then
+    `nn.Module.to` on the bridge and on the Hugging Face model it wraps — without that method's
+    loop over `state_dict()` (4.3's `move_to_and_update_config` builds the whole state dict once
+    per entry and assigns into the fresh copy: no effect, and quadratic in the number of weights,
+    6 s of a bfloat16 load of SmolLM2-135M on 2 cores). Held to `bridge.to(dtype)` by
+    tests/unit/test_dtype.py."""
+    if hasattr(bridge.cfg, "dtype"):
+        bridge.cfg.dtype = dtype
+    torch.nn.Module.to(bridge, dtype)
+    original = getattr(bridge, "original_model", None)
+    if original is not None:
+        original.to(dtype)
+
+
 def apply_processing(bridge: Any, processing: Any) -> None:
     """TransformerLens's weight processing (fold norms, centre writes and the unembedding, fold
     value biases), in place, as `processing` (an `AppliedProcessing`) says; none at all when
@@ -192,35 +207,86 @@ class BlockInputs:
         return self._by_batch[key][layer]
 
     def _capture(self, length: int, device: torch.device) -> list[dict[str, Any]]:
-        captured: list[dict[str, Any]] = [{} for _ in self.bridge.blocks]
+        """Every block's inputs at `length`, from one forward of the model on zeros. Only the
+        first block computes: each later one, once its inputs are kept, passes its input
+        through (shaped as the first one's output), and the forward stops after the last block
+        — no final norm, no unembedding. Where that shortcut fails (an architecture whose loop
+        needs more of its blocks), the whole forward runs instead. Held to the whole forward on
+        every supported architecture by tests/unit/test_architectures.py."""
+        try:
+            return self.captured(length, device, skip_blocks=True)
+        except Exception:
+            return self.captured(length, device, skip_blocks=False)
+
+    def captured(
+        self, length: int, device: torch.device, *, skip_blocks: bool
+    ) -> list[dict[str, Any]]:
+        """`_capture`, with (`skip_blocks`) or without its shortcut."""
+        modules = [block.original_component for block in self.bridge.blocks]
+        names = [_positional_names(m) for m in modules]
+        captured: list[dict[str, Any]] = [{} for _ in modules]
+        first_output: list[Any] = []
 
         def keep(i: int) -> Any:
             def hook(_m: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
                 inputs = {k: v for k, v in kwargs.items() if k not in _CACHE_KWARGS}
                 # Positional inputs after the residual (XGLM passes its mask so), by name.
-                names = _positional_names(_m)
-                for name, value in zip(names[1:], args[1:], strict=False):
+                for name, value in zip(names[i][1:], args[1:], strict=False):
                     if name not in _CACHE_KWARGS:
                         inputs[name] = value
                 captured[i] = inputs
 
             return hook
 
+        def passed_through(*args: Any, **kwargs: Any) -> Any:
+            hidden = args[0] if args else kwargs[names[0][0]]
+            out = first_output[0]
+            if isinstance(out, Tensor):
+                return hidden
+            if isinstance(out, (tuple, list)) and out and isinstance(out[0], Tensor):
+                return type(out)((hidden, *out[1:]))
+            raise TypeError(f"a block's output of type {type(out).__name__}")
+
+        def first(_m: Any, _args: Any, output: Any) -> None:
+            first_output.append(output)
+
+        def stop(_m: Any, _args: Any, _output: Any) -> None:
+            raise _AllCapturedError
+
         handles = [
-            block.original_component.register_forward_pre_hook(keep(i), with_kwargs=True)
-            for i, block in enumerate(self.bridge.blocks)
+            m.register_forward_pre_hook(keep(i), with_kwargs=True) for i, m in enumerate(modules)
         ]
         if self.split is not None:  # each block's inputs moved to it, its output home
             handles += _routed(self.bridge, *self.split)
+        # a block's own `forward` where an instance has one (a wrapper set on it), put back after
+        own = [m.__dict__.get("forward") for m in modules]
+        if skip_blocks:
+            handles.append(modules[0].register_forward_hook(first))
+            handles.append(self.bridge.blocks[-1].register_forward_hook(stop))
+            for m in modules[1:]:
+                m.forward = passed_through
         try:
             # Normal tensors, not inference tensors, whatever mode the first caller runs in: a
             # family that differentiates through the blocks (heads_atp) uses them in autograd.
             with torch.inference_mode(False), torch.no_grad():
                 self.bridge(torch.zeros(1, length, dtype=torch.long, device=device))
+        except _AllCapturedError:
+            pass
         finally:
             for handle in handles:
                 handle.remove()
+            if skip_blocks:
+                for m, forward in zip(modules[1:], own[1:], strict=True):
+                    if forward is None:
+                        del m.forward
+                    else:
+                        m.forward = forward
         return captured
+
+
+class _AllCapturedError(Exception):
+    """Raised after the last block's forward while capturing: the rest of the model's forward
+    is not needed."""
 
 
 def _routed(bridge: Any, home: torch.device, devices: tuple[torch.device, ...]) -> list[Any]:

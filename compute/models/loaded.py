@@ -30,7 +30,7 @@ from compute.memory import (
     plan_devices,
 )
 from compute.models import layers, parity
-from compute.models.bridge import BlockInputs, to_device
+from compute.models.bridge import BlockInputs, to_device, to_dtype
 from compute.models.parity import ParityReport
 from compute.models.processing import POST_NORM_ARCHITECTURES, AppliedProcessing
 from compute.models.sources import SOURCES, SourceLoad
@@ -893,7 +893,7 @@ def _place_for_run(spec: ModelSpec, model: Any, device: str) -> None:
     if device != "cpu":
         model.to(device, print_details=False)
     if spec.dtype != "float32":
-        model.to(TORCH_DTYPES[spec.dtype], print_details=False)
+        to_dtype(model, TORCH_DTYPES[spec.dtype])
 
 
 def _dims_before_loading(spec: ModelSpec) -> ModelDims | None:

@@ -26,7 +26,13 @@ import torch
 
 from compute.blocks import has_post_sublayer_norms
 from compute.errors import ModelLoadError, UnknownModelError, UnsupportedArchitectureError
-from compute.models.bridge import apply_processing, boot_hf, boot_native, import_bridge
+from compute.models.bridge import (
+    apply_processing,
+    boot_hf,
+    boot_native,
+    import_bridge,
+    to_dtype,
+)
 from compute.models.parity import ParityReference, hugging_face_reference, parity_tokens
 from compute.models.processing import AppliedProcessing, effective_processing
 from compute.models.refusals import refusal_of
@@ -239,7 +245,7 @@ def _load_planted(spec: ModelSpec, device: str) -> SourceLoad:
     applied = effective_processing(spec.processing, fields)
     apply_processing(bridge, applied)
     bridge.to(device, print_details=False)
-    bridge.to(TORCH_DTYPES[spec.dtype], print_details=False)
+    to_dtype(bridge, TORCH_DTYPES[spec.dtype])
     return SourceLoad(
         bridge,
         tokenizer,
@@ -324,7 +330,7 @@ class RandomSource:
         applied = effective_processing(spec.processing, arch)
         apply_processing(bridge, applied)
         bridge.to(device, print_details=False)
-        bridge.to(TORCH_DTYPES[spec.dtype], print_details=False)
+        to_dtype(bridge, TORCH_DTYPES[spec.dtype])
         return SourceLoad(
             bridge, None, applied, no_reference="random weights: there is no Hugging Face original"
         )
