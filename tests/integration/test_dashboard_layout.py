@@ -63,8 +63,10 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     tmp = tmp_path_factory.mktemp("layout-web")
     np.save(tmp / "tokens.npy", np.random.default_rng(0).integers(1, 4000, (4, 24)))
     result = zoo_result("tiny-4l-s0", tmp / "tokens.npy")
+    # what it serves is delivered over HTTP: no job runs, so no local worker and beat
     served = start_service(
-        service_env(tmp / "strata.duckdb"), log=tmp / "serve.log", inherit=False, forked=True
+        service_env(tmp / "strata.duckdb"), log=tmp / "serve.log", inherit=False, forked=True,
+        args=["--no-local-worker"],
     )
     web = Service(served.base, served.proc, served.log, tmp, {LONG: result})
     try:

@@ -54,7 +54,9 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     )
     families = ("intervention", "pruning")
     single = compute_run(result.config.model_copy(update={"families": families}))
-    served = start_service(env, log=tmp / "serve.log", inherit=False, forked=True)
+    # what it serves is delivered over HTTP: no job runs, so no local worker and beat
+    served = start_service(env, log=tmp / "serve.log", inherit=False, forked=True,
+                           args=["--no-local-worker"])
     web = Service(served.base, served.proc, served.log, tmp, {MODEL: result})
     try:
         for run in (
