@@ -238,14 +238,17 @@ class BlockInputs:
 
             return hook
 
-        def passed_through(*args: Any, **kwargs: Any) -> Any:
-            hidden = args[0] if args else kwargs[names[0][0]]
-            out = first_output[0]
-            if isinstance(out, Tensor):
-                return hidden
-            if isinstance(out, (tuple, list)) and out and isinstance(out[0], Tensor):
-                return type(out)((hidden, *out[1:]))
-            raise TypeError(f"a block's output of type {type(out).__name__}")
+        def passed_through(i: int) -> Any:
+            def forward(*args: Any, **kwargs: Any) -> Any:
+                hidden = args[0] if args else kwargs[names[i][0]]  # the block's own first name
+                out = first_output[0]
+                if isinstance(out, Tensor):
+                    return hidden
+                if isinstance(out, (tuple, list)) and out and isinstance(out[0], Tensor):
+                    return type(out)((hidden, *out[1:]))
+                raise TypeError(f"a block's output of type {type(out).__name__}")
+
+            return forward
 
         def first(_m: Any, _args: Any, output: Any) -> None:
             first_output.append(output)
@@ -263,8 +266,8 @@ class BlockInputs:
         if skip_blocks:
             handles.append(modules[0].register_forward_hook(first))
             handles.append(self.bridge.blocks[-1].register_forward_hook(stop))
-            for m in modules[1:]:
-                m.forward = passed_through
+            for i, m in enumerate(modules[1:], start=1):
+                m.forward = passed_through(i)
         try:
             # Normal tensors, not inference tensors, whatever mode the first caller runs in: a
             # family that differentiates through the blocks (heads_atp) uses them in autograd.
