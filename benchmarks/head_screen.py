@@ -375,6 +375,44 @@ def calibration(args: argparse.Namespace) -> None:
     print(json.dumps(out, indent=1))
 
 
+def ceiling(args: argparse.Namespace) -> None:
+    """Exploratory: how far each of the screen's two terms limits it, from a `per-sequence`
+    file. Per head and position the loss delta is KL(P || Q) plus a part with mean zero under
+    P (log P(y) - log Q(y) minus its mean over y ~ P, at the true next token y). The curvature
+    term, half the Gauss-Newton form, is the second-order estimate of the first (the KL, whose
+    derivative at the clean model is zero); the first-order term estimates the second. Each
+    oracle puts one term's target, measured (`exact_kl`, `exact - exact_kl`), in place of its
+    estimate and scores the sum as `calibration` scores the screen (Spearman over all heads of
+    the mean over the file's sequences against the exact mean). Nothing here is a screen: the
+    targets cost the exact ablation."""
+    frame = pl.read_parquet(args.per_sequence)
+
+    def mean(name: str) -> np.ndarray:
+        rows = frame.filter(pl.col("estimator") == name).sort("layer", "head", "sequence")
+        return rows["value"].to_numpy().reshape(-1, rows["sequence"].n_unique()).mean(1)
+
+    first, curvature, exact, kl = (mean(n) for n in ("first", "curvature", "exact", "exact_kl"))
+
+    def spearman(estimate: np.ndarray) -> float:
+        return round(float(scipy.stats.spearmanr(estimate, exact)[0]), 3)
+
+    ratio = curvature / np.where(kl > 0, kl, np.nan)
+    print(json.dumps({
+        "heads": int(exact.shape[0]),
+        "sequences": int(frame["sequence"].n_unique()),
+        "spearman against the exact loss delta": {
+            "the screen (first + curvature)": spearman(first + curvature),
+            "first + exact KL (the curvature term exact)": spearman(first + kl),
+            "exact - exact KL + curvature (the first-order term exact)":
+                spearman(exact - kl + curvature),
+            "first alone": spearman(first),
+            "exact KL alone": spearman(kl),
+        },
+        "curvature / exact KL over heads: median, max": [
+            round(float(np.nanmedian(ratio)), 2), round(float(np.nanmax(ratio)), 1)],
+    }, indent=1))
+
+
 def analyse(args: argparse.Namespace) -> None:
     """Each estimator of a `variants` file against exact per-head numbers (an exported run)."""
     terms = pl.read_parquet(args.variants)
@@ -441,13 +479,16 @@ def main() -> None:
     k = sub.add_parser("calibration")
     k.add_argument("--per-sequence", type=Path, required=True)
     k.add_argument("--c", type=int, nargs="*", default=[1, 2, 4])
+    o = sub.add_parser("ceiling")
+    o.add_argument("--per-sequence", type=Path, required=True)
     a = sub.add_parser("analyse")
     a.add_argument("--variants", type=Path, required=True)
     a.add_argument("--exact-from", type=Path, required=True)
     args = parser.parse_args()
     commands = {"validate": validate, "time": time_families, "variants": variants,
                 "analyse": analyse, "validate-files": validate_files,
-                "per-sequence": per_sequence, "calibration": calibration}
+                "per-sequence": per_sequence, "calibration": calibration,
+                "ceiling": ceiling}
     commands[args.command](args)
 
 
