@@ -10,8 +10,11 @@ worker's measured rate.
   (`compute.memory.batch_budget_bytes`), as the engine plans it — and the host's peak while
   loading.
 - Time: a worker's rate is measured, never assumed: the estimated FLOPs of the last jobs it
-  finished over their wall time (loading included). A worker that has finished no job has no
-  rate, and the estimate says so instead of inventing one.
+  finished over their wall time (loading included), in the dtype the run asks for. A rate does
+  not carry over between dtypes: on a CPU without bfloat16 instructions (AVX2 only) PyTorch
+  emulates bfloat16, about 40 times slower than float32 on the matrix products, while AMX runs
+  it several times faster. A worker that has finished no job in the run's dtype has no rate for
+  it, and the estimate says so instead of inventing one.
 
 The model's numbers are the registered ones (a checkpoint folder's config.json before it was
 loaded); where they are unknown the estimate is `null` with the reason.
@@ -194,10 +197,11 @@ def estimate(
         )
     flops, _ = run_flops(config, dims)
     peak, weights, per_sequence, load_peak = memory(config, dims, device)
+    dtype = config.model.dtype
     rates = measured_rates(finished)
     times = []
     for name, worker_device in workers:
-        rate, count = rates.get(name, (None, 0))
+        rate, count = rates.get((name, dtype), (None, 0))
         times.append(
             WorkerTime(
                 worker=name,
@@ -205,11 +209,7 @@ def estimate(
                 flops_per_s=None if rate is None else float(f"{rate:.4g}"),
                 seconds=None if rate is None else round(flops / rate, 1),
                 jobs_measured=count,
-                note=(
-                    f"measured over its last {count} finished job(s), loading included"
-                    if rate is not None
-                    else "no measured rate: this worker has finished no job yet"
-                ),
+                note=rate_note(name, dtype, rate, count, rates),
             )
         )
     timed = [t.seconds for t in times if t.seconds is not None]
@@ -217,7 +217,7 @@ def estimate(
     if not times:
         notes.append("no worker that could take it is up: no time estimate")
     elif not timed:
-        notes.append("no worker has a measured rate yet: no time estimate")
+        notes.append(f"no worker has a measured rate in {dtype} yet: no time estimate")
     return _summarised(
         Estimate(
             flops=float(f"{flops:.4g}"),
@@ -236,20 +236,41 @@ def _summarised(found: Estimate) -> Estimate:
     return msgspec.structs.replace(found, summary=describe(found))
 
 
-def measured_rates(finished: Iterable[Finished]) -> dict[str, tuple[float, int]]:
-    """Per worker: FLOP/s over its finished jobs (their estimated FLOPs over their summed wall
-    time) and how many jobs that was."""
-    work: dict[str, list[float]] = {}
+def measured_rates(finished: Iterable[Finished]) -> dict[tuple[str, str], tuple[float, int]]:
+    """Per worker and dtype: FLOP/s over its finished jobs in that dtype (their estimated FLOPs
+    over their summed wall time) and how many jobs that was."""
+    work: dict[tuple[str, str], list[float]] = {}
     for job in finished:
         dims = dims_of(job.model)
         if dims is None or job.wall_s <= 0:
             continue
         flops, _ = run_flops(job.config, dims)
-        done = work.setdefault(job.worker, [0.0, 0.0, 0.0])
+        done = work.setdefault((job.worker, job.config.model.dtype), [0.0, 0.0, 0.0])
         done[0] += flops
         done[1] += job.wall_s
         done[2] += 1
-    return {w: (f / s, int(n)) for w, (f, s, n) in work.items() if s > 0}
+    return {key: (f / s, int(n)) for key, (f, s, n) in work.items() if s > 0}
+
+
+def rate_note(
+    worker: str,
+    dtype: str,
+    rate: float | None,
+    count: int,
+    rates: dict[tuple[str, str], tuple[float, int]],
+) -> str:
+    """What a worker's time in an estimate rests on, or why it has none."""
+    if rate is not None:
+        return f"measured over its last {count} finished {dtype} job(s), loading included"
+    others = sorted(d for w, d in rates if w == worker and d != dtype)
+    if not others:
+        return "no measured rate: this worker has finished no job yet"
+    return (
+        f"no measured rate in {dtype}: none of this worker's last {RATE_JOBS} finished jobs "
+        f"ran in it; its rate in {' and '.join(others)} does not carry over (a CPU without "
+        "bfloat16 instructions emulates bfloat16 tens of times slower than float32, one with "
+        "AMX runs it several times faster)"
+    )
 
 
 def above_threshold(found: Estimate, max_tflop: float | None) -> bool:
@@ -276,7 +297,7 @@ def describe(found: Estimate) -> str:
         fastest = min((t for t in found.workers if t.seconds is not None), key=_seconds)
         parts.append(f"{_duration(found.seconds)} on {fastest.worker}")
     else:
-        parts.append("time unknown: no worker has a measured rate yet")
+        parts.append("time unknown: no worker has a measured rate in this dtype yet")
     return ", ".join(parts)
 
 

@@ -146,8 +146,9 @@ class JobProgress(msgspec.Struct):
 
 
 class WorkerTime(msgspec.Struct):
-    """How long a run would take on one worker that could take it: its measured rate (the
-    estimated FLOPs of its last finished jobs over their wall time); null without one."""
+    """How long a run would take on one worker that could take it: its measured rate in the
+    run's dtype (the estimated FLOPs of its last finished jobs in that dtype over their wall
+    time); null without one, and `note` says why."""
 
     worker: str
     device: str

@@ -89,6 +89,43 @@ def test_the_time_comes_from_the_workers_measured_rate(tmp_path: Path) -> None:
         assert "on w1" in second["summary"]
 
 
+
+def test_a_rate_is_measured_in_the_run_s_dtype_and_never_carried_to_another(
+        tmp_path: Path) -> None:
+    """A worker's float32 jobs say nothing of its bfloat16 speed (on an AVX2-only CPU bfloat16
+    is emulated, tens of times slower; AMX is several times faster): a bfloat16 run on a worker
+    that has finished only float32 jobs has no time, and a slow bfloat16 job leaves the float32
+    rate as it was."""
+    with open_jobs(tmp_path) as jobs:
+        jobs.worker_alive("cpu")
+        f32 = jobs.submit(**TINY).json()
+        _finished_by(jobs, f32["id"], "w1", wall_s=10.0)
+        f32_rate = f32["estimate"]["flops"] / 10.0
+
+        bf16 = jobs.submit(**{**TINY, "dtype": "bfloat16"}).json()
+        untimed = bf16["estimate"]["workers"][0]
+        assert (untimed["flops_per_s"], untimed["seconds"], untimed["jobs_measured"]) == (
+            None, None, 0), untimed
+        assert "no measured rate in bfloat16" in untimed["note"]
+        assert "float32" in untimed["note"]  # the rate it has, and that it does not carry over
+        assert bf16["estimate"]["seconds"] is None
+        assert any("no worker has a measured rate in bfloat16" in note
+                   for note in bf16["estimate"]["notes"])
+        assert "time unknown" in bf16["estimate"]["summary"]
+
+        _finished_by(jobs, bf16["id"], "w1", wall_s=400.0)  # 40 times slower: emulated
+        again = jobs.submit(**{**TINY, "dtype": "bfloat16", "n_sequences": 4}).json()["estimate"]
+        timed = again["workers"][0]
+        bf16_rate = bf16["estimate"]["flops"] / 400.0
+        assert timed["flops_per_s"] == pytest.approx(bf16_rate, rel=1e-3)
+        assert timed["jobs_measured"] == 1
+        assert timed["seconds"] == pytest.approx(again["flops"] / bf16_rate, rel=1e-3)
+        assert "bfloat16 job" in timed["note"]
+
+        f32_again = jobs.submit(**{**TINY, "n_sequences": 4}).json()["estimate"]["workers"][0]
+        assert f32_again["flops_per_s"] == pytest.approx(f32_rate, rel=1e-3)
+        assert f32_again["jobs_measured"] == 1
+
 def test_above_the_threshold_a_default_run_waits_to_be_asked(tmp_path: Path) -> None:
     with open_jobs(tmp_path, reconcile=True, auto_run_max_tflop=0.01) as jobs:
         made = jobs.http.post(f"{V1}/models", json={"source": "zoo:tiny-4l-s0"})
