@@ -311,19 +311,21 @@ def per_sequence(args: argparse.Namespace) -> None:
     print(json.dumps({k: round(v, 1) for k, v in seconds.items()}))
 
 
+def _per_sequence(frame: pl.DataFrame, estimator: str) -> np.ndarray:
+    """One estimator of a `per-sequence` file as a [head, sequence] matrix, heads in (layer,
+    head) order."""
+    rows = frame.filter(pl.col("estimator") == estimator).sort("layer", "head", "sequence")
+    return rows["value"].to_numpy().reshape(-1, rows["sequence"].n_unique())
+
+
 def calibration(args: argparse.Namespace) -> None:
     """The screen with and without its calibration, from a `per-sequence` file: per c, what
     `heads_screen.loss_delta` would be (the mean estimate plus the mean error on the first c
     sequences, as the family computes it) scored against the exact mean over all the file's
     sequences; then the exploratory figures of docs/performance.md ("The calibration")."""
     frame = pl.read_parquet(args.per_sequence)
-
-    def matrix(name: str) -> np.ndarray:
-        rows = frame.filter(pl.col("estimator") == name).sort("layer", "head", "sequence")
-        return rows["value"].to_numpy().reshape(-1, rows["sequence"].n_unique())
-
-    first, exact = matrix("first"), matrix("exact")
-    screen = first + matrix("curvature")
+    first, exact = _per_sequence(frame, "first"), _per_sequence(frame, "exact")
+    screen = first + _per_sequence(frame, "curvature")
     n = exact.shape[1]
     truth = exact.mean(1)
     top = set(np.argsort(-truth)[:TOP].tolist())
@@ -386,12 +388,8 @@ def ceiling(args: argparse.Namespace) -> None:
     the mean over the file's sequences against the exact mean). Nothing here is a screen: the
     targets cost the exact ablation."""
     frame = pl.read_parquet(args.per_sequence)
-
-    def mean(name: str) -> np.ndarray:
-        rows = frame.filter(pl.col("estimator") == name).sort("layer", "head", "sequence")
-        return rows["value"].to_numpy().reshape(-1, rows["sequence"].n_unique()).mean(1)
-
-    first, curvature, exact, kl = (mean(n) for n in ("first", "curvature", "exact", "exact_kl"))
+    first, curvature, exact, kl = (_per_sequence(frame, n).mean(1)
+                                   for n in ("first", "curvature", "exact", "exact_kl"))
 
     def spearman(estimate: np.ndarray) -> float:
         return round(float(scipy.stats.spearmanr(estimate, exact)[0]), 3)
