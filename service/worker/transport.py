@@ -12,12 +12,16 @@
   its consumers read names in sorted order, so messages put within one millisecond came out in
   the order of their random suffixes. Here the name starts with the monotonic clock in
   nanoseconds (shared by every process of the machine), zero-padded so that sorting the names
-  sorts the times.
+  sorts the times;
+- a message file that does not decode (written by something else, or cut short by a full disk)
+  is logged and skipped; kombu's consumer raised and stopped. The message is lost either way
+  (kombu removes the file before decoding it); the API's leases requeue its job.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
 import time
@@ -29,6 +33,7 @@ from kombu.transport import filesystem
 from kombu.utils.encoding import str_to_bytes
 from kombu.utils.json import dumps
 
+log = logging.getLogger("strata.broker")
 _last_ns = 0
 _clock = threading.Lock()
 
@@ -58,6 +63,16 @@ class Channel(filesystem.Channel):
             with contextlib.suppress(OSError):
                 os.unlink(partial)
             raise ChannelError(f"Cannot add file {final!r} to directory") from exc
+
+    def _get(self, queue: str, timeout: Any = None) -> Any:
+        """The next message of `queue`, skipping any that does not decode."""
+        while True:
+            try:
+                return super()._get(queue)
+            except ValueError as exc:  # json's JSONDecodeError, UnicodeDecodeError
+                log.error("broker folder %s: skipped a message of queue %s that does not decode "
+                          "(%s); its job, if any, is requeued when its lease runs out",
+                          self.data_folder_in, queue, exc)
 
 
 class Transport(filesystem.Transport):

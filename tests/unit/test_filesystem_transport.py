@@ -76,3 +76,18 @@ def test_the_broker_folder_holds_one_file_per_queued_message(tmp_path: Path) -> 
             got.append(m.payload["job"])
             m.ack()
         assert got == [0, 1, 2]  # oldest first
+
+
+def test_a_message_that_does_not_decode_is_skipped_and_logged_not_fatal(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A cut-short file (a full disk) or a stranger's: kombu's consumer raised on it and stopped
+    consuming; here the consumer logs it and takes the next message."""
+    with connection(tmp_path) as producer, connection(tmp_path) as consumer:
+        out, into = producer.SimpleQueue("jobs"), consumer.SimpleQueue("jobs")
+        (tmp_path / "00000000000000000001_cut-short.jobs.msg").write_bytes(b'{"body": "ab')
+        out.put({"job": 8})
+        message = into.get(timeout=5)
+        assert message.payload == {"job": 8}
+        message.ack()
+    assert any("does not decode" in r.getMessage() and r.levelname == "ERROR"
+               for r in caplog.records), caplog.text
