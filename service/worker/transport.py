@@ -70,9 +70,13 @@ class Channel(filesystem.Channel):
             try:
                 return super()._get(queue)
             except ValueError as exc:  # json's JSONDecodeError, UnicodeDecodeError
-                log.error("broker folder %s: skipped a message of queue %s that does not decode "
-                          "(%s); its job, if any, is requeued when its lease runs out",
-                          self.data_folder_in, queue, exc)
+                log.error(
+                    "broker folder %s: skipped a message of queue %s that does not decode "
+                    "(%s); its job, if any, is requeued when its lease runs out",
+                    self.data_folder_in,
+                    queue,
+                    exc,
+                )
 
 
 class Transport(filesystem.Transport):
