@@ -10,7 +10,12 @@ worker's measured rate.
   (`compute.memory.batch_budget_bytes`), as the engine plans it — and the host's peak while
   loading.
 - Time: a worker's rate is measured, never assumed: the estimated FLOPs of the last jobs it
-  finished over their wall time (loading included), in the dtype the run asks for. A rate does
+  finished over the seconds their runs spent computing (every phase but loading the model and
+  training a tuned lens, from the run's recorded timings), in the dtype the run asks for; a run
+  is timed at that rate plus the median of those jobs' other seconds (loading, delivery). A
+  small job is mostly loading: taken over wall time, the zoo's small runs put a worker's rate
+  at 84 GFLOP/s, and SmolLM2's default run was promised 59 min and ran in 36.5 (AMD EPYC Zen 3,
+  2026-12-07). A rate does
   not carry over between dtypes: on a CPU without bfloat16 instructions (AVX2 only) PyTorch
   emulates bfloat16, about 40 times slower than float32 on the matrix products, while AMX runs
   it several times faster. A worker that has finished no job in the run's dtype has no rate for
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import re
+import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,6 +73,31 @@ class Finished:
     config: RunConfig
     model: RegisteredModelRow
     wall_s: float
+    # the seconds its run recorded for computing (`compute.run.RunResult.timings_s`, every phase
+    # but "load" and "lens_training", whose FLOPs are not counted); None where the run recorded
+    # no timings (then the whole wall time is taken as computing)
+    compute_s: float | None = None
+
+
+# Phases of a run's timings that are not the counted FLOPs' work.
+NOT_COMPUTING = ("load", "lens_training")
+
+
+def computing_seconds(timings_s: dict[str, float] | None) -> float | None:
+    """The seconds a run's recorded timings spent on the work its FLOPs count; None without
+    timings."""
+    if not timings_s:
+        return None
+    return sum(float(v) for k, v in timings_s.items() if k not in NOT_COMPUTING)
+
+
+@dataclass(frozen=True)
+class Rate:
+    """A worker's measured speed in one dtype."""
+
+    flops_per_s: float  # the jobs' FLOPs over their computing seconds
+    jobs: int
+    overhead_s: float  # the median over the jobs of their other seconds (loading, delivery)
 
 
 def dims_of(model: RegisteredModelRow) -> ModelDims | None:
@@ -201,15 +232,18 @@ def estimate(
     rates = measured_rates(finished)
     times = []
     for name, worker_device in workers:
-        rate, count = rates.get((name, dtype), (None, 0))
+        rate = rates.get((name, dtype))
         times.append(
             WorkerTime(
                 worker=name,
                 device=worker_device,
-                flops_per_s=None if rate is None else float(f"{rate:.4g}"),
-                seconds=None if rate is None else round(flops / rate, 1),
-                jobs_measured=count,
-                note=rate_note(name, dtype, rate, count, rates),
+                flops_per_s=None if rate is None else float(f"{rate.flops_per_s:.4g}"),
+                seconds=(
+                    None if rate is None else round(rate.overhead_s + flops / rate.flops_per_s, 1)
+                ),
+                jobs_measured=0 if rate is None else rate.jobs,
+                note=rate_note(name, dtype, rate, rates),
+                overhead_s=None if rate is None else round(rate.overhead_s, 1),
             )
         )
     timed = [t.seconds for t in times if t.seconds is not None]
@@ -236,32 +270,40 @@ def _summarised(found: Estimate) -> Estimate:
     return msgspec.structs.replace(found, summary=describe(found))
 
 
-def measured_rates(finished: Iterable[Finished]) -> dict[tuple[str, str], tuple[float, int]]:
-    """Per worker and dtype: FLOP/s over its finished jobs in that dtype (their estimated FLOPs
-    over their summed wall time) and how many jobs that was."""
-    work: dict[tuple[str, str], list[float]] = {}
+def measured_rates(finished: Iterable[Finished]) -> dict[tuple[str, str], Rate]:
+    """Per worker and dtype: its finished jobs' FLOPs over their computing seconds, and the
+    median of their other seconds."""
+    work: dict[tuple[str, str], tuple[list[float], list[float], list[float]]] = {}
     for job in finished:
         dims = dims_of(job.model)
         if dims is None or job.wall_s <= 0:
             continue
+        computing = job.wall_s if job.compute_s is None else min(job.compute_s, job.wall_s)
+        if computing <= 0:
+            continue
         flops, _ = run_flops(job.config, dims)
-        done = work.setdefault((job.worker, job.config.model.dtype), [0.0, 0.0, 0.0])
-        done[0] += flops
-        done[1] += job.wall_s
-        done[2] += 1
-    return {key: (f / s, int(n)) for key, (f, s, n) in work.items() if s > 0}
+        done = work.setdefault((job.worker, job.config.model.dtype), ([], [], []))
+        done[0].append(flops)
+        done[1].append(computing)
+        done[2].append(job.wall_s - computing)
+    return {
+        key: Rate(sum(f) / sum(c), len(f), statistics.median(o)) for key, (f, c, o) in work.items()
+    }
 
 
 def rate_note(
     worker: str,
     dtype: str,
-    rate: float | None,
-    count: int,
-    rates: dict[tuple[str, str], tuple[float, int]],
+    rate: Rate | None,
+    rates: dict[tuple[str, str], Rate],
 ) -> str:
     """What a worker's time in an estimate rests on, or why it has none."""
     if rate is not None:
-        return f"measured over its last {count} finished {dtype} job(s), loading included"
+        return (
+            f"measured over its last {rate.jobs} finished {dtype} job(s): their FLOPs over the "
+            f"seconds they spent computing, plus {rate.overhead_s:.3g} s (their median) for "
+            "loading the model and delivering the results"
+        )
     others = sorted(d for w, d in rates if w == worker and d != dtype)
     if not others:
         return "no measured rate: this worker has finished no job yet"

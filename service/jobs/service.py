@@ -50,7 +50,13 @@ from service.jobs.configs import (
     run_config,
 )
 from service.jobs.errors import JobConflictError, JobNotFoundError
-from service.jobs.estimate import RATE_JOBS, Finished, above_threshold, describe
+from service.jobs.estimate import (
+    RATE_JOBS,
+    Finished,
+    above_threshold,
+    computing_seconds,
+    describe,
+)
 from service.jobs.estimate import estimate as estimate_run
 from service.jobs.families import FamilyJobs
 from service.jobs.parts import JobView, NewJob, mark_succeeded
@@ -253,13 +259,15 @@ class JobService:
             done = job_rows.finished_by(session, [w.name for w in workers], RATE_JOBS)
             session.expunge_all()
         finished = []
-        for job, job_model in done:
+        for job, job_model, timings in done:
             try:
                 job_config = RunConfig.model_validate(job.config)
             except ValueError:  # a configuration of an older code version: not measured
                 continue
             wall = (job.finished_at - job.started_at).total_seconds()  # type: ignore[operator]
-            finished.append(Finished(job.worker or "", job_config, job_model, wall))
+            finished.append(
+                Finished(job.worker or "", job_config, job_model, wall, computing_seconds(timings))
+            )
         return estimate_run(
             config,
             model,

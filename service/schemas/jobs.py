@@ -146,9 +146,11 @@ class JobProgress(msgspec.Struct):
 
 
 class WorkerTime(msgspec.Struct):
-    """How long a run would take on one worker that could take it: its measured rate in the
-    run's dtype (the estimated FLOPs of its last finished jobs in that dtype over their wall
-    time); null without one, and `note` says why."""
+    """How long a run would take on one worker that could take it: `overhead_s` plus the run's
+    FLOPs at `flops_per_s`, its measured rate in the run's dtype (the estimated FLOPs of its last
+    finished jobs in that dtype over the seconds their runs spent computing; `overhead_s` is the
+    median of their other seconds: loading the model, delivering the results); null without
+    one, and `note` says why."""
 
     worker: str
     device: str
@@ -156,6 +158,7 @@ class WorkerTime(msgspec.Struct):
     seconds: float | None
     jobs_measured: int
     note: str
+    overhead_s: float | None = None
 
 
 class Estimate(msgspec.Struct):

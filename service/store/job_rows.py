@@ -3,10 +3,19 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from service.store.tables import LIVE_STATES, JobRow, RegisteredModelRow, RunRow, TokenSource
+from service.store.tables import (
+    LIVE_STATES,
+    JobRow,
+    RegisteredModelRow,
+    RunResource,
+    RunRow,
+    TokenSource,
+)
 
 
 def get(session: Session, job_id: int) -> JobRow | None:
@@ -92,14 +101,16 @@ def page(
 
 def finished_by(
     session: Session, workers: list[str], per_worker: int
-) -> list[tuple[JobRow, RegisteredModelRow]]:
+) -> list[tuple[JobRow, RegisteredModelRow, dict[str, Any] | None]]:
     """The newest succeeded run jobs (not stability jobs) of each of `workers`, with their
-    models: what a worker's measured rate is taken over."""
-    out: list[tuple[JobRow, RegisteredModelRow]] = []
+    models and their runs' recorded timings (None where the run recorded none): what a worker's
+    measured rate is taken over."""
+    out: list[tuple[JobRow, RegisteredModelRow, dict[str, Any] | None]] = []
     for worker in workers:
         rows = session.execute(
-            sa.select(JobRow, RegisteredModelRow)
+            sa.select(JobRow, RegisteredModelRow, RunResource.timings_s)
             .join(RegisteredModelRow, RegisteredModelRow.id == JobRow.model_id)
+            .outerjoin(RunResource, RunResource.run_id == JobRow.run_id)
             .where(
                 JobRow.worker == worker,
                 JobRow.state == "succeeded",
@@ -109,7 +120,7 @@ def finished_by(
             .order_by(JobRow.id.desc())
             .limit(per_worker)
         )
-        out += [(job, model) for job, model in rows.tuples()]
+        out += [(job, model, timings) for job, model, timings in rows.tuples()]
     return out
 
 

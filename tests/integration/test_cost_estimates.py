@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from compute.flops import family_flops
 from compute.memory import ModelDims, sweep_bytes_per_sequence
 from compute.zoo.paths import zoo_path
-from service.store.tables import JobRow
+from service.store.tables import JobRow, RunResource, RunRow, TokenSource
 from tests.integration.test_job_states import V1, Jobs, open_jobs
 from tests.serving import wait_for
 
@@ -65,6 +65,33 @@ def _finished_by(jobs: Jobs, job_id: int, worker: str, wall_s: float) -> None:
         job.state, job.worker = "succeeded", worker
         job.started_at = job.created_at
         job.finished_at = job.created_at + timedelta(seconds=wall_s)
+        session.flush()
+
+
+def _finished_with_timings(jobs: Jobs, job_id: int, worker: str, wall_s: float,
+                           timings_s: dict[str, float]) -> None:
+    """Job `job_id` as if `worker` had run it in `wall_s` seconds, its run recording where the
+    time went (`compute.run.RunResult.timings_s`, stored as ingest stores it)."""
+    _finished_by(jobs, job_id, worker, wall_s)
+    with jobs.store.write() as conn, Session(bind=conn) as session:
+        job = session.get(JobRow, job_id)
+        assert job is not None
+        source = TokenSource(spec_hash=f"{job_id:064d}", source="builtin", path=None,
+                             n_sequences=2, seq_len=16, seed=0, fingerprint=None, spec={})
+        session.add(source)
+        session.flush()
+        run = RunRow(model_id=job.model_id, token_source_id=source.id,
+                     config_hash=job.config_hash, metric_version=job.metric_version,
+                     code_version="test", families=list(job.config["families"]),
+                     config=job.config, status="succeeded", progress=1.0, error=None,
+                     started_at=job.started_at, finished_at=job.finished_at, device="cpu",
+                     dtype="float32", tokens_evaluated=None, wall_s=wall_s, environment=None,
+                     n_records=0)
+        session.add(run)
+        session.flush()
+        session.add(RunResource(run_id=run.id, timings_s=timings_s, host_peak_rss_mib=None,
+                                host_peak_scope=None, device_peak_allocated_mib=None))
+        job.run_id = run.id
         session.flush()
 
 
@@ -125,6 +152,36 @@ def test_a_rate_is_measured_in_the_run_s_dtype_and_never_carried_to_another(
         f32_again = jobs.submit(**{**TINY, "n_sequences": 4}).json()["estimate"]["workers"][0]
         assert f32_again["flops_per_s"] == pytest.approx(f32_rate, rel=1e-3)
         assert f32_again["jobs_measured"] == 1
+
+def test_the_rate_is_taken_over_computing_and_loading_is_added_once(tmp_path: Path) -> None:
+    """A small job is mostly loading: its wall time says little of the worker's speed. The rate
+    is the jobs' FLOPs over the seconds their runs recorded computing (every phase but loading
+    and a tuned lens's training), and a run is timed at that rate plus the median of the jobs'
+    other seconds (loading, delivery)."""
+    with open_jobs(tmp_path) as jobs:
+        jobs.worker_alive("cpu")
+        a = jobs.submit(**TINY).json()
+        b = jobs.submit(**{**TINY, "n_sequences": 6}).json()
+        # a: 12 s of which 3 computing; b: 20.1 s of which 6.5 computing (a lens trained 4 s)
+        _finished_with_timings(jobs, a["id"], "w1", 12.0,
+                               {"load": 9.0, "clean_pass": 1.0, "intervention": 2.0})
+        _finished_with_timings(jobs, b["id"], "w1", 20.1,
+                               {"load": 9.5, "lens_training": 4.0, "clean_pass": 2.0,
+                                "intervention": 3.0, "logit_lens": 1.5})
+        big = jobs.submit(**{**TINY, "n_sequences": 64}).json()["estimate"]
+        timed = big["workers"][0]
+        rate = (a["estimate"]["flops"] + b["estimate"]["flops"]) / (3.0 + 6.5)
+        other = (9.0 + 13.6) / 2  # the median of two
+        assert timed["jobs_measured"] == 2
+        assert timed["flops_per_s"] == pytest.approx(rate, rel=1e-3)
+        assert timed["overhead_s"] == pytest.approx(other, abs=0.05)
+        assert timed["seconds"] == pytest.approx(other + big["flops"] / rate, abs=0.1)
+        # over wall time the rate would have been a third of this, the big run's time far longer
+        by_wall = (a["estimate"]["flops"] + b["estimate"]["flops"]) / 32.1
+        assert timed["flops_per_s"] > 3 * by_wall
+        assert "computing" in timed["note"]
+        assert "11.3 s" in timed["note"]  # the median other seconds, named
+
 
 def test_above_the_threshold_a_default_run_waits_to_be_asked(tmp_path: Path) -> None:
     with open_jobs(tmp_path, reconcile=True, auto_run_max_tflop=0.01) as jobs:
