@@ -12,10 +12,10 @@ worker's measured rate.
 - Time: a worker's rate is measured, never assumed: the estimated FLOPs of the last jobs it
   finished over the seconds their runs spent computing (every phase but loading the model and
   training a tuned lens, from the run's recorded timings), in the dtype the run asks for; a run
-  is timed at that rate plus the median of those jobs' other seconds (loading, delivery). A
-  small job is mostly loading: taken over wall time, the zoo's small runs put a worker's rate
-  at 84 GFLOP/s, and SmolLM2's default run was promised 59 min and ran in 36.5 (AMD EPYC Zen 3,
-  2026-12-07). A rate does
+  is timed at that rate plus the median of those jobs' other seconds (loading, delivery), since
+  a small job's load can be much of its wall time. What this cannot know: a worker's jobs on
+  tiny models run at a lower FLOP rate than a real model's (96 against 141 GFLOP/s on a 2-core
+  AMX Xeon, 2026-12-07), so a first estimate from them alone runs long (docs/api.md). A rate does
   not carry over between dtypes: on a CPU without bfloat16 instructions (AVX2 only) PyTorch
   emulates bfloat16, about 40 times slower than float32 on the matrix products, while AMX runs
   it several times faster. A worker that has finished no job in the run's dtype has no rate for

@@ -154,10 +154,10 @@ def test_a_rate_is_measured_in_the_run_s_dtype_and_never_carried_to_another(
         assert f32_again["jobs_measured"] == 1
 
 def test_the_rate_is_taken_over_computing_and_loading_is_added_once(tmp_path: Path) -> None:
-    """A small job is mostly loading: its wall time says little of the worker's speed. The rate
-    is the jobs' FLOPs over the seconds their runs recorded computing (every phase but loading
-    and a tuned lens's training), and a run is timed at that rate plus the median of the jobs'
-    other seconds (loading, delivery)."""
+    """A small job's load can be much of its wall time, which says little of the worker's
+    speed. The rate is the jobs' FLOPs over the seconds their runs recorded computing (every
+    phase but loading and a tuned lens's training), and a run is timed at that rate plus the
+    median of the jobs' other seconds (loading, delivery)."""
     with open_jobs(tmp_path) as jobs:
         jobs.worker_alive("cpu")
         a = jobs.submit(**TINY).json()
