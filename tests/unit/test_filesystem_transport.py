@@ -20,15 +20,25 @@ from kombu import Connection
 TRANSPORT = "service.worker.transport:Transport"
 
 
+def queue_name(folder: Path) -> str:
+    """A queue of this test's own: kombu keeps the bindings it declared in memory, per transport
+    class, and would not write a queue's exchange table into a second test's control folder."""
+    return "jobs-" + folder.name.replace(".", "-")
+
+
 def connection(folder: Path, transport: str = TRANSPORT) -> Connection:
+    # the exchange tables too (kombu's default control folder is ./control; it must exist)
+    (folder / "control").mkdir(exist_ok=True)
     return Connection(transport=transport, transport_options={
-        "data_folder_in": str(folder), "data_folder_out": str(folder)})
+        "data_folder_in": str(folder), "data_folder_out": str(folder),
+        "control_folder": str(folder / "control")})
 
 
 def test_a_consumer_polling_during_a_put_sees_nothing_then_the_whole_message(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with connection(tmp_path) as producer, connection(tmp_path) as consumer:
-        out, into = producer.SimpleQueue("jobs"), consumer.SimpleQueue("jobs")
+        name = queue_name(tmp_path)
+        out, into = producer.SimpleQueue(name), consumer.SimpleQueue(name)
         seen: list[str] = []
 
         def poll() -> str:
@@ -64,11 +74,12 @@ def test_a_consumer_polling_during_a_put_sees_nothing_then_the_whole_message(
 
 def test_the_broker_folder_holds_one_file_per_queued_message(tmp_path: Path) -> None:
     with connection(tmp_path) as producer, connection(tmp_path) as consumer:
-        out, into = producer.SimpleQueue("jobs"), consumer.SimpleQueue("jobs")
+        name = queue_name(tmp_path)
+        out, into = producer.SimpleQueue(name), consumer.SimpleQueue(name)
         for i in range(3):
             out.put({"job": i})
         assert sorted(p.name.split(".", 1)[1] for p in tmp_path.iterdir() if p.is_file()) == [
-            "jobs.msg"] * 3
+            f"{name}.msg"] * 3
         assert into.qsize() == 3
         got = []
         for _ in range(3):
@@ -83,8 +94,9 @@ def test_a_message_that_does_not_decode_is_skipped_and_logged_not_fatal(
     """A cut-short file (a full disk) or a stranger's: kombu's consumer raised on it and stopped
     consuming; here the consumer logs it and takes the next message."""
     with connection(tmp_path) as producer, connection(tmp_path) as consumer:
-        out, into = producer.SimpleQueue("jobs"), consumer.SimpleQueue("jobs")
-        (tmp_path / "00000000000000000001_cut-short.jobs.msg").write_bytes(b'{"body": "ab')
+        name = queue_name(tmp_path)
+        out, into = producer.SimpleQueue(name), consumer.SimpleQueue(name)
+        (tmp_path / f"00000000000000000001_cut-short.{name}.msg").write_bytes(b'{"body": "ab')
         out.put({"job": 8})
         message = into.get(timeout=5)
         assert message.payload == {"job": 8}
