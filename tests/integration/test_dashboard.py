@@ -681,7 +681,12 @@ def test_the_page_waits_out_the_rate_limit_and_says_so(browser: Any, tmp_path: P
         assert outcome["ms"] >= 1000, outcome  # at least one Retry-After (1 s) was waited
         assert any("rate limited by the service (HTTP 429): waiting 1 s" in s
                    for s in outcome["seen"]), outcome["seen"]
-        assert outcome["status"] == "", "the message goes once the reads got through"
+        # The message goes once every request got through: the burst's, and the page's own (its
+        # 10-s check for new runs can be refused in the burst and still be waiting out its
+        # Retry-After when the 120 are answered; seen on a slow 2-core EPYC).
+        wait_for(browser, lambda: browser.execute_script(
+            "return document.getElementById('status').dataset.message") == "", timeout=15,
+            what="the rate-limit message to go once every request got through")
         others = [e for e in console_errors(browser) if " 429 " not in e["message"]]
         assert not others, others
     finally:
