@@ -63,6 +63,11 @@ GATED = re.compile(
 # Jobs a worker's rate is measured over (its newest).
 RATE_JOBS = 20
 TFLOP = 1e12
+# A run this many times larger than a worker's largest measured job is timed by extrapolation,
+# and the estimate says so: small models' matrix products run at a lower FLOP rate than a larger
+# model's (96 against 141 GFLOP/s, the zoo's tiny models against SmolLM2-135M, measured once on
+# a 2-core AMX Xeon), so such a time is more likely too long than too short.
+EXTRAPOLATED = 10.0
 
 
 @dataclass(frozen=True)
@@ -98,6 +103,11 @@ class Rate:
     flops_per_s: float  # the jobs' FLOPs over their computing seconds
     jobs: int
     overhead_s: float  # the median over the jobs of their other seconds (loading, delivery)
+    largest_flops: float = 0.0  # the largest of those jobs' FLOPs
+
+    def extrapolates(self, flops: float) -> bool:
+        """Whether a run of `flops` is far larger than every job this rate was measured on."""
+        return flops > EXTRAPOLATED * self.largest_flops
 
 
 def dims_of(model: RegisteredModelRow) -> ModelDims | None:
@@ -242,8 +252,9 @@ def estimate(
                     None if rate is None else round(rate.overhead_s + flops / rate.flops_per_s, 1)
                 ),
                 jobs_measured=0 if rate is None else rate.jobs,
-                note=rate_note(name, dtype, rate, rates),
+                note=rate_note(name, dtype, rate, rates, flops),
                 overhead_s=None if rate is None else round(rate.overhead_s, 1),
+                largest_job_flops=None if rate is None else float(f"{rate.largest_flops:.4g}"),
             )
         )
     timed = [t.seconds for t in times if t.seconds is not None]
@@ -287,7 +298,8 @@ def measured_rates(finished: Iterable[Finished]) -> dict[tuple[str, str], Rate]:
         done[1].append(computing)
         done[2].append(job.wall_s - computing)
     return {
-        key: Rate(sum(f) / sum(c), len(f), statistics.median(o)) for key, (f, c, o) in work.items()
+        key: Rate(sum(f) / sum(c), len(f), statistics.median(o), max(f))
+        for key, (f, c, o) in work.items()
     }
 
 
@@ -296,14 +308,24 @@ def rate_note(
     dtype: str,
     rate: Rate | None,
     rates: dict[tuple[str, str], Rate],
+    flops: float | None = None,
 ) -> str:
-    """What a worker's time in an estimate rests on, or why it has none."""
+    """What a worker's time in an estimate rests on, or why it has none; for a run of `flops`
+    far larger than every job measured, that the time is extrapolated."""
     if rate is not None:
-        return (
+        note = (
             f"measured over its last {rate.jobs} finished {dtype} job(s): their FLOPs over the "
             f"seconds they spent computing, plus {rate.overhead_s:.3g} s (their median) for "
             "loading the model and delivering the results"
         )
+        if flops is not None and rate.extrapolates(flops):
+            note += (
+                f"; extrapolated: the largest of those jobs was {_tflop(rate.largest_flops)}, "
+                f"this run is {flops / rate.largest_flops:,.0f} times that, and a small model's "
+                "matrix products run at a lower FLOP rate than a larger model's, so this time "
+                "is more likely too long than too short"
+            )
+        return note
     others = sorted(d for w, d in rates if w == worker and d != dtype)
     if not others:
         return "no measured rate: this worker has finished no job yet"
@@ -337,10 +359,22 @@ def describe(found: Estimate) -> str:
         parts.append(memory)
     if found.seconds is not None:
         fastest = min((t for t in found.workers if t.seconds is not None), key=_seconds)
-        parts.append(f"{_duration(found.seconds)} on {fastest.worker}")
+        timed = f"{_duration(found.seconds)} on {fastest.worker}"
+        if (
+            found.flops is not None
+            and fastest.largest_job_flops
+            and found.flops > EXTRAPOLATED * fastest.largest_job_flops
+        ):
+            ratio = found.flops / fastest.largest_job_flops
+            timed += f" (extrapolated from jobs at most 1/{ratio:,.0f} of this one)"
+        parts.append(timed)
     else:
         parts.append("time unknown: no worker has a measured rate in this dtype yet")
     return ", ".join(parts)
+
+
+def _tflop(flops: float) -> str:
+    return f"{flops / TFLOP:.3g} TFLOP"
 
 
 def _seconds(t: WorkerTime) -> float:

@@ -159,6 +159,9 @@ class WorkerTime(msgspec.Struct):
     jobs_measured: int
     note: str
     overhead_s: float | None = None
+    # the largest FLOPs among the jobs the rate was measured on: a run more than ten times that
+    # is timed by extrapolation (`note` and the estimate's `summary` say so)
+    largest_job_flops: float | None = None
 
 
 class Estimate(msgspec.Struct):

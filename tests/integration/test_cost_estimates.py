@@ -183,6 +183,32 @@ def test_the_rate_is_taken_over_computing_and_loading_is_added_once(tmp_path: Pa
         assert "11.3 s" in timed["note"]  # the median other seconds, named
 
 
+def test_a_time_far_beyond_the_jobs_measured_says_it_is_extrapolated(tmp_path: Path) -> None:
+    """A rate measured on small jobs is what there is for a first large one, and small models
+    compute at a lower FLOP rate: the time for a run more than ten times the largest job
+    measured is still given, and the worker's note, its `largest_job_flops` and the one-line
+    summary say it is extrapolated, and from how far."""
+    with open_jobs(tmp_path) as jobs:
+        jobs.worker_alive("cpu")
+        first = jobs.submit(**TINY).json()
+        _finished_by(jobs, first["id"], "w1", wall_s=10.0)
+        measured = first["estimate"]["flops"]
+
+        near = jobs.submit(**{**TINY, "n_sequences": 16}).json()["estimate"]  # 8 times
+        assert near["workers"][0]["largest_job_flops"] == pytest.approx(measured, rel=1e-3)
+        assert "extrapolated" not in near["workers"][0]["note"]
+        assert "extrapolated" not in near["summary"]
+
+        far = jobs.submit(**{**TINY, "n_sequences": 64}).json()["estimate"]  # 32 times
+        timed = far["workers"][0]
+        assert timed["seconds"] == pytest.approx(far["flops"] / (measured / 10.0), rel=1e-3)
+        assert timed["largest_job_flops"] == pytest.approx(measured, rel=1e-3)
+        assert "extrapolated" in timed["note"]
+        assert "this run is 32 times that" in timed["note"]
+        assert "more likely too long than too short" in timed["note"]
+        assert "(extrapolated from jobs at most 1/32 of this one)" in far["summary"]
+
+
 def test_above_the_threshold_a_default_run_waits_to_be_asked(tmp_path: Path) -> None:
     with open_jobs(tmp_path, reconcile=True, auto_run_max_tflop=0.01) as jobs:
         made = jobs.http.post(f"{V1}/models", json={"source": "zoo:tiny-4l-s0"})
