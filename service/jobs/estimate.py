@@ -103,11 +103,13 @@ class Rate:
     flops_per_s: float  # the jobs' FLOPs over their computing seconds
     jobs: int
     overhead_s: float  # the median over the jobs of their other seconds (loading, delivery)
-    largest_flops: float = 0.0  # the largest of those jobs' FLOPs
+    largest_flops: float  # the largest of those jobs' FLOPs
 
-    def extrapolates(self, flops: float) -> bool:
-        """Whether a run of `flops` is far larger than every job this rate was measured on."""
-        return flops > EXTRAPOLATED * self.largest_flops
+
+def extrapolated(flops: float, largest_measured: float) -> bool:
+    """Whether a run of `flops` is far larger than every job its rate was measured on (the
+    largest of them `largest_measured`), so that its time is an extrapolation."""
+    return flops > EXTRAPOLATED * largest_measured
 
 
 def dims_of(model: RegisteredModelRow) -> ModelDims | None:
@@ -318,7 +320,7 @@ def rate_note(
             f"seconds they spent computing, plus {rate.overhead_s:.3g} s (their median) for "
             "loading the model and delivering the results"
         )
-        if flops is not None and rate.extrapolates(flops):
+        if flops is not None and extrapolated(flops, rate.largest_flops):
             note += (
                 f"; extrapolated: the largest of those jobs was {_tflop(rate.largest_flops)}, "
                 f"this run is {flops / rate.largest_flops:,.0f} times that, and a small model's "
@@ -363,7 +365,7 @@ def describe(found: Estimate) -> str:
         if (
             found.flops is not None
             and fastest.largest_job_flops
-            and found.flops > EXTRAPOLATED * fastest.largest_job_flops
+            and extrapolated(found.flops, fastest.largest_job_flops)
         ):
             ratio = found.flops / fastest.largest_job_flops
             timed += f" (extrapolated from jobs at most 1/{ratio:,.0f} of this one)"

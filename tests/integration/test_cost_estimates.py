@@ -153,6 +153,7 @@ def test_a_rate_is_measured_in_the_run_s_dtype_and_never_carried_to_another(
         assert f32_again["flops_per_s"] == pytest.approx(f32_rate, rel=1e-3)
         assert f32_again["jobs_measured"] == 1
 
+
 def test_the_rate_is_taken_over_computing_and_loading_is_added_once(tmp_path: Path) -> None:
     """A small job's load can be much of its wall time, which says little of the worker's
     speed. The rate is the jobs' FLOPs over the seconds their runs recorded computing (every
