@@ -26,17 +26,21 @@ PREDICTORS = ("block_influence", "angular_distance", "angular_distance_last")
 
 
 def ranks(x: np.ndarray) -> np.ndarray:
-    """Ranks along the last axis, ties given their mean rank (as scipy.stats.rankdata)."""
+    """Ranks along the last axis, ties given their mean rank (as scipy.stats.rankdata), every row
+    at once: in each sorted row a tie's run spans [first, last]; each member's rank is their
+    mean, one-based."""
     order = np.argsort(x, axis=-1, kind="stable")
-    sorted_x = np.take_along_axis(x, order, axis=-1)
-    out = np.empty_like(x, dtype=np.float64)
-    for idx in np.ndindex(x.shape[:-1]):
-        s = sorted_x[idx]
-        starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])
-        ends = np.r_[starts[1:], len(s)]
-        mean_rank = (starts + ends - 1) / 2.0
-        run = np.repeat(mean_rank, ends - starts)
-        out[idx][order[idx]] = run
+    s = np.take_along_axis(x, order, axis=-1)
+    width = x.shape[-1]
+    new = np.ones(x.shape, dtype=bool)  # where a run of equal values begins
+    new[..., 1:] = s[..., 1:] != s[..., :-1]
+    ends = np.ones(x.shape, dtype=bool)  # where one ends
+    ends[..., :-1] = new[..., 1:]
+    pos = np.broadcast_to(np.arange(width), x.shape)
+    first = np.maximum.accumulate(np.where(new, pos, 0), axis=-1)
+    last = np.flip(np.minimum.accumulate(np.flip(np.where(ends, pos, width - 1), -1), axis=-1), -1)
+    out = np.empty(x.shape, dtype=np.float64)
+    np.put_along_axis(out, order, (first + last) / 2.0 + 1.0, axis=-1)
     return out
 
 
