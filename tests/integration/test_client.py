@@ -372,3 +372,32 @@ def test_an_idle_connection_outlives_a_clients_keep_alive(service: Service) -> N
         time.sleep(6)
         sock.sendall(request)
         assert _response(sock).startswith(b"HTTP/1.1 200")
+
+
+def test_https_certificates_are_still_verified(tmp_path: Any) -> None:
+    """Every client shares one TLS context (`service.client.transport.tls_context`), made once
+    per process: it still refuses a certificate no trusted authority signed (a self-signed one,
+    made here by openssl), for every client that uses it, not only the first."""
+    import http.server
+    import ssl
+    import subprocess
+    import threading
+
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    server = http.server.HTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        for _ in range(2):
+            url = f"https://127.0.0.1:{server.server_port}"
+            with (Client(url, retries=1, backoff_s=0.01) as client,
+                  pytest.raises(UnreachableError, match="CERTIFICATE_VERIFY_FAILED")):
+                client.health()
+    finally:
+        server.shutdown()
+        server.server_close()
