@@ -131,6 +131,18 @@ def test_linear_cka_matches_the_kernel_definition() -> None:
     assert linear_cka(x, y) == pytest.approx(_cka_from_grams(x @ x.T, y @ y.T), abs=1e-10)
 
 
+def test_the_gram_matrix_is_centred_as_h_k_h() -> None:
+    """`_center_gram` (means, O(n^2)) against its definition H K H with H = I - 11'/n, on a
+    symmetric Gram matrix (as CKA's are) and on a general one."""
+    from compute.stability import _center_gram
+
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(60, 7, generator=g).double()
+    h = torch.eye(60, dtype=torch.float64) - 1.0 / 60
+    for k in (x @ x.T, torch.randn(60, 60, generator=g).double()):
+        torch.testing.assert_close(_center_gram(k), h @ k @ h, rtol=0, atol=1e-12)
+
+
 def test_trained_refits_are_more_alike_than_random_models() -> None:
     """Two shipped AdamW refits (same architecture, seeds 0 and 1) against each other, next to
     the null baseline of randomly initialised models of that architecture."""
