@@ -25,28 +25,12 @@ BOOTSTRAP_CI = 0.9
 PREDICTORS = ("block_influence", "angular_distance", "angular_distance_last")
 
 
-def ranks(x: np.ndarray) -> np.ndarray:
-    """Ranks along the last axis, ties given their mean rank (as scipy.stats.rankdata), every row
-    at once: in each sorted row a tie's run spans [first, last]; each member's rank is their
-    mean, one-based."""
-    order = np.argsort(x, axis=-1, kind="stable")
-    s = np.take_along_axis(x, order, axis=-1)
-    width = x.shape[-1]
-    new = np.ones(x.shape, dtype=bool)  # where a run of equal values begins
-    new[..., 1:] = s[..., 1:] != s[..., :-1]
-    ends = np.ones(x.shape, dtype=bool)  # where one ends
-    ends[..., :-1] = new[..., 1:]
-    pos = np.broadcast_to(np.arange(width), x.shape)
-    first = np.maximum.accumulate(np.where(new, pos, 0), axis=-1)
-    last = np.flip(np.minimum.accumulate(np.flip(np.where(ends, pos, width - 1), -1), axis=-1), -1)
-    out = np.empty(x.shape, dtype=np.float64)
-    np.put_along_axis(out, order, (first + last) / 2.0 + 1.0, axis=-1)
-    return out
-
-
 def spearman(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Spearman's rho along the last axis; NaN where either side is constant."""
-    ra, rb = ranks(a), ranks(b)
+    """Spearman's rho along the last axis (every bootstrap draw at once: scipy's ranks, ties
+    given their mean rank); NaN where either side is constant."""
+    from scipy.stats import rankdata  # on first use: the engine's imports need no scipy.stats
+
+    ra, rb = rankdata(a, axis=-1), rankdata(b, axis=-1)
     ra = ra - ra.mean(-1, keepdims=True)
     rb = rb - rb.mean(-1, keepdims=True)
     den = np.sqrt((ra * ra).sum(-1) * (rb * rb).sum(-1))

@@ -392,9 +392,9 @@ def test_https_certificates_are_still_verified(tmp_path: Any) -> None:
     context.load_cert_chain(cert, key)
     server.socket = context.wrap_socket(server.socket, server_side=True)
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"https://127.0.0.1:{server.server_port}"
     try:
         for _ in range(2):
-            url = f"https://127.0.0.1:{server.server_port}"
             with (Client(url, retries=1, backoff_s=0.01) as client,
                   pytest.raises(UnreachableError, match="CERTIFICATE_VERIFY_FAILED")):
                 client.health()

@@ -452,18 +452,3 @@ def test_the_centred_stream_gives_the_correlation_of_the_raw_one(tiny_factories:
     rms = tiny_factories["random"](seed=5, normalization_type="RMS", n_layers=2)
     assert not rms.applied.center_writing_weights
 
-
-def test_ranks_are_scipys_with_ties_on_every_row() -> None:
-    """`pruning_scores.ranks` ranks every row at once; scipy.stats.rankdata, row by row, is the
-    reference: small integers make ties (runs of 2 and more, at either end of a row), normals
-    make none, and a row of one value is one run."""
-    from scipy.stats import rankdata
-
-    from compute.metrics.pruning_scores import ranks
-
-    rng = np.random.default_rng(3)
-    rows = [rng.integers(0, 4, size=(200, 13)).astype(float), rng.normal(size=(50, 29)),
-            np.full((2, 6), 0.5), rng.integers(0, 3, size=(4, 5, 7)).astype(float)]
-    for x in rows:
-        want = np.stack([rankdata(row) for row in x.reshape(-1, x.shape[-1])])
-        assert np.array_equal(ranks(x).reshape(-1, x.shape[-1]), want)
