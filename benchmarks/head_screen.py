@@ -411,6 +411,41 @@ def ceiling(args: argparse.Namespace) -> None:
     }, indent=1))
 
 
+def sequential(args: argparse.Namespace) -> None:
+    """Exploratory: the sequential exact top k (proposed in the closing note of 2026-12-07, never
+    a setting of the family), simulated on a `per-sequence` file. Stage 1 ablates every head
+    exactly on c of the file's N sequences; stage 2 ablates the k heads with the largest stage-1
+    mean exactly on the other N - c, and returns the ten largest exact means of those k. Per
+    (c, k): the mean over the choices of the c sequences (every one, at most `--draws`) of how
+    many of the exact top 10 over all N sequences the k hold (so are returned, measured), with
+    the screen's own top k beside it (c = 0: no stage 1); and the cost, as a fraction of exact
+    `heads` on the N sequences, counting every head's ablation of one sequence alike: c/N +
+    (k/H)(N - c)/N (in FLOPs a head's ablation costs its downstream blocks, so heads of late
+    layers are cheaper; the screen's own cost is not in it)."""
+    frame = pl.read_parquet(args.per_sequence)
+    exact = _per_sequence(frame, "exact")
+    screen = (_per_sequence(frame, "first") + _per_sequence(frame, "curvature")).mean(1)
+    heads, n = exact.shape
+    top = set(np.argsort(-exact.mean(1))[:TOP].tolist())
+    rng = np.random.default_rng(0)
+    out: dict[str, Any] = {"heads": heads, "sequences": n, "by c, then k": {}}
+    for c in args.c:
+        if not 0 <= c < n:
+            continue
+        choices = [rng.choice(n, size=c, replace=False) for _ in range(args.draws)] if c else []
+        row: dict[str, Any] = {}
+        for k in args.k:
+            if c == 0:
+                held = float(len(top & set(np.argsort(-screen)[:k].tolist())))
+            else:
+                held = float(np.mean([len(top & set(np.argsort(-exact[:, s].mean(1))[:k].tolist()))
+                                      for s in choices]))
+            row[f"k={k}"] = {"exact top 10 returned": round(held, 2),
+                             "cost": round(c / n + k / heads * (n - c) / n, 3)}
+        out["by c, then k"][f"c={c}" if c else "the screen's top k (c = 0)"] = row
+    print(json.dumps(out, indent=1))
+
+
 def analyse(args: argparse.Namespace) -> None:
     """Each estimator of a `variants` file against exact per-head numbers (an exported run)."""
     terms = pl.read_parquet(args.variants)
@@ -479,6 +514,11 @@ def main() -> None:
     k.add_argument("--c", type=int, nargs="*", default=[1, 2, 4])
     o = sub.add_parser("ceiling")
     o.add_argument("--per-sequence", type=Path, required=True)
+    s = sub.add_parser("sequential")
+    s.add_argument("--per-sequence", type=Path, required=True)
+    s.add_argument("--c", type=int, nargs="*", default=[0, 1, 2])
+    s.add_argument("--k", type=int, nargs="*", default=[10, 15, 20, 30])
+    s.add_argument("--draws", type=int, default=200)
     a = sub.add_parser("analyse")
     a.add_argument("--variants", type=Path, required=True)
     a.add_argument("--exact-from", type=Path, required=True)
@@ -486,7 +526,7 @@ def main() -> None:
     commands = {"validate": validate, "time": time_families, "variants": variants,
                 "analyse": analyse, "validate-files": validate_files,
                 "per-sequence": per_sequence, "calibration": calibration,
-                "ceiling": ceiling}
+                "ceiling": ceiling, "sequential": sequential}
     commands[args.command](args)
 
 
