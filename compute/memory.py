@@ -149,11 +149,11 @@ class ModelDims:
 
 def load_peak_bytes(dims: ModelDims, dtype: str, device: str) -> int:
     """Host memory at the peak of loading: checkpoint tensors and processed state dict in
-    float32, plus the model itself when it lives on the CPU. An upper bound: since the
-    processing steps free their input as they go (`compute.models.bridge.steps_free_their_input`)
-    a float32 load on a CPU holds the model, one processed copy and the largest tensor, and this
-    is 6% (SmolLM2-135M) to 43% (Qwen2.5-Coder-1.5B) above the whole process's measured peak
-    (docs/performance.md, "Memory from load to last batch")."""
+    float32, plus the model itself when it lives on the CPU. Since the processing steps free
+    their input as they go (`compute.models.bridge.steps_free_their_input`) a float32 load on a
+    CPU holds the model, one processed copy and the largest tensor: on the three processed real
+    models this is 6% (SmolLM2-135M) to 43% (Qwen2.5-Coder-1.5B) above the whole process's
+    measured peak, imports included (docs/performance.md, "Memory from load to last batch")."""
     host = 2 * dims.weight_bytes("float32")
     if not device.startswith("cuda"):
         host += dims.weight_bytes(dtype)
