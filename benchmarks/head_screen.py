@@ -416,12 +416,13 @@ def sequential(args: argparse.Namespace) -> None:
     a setting of the family), simulated on a `per-sequence` file. Stage 1 ablates every head
     exactly on c of the file's N sequences; stage 2 ablates the k heads with the largest stage-1
     mean exactly on the other N - c, and returns the ten largest exact means of those k. Per
-    (c, k): the mean over the choices of the c sequences (every one, at most `--draws`) of how
-    many of the exact top 10 over all N sequences the k hold (so are returned, measured), with
-    the screen's own top k beside it (c = 0: no stage 1); and the cost, as a fraction of exact
-    `heads` on the N sequences, counting every head's ablation of one sequence alike: c/N +
-    (k/H)(N - c)/N (in FLOPs a head's ablation costs its downstream blocks, so heads of late
-    layers are cheaper; the screen's own cost is not in it)."""
+    (c, k): the mean over `--draws` random choices of the c sequences (seeded; repeats allowed,
+    so for c = 1 nearly the mean over every sequence) of how many of the exact top 10 over all
+    N sequences the k hold (so are returned, measured), with the screen's own top k beside it
+    (c = 0: no stage 1); and the cost, as a fraction of exact `heads` on the N sequences,
+    counting every head's ablation of one sequence alike: c/N + (k/H)(N - c)/N (in FLOPs a
+    head's ablation costs its downstream blocks, so heads of late layers are cheaper; the
+    screen's own cost is not in it)."""
     frame = pl.read_parquet(args.per_sequence)
     exact = _per_sequence(frame, "exact")
     screen = (_per_sequence(frame, "first") + _per_sequence(frame, "curvature")).mean(1)

@@ -73,6 +73,7 @@ def test_the_refusal_imports_neither_transformers_nor_transformer_lens(tmp_path:
 # step frees its input while it clones it. The reference is TransformerLens's own processing of
 # the same checkpoint, unpatched; the result must be the same weights, bit for bit.
 PROCESSED_CASES = ["gpt2", "gpt-neox-parallel", "llama", "qwen2", "phi", "mixtral"]
+MIB = 2**20
 
 
 def _booted(path: Path) -> tuple[object, object]:
@@ -92,20 +93,20 @@ def _booted(path: Path) -> tuple[object, object]:
 
 @pytest.mark.parametrize("name", PROCESSED_CASES)
 def test_processing_that_frees_as_it_goes_is_transformer_lens_own_bit_for_bit(
-        name: str, tmp_path: Path) -> None:
-    from compute.models.bridge import apply_processing
+        name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import contextlib
+
+    from compute.models import bridge
     from compute.zoo.architectures import CASES_BY_NAME, build_checkpoint
 
     path = build_checkpoint(CASES_BY_NAME[name], tmp_path / name)
     ours, applied = _booted(path)
     theirs, _ = _booted(path)
     assert applied.fold_ln or applied.center_unembed  # something to process
-    apply_processing(ours, applied)
-    theirs.enable_compatibility_mode(  # type: ignore[attr-defined]
-        disable_warnings=True, fold_ln=applied.fold_ln,
-        center_writing_weights=applied.center_writing_weights,
-        center_unembed=applied.center_unembed, fold_value_biases=applied.fold_value_biases,
-        refactor_factored_attn_matrices=False)
+    bridge.apply_processing(ours, applied)
+    # the reference: the same call with TransformerLens's steps as it ships them
+    monkeypatch.setattr(bridge, "steps_free_their_input", contextlib.nullcontext)
+    bridge.apply_processing(theirs, applied)
     mine, reference = ours.state_dict(), theirs.state_dict()  # type: ignore[attr-defined]
     assert mine.keys() == reference.keys()
     changed = [k for k in mine if not torch.equal(mine[k], reference[k])]
@@ -142,5 +143,3 @@ def test_processing_holds_one_processed_copy_of_the_weights_at_its_peak() -> Non
     above = (peak_memory("cpu", since_reset=True)["host_peak_rss_mib"] - before) * MIB
     assert above < 1.5 * weights, f"{above / MIB:.0f} MiB above the start for {weights / MIB:.0f}"
 
-
-MIB = 2**20
